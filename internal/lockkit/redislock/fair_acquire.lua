@@ -1,0 +1,41 @@
+-- First-come first-served grant of KEYS[1] (fence KEYS[2]) through a queue
+-- of waiters: KEYS[3] is the list in arrival order, KEYS[4] a sorted set of
+-- each waiter's deadline. A waiter keeps its place by calling again before
+-- its deadline; a dead one is dropped when it reaches the head, so it holds
+-- the queue up for at most one waiter timeout.
+-- ARGV: owner, ttl ms, waiter timeout ms (0: do not queue, just try).
+-- Returns {fence, 0} on a grant, {0, ms to wait at most} otherwise.
+local owner, ttl, timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local head = redis.call('LINDEX', KEYS[3], 0)
+while head do
+  local deadline = redis.call('ZSCORE', KEYS[4], head)
+  if deadline and tonumber(deadline) > now then break end
+  redis.call('LPOP', KEYS[3])
+  redis.call('ZREM', KEYS[4], head)
+  head = redis.call('LINDEX', KEYS[3], 0)
+end
+
+if redis.call('EXISTS', KEYS[1]) == 0 and (not head or head == owner) then
+  redis.call('SET', KEYS[1], owner, 'PX', ttl)
+  if head then
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], owner)
+  end
+  return {redis.call('INCR', KEYS[2]), 0}
+end
+
+if timeout > 0 then
+  if not redis.call('ZSCORE', KEYS[4], owner) then
+    redis.call('RPUSH', KEYS[3], owner)
+  end
+  redis.call('ZADD', KEYS[4], now + timeout, owner)
+  -- The queue disappears by itself once every waiter has gone silent.
+  redis.call('PEXPIRE', KEYS[3], 2 * timeout)
+  redis.call('PEXPIRE', KEYS[4], 2 * timeout)
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < 0 then pttl = 0 end
+return {0, pttl}

@@ -1,0 +1,72 @@
+package redislock_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
+)
+
+func TestConformanceSingleNode(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")
+	locktest.Run(t, harness(t, func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: addr[0]})
+	}))
+}
+
+func TestConformanceCluster(t *testing.T) {
+	addrs := serverAddrs(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
+	locktest.Run(t, harness(t, func() redis.UniversalClient {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	}))
+}
+
+func harness(t *testing.T, newClient func() redis.UniversalClient) locktest.Harness {
+	const prefix = "redislock-test:"
+	return locktest.Harness{
+		New: func(testing.TB) lockkit.Locker {
+			c := newClient()
+			return closer{redislock.New(c, redislock.WithPrefix(prefix)), c}
+		},
+		Steal: func(t testing.TB, key string) {
+			c := newClient()
+			defer c.Close()
+			if err := c.Del(context.Background(), "{"+prefix+key+"}").Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		TTL: 300 * time.Millisecond,
+	}
+}
+
+// closer closes the client with the Locker, as a process would on exit.
+type closer struct {
+	*redislock.Locker
+	client redis.UniversalClient
+}
+
+func (c closer) Close() error {
+	_ = c.Locker.Close()
+	return c.client.Close()
+}
+
+// serverAddrs reads a test server's addresses; without them the test is
+// skipped, except in CI where a missing server is a failure.
+func serverAddrs(t *testing.T, env string) []string {
+	t.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not set: CI must run this test against a real server (make test starts one)", env)
+		}
+		t.Skipf("%s not set; run the tests with make test, which starts the servers", env)
+	}
+	return strings.Split(v, ",")
+}

@@ -1,0 +1,20 @@
+-- Frees KEYS[1] if owner ARGV[1] still holds it, and tells the waiters on
+-- channel ARGV[2]: the message names the live head of the fair queue
+-- (KEYS[2] list, KEYS[3] deadlines), or is empty when nobody queues, so only
+-- the waiter whose turn it is wakes. Returns 1 if freed, 0 if not ours.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local head = redis.call('LINDEX', KEYS[2], 0)
+while head do
+  local deadline = redis.call('ZSCORE', KEYS[3], head)
+  if deadline and tonumber(deadline) > now then break end
+  redis.call('LPOP', KEYS[2])
+  redis.call('ZREM', KEYS[3], head)
+  head = redis.call('LINDEX', KEYS[2], 0)
+end
+redis.call('PUBLISH', ARGV[2], head or '')
+return 1
