@@ -1,0 +1,250 @@
+// Package redlock is the lockkit backend over N independent Redis masters:
+// the Redlock algorithm as github.com/go-redsync/redsync implements it. A
+// key is held when a majority of the masters granted it (SET NX PX with a
+// random value) within its validity time, so the lock survives the loss of
+// a minority of masters, which a single Redis with an asynchronous replica
+// does not.
+//
+// What it cannot do, by design, and says so in Capabilities:
+//
+//   - Fence: Fence() is 0. Redlock has no counter that a majority agrees
+//     on, so it cannot issue tokens that a later grant always beats; a holder
+//     paused by GC past its TTL can still write after the next holder
+//     (M. Kleppmann, "How to do distributed locking", 2016). Stores that
+//     must refuse stale writers need a fencing backend (redis, mysql,
+//     zookeeper, etcd).
+//   - Wait without polling: Acquire retries with a random delay until the
+//     key is granted, the wait timeout runs out or ctx is done.
+//
+// Its safety rests on timing: the masters' clocks must not jump (no NTP
+// steps; Redlock subtracts 1% of the TTL for drift) and a crashed master
+// must stay down for a TTL before it rejoins, or run with appendfsync
+// always.
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/go-redsync/redsync/v4"
+	redsyncredis "github.com/go-redsync/redsync/v4/redis"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// Locker grants leases held on a majority of independent Redis masters.
+type Locker struct {
+	rs       *redsync.Redsync
+	masters  int
+	quorum   int
+	minDelay time.Duration
+	maxDelay time.Duration
+	closed   chan struct{}
+	once     sync.Once
+}
+
+// Option configures a Locker.
+type Option func(*Locker)
+
+// WithRetryDelay sets the range [lo, hi] of the random pause between two
+// attempts of a waiting Acquire (default 10 ms to 50 ms). Shorter hands a
+// released key over sooner and costs the masters more requests per waiter.
+func WithRetryDelay(lo, hi time.Duration) Option {
+	return func(l *Locker) { l.minDelay, l.maxDelay = lo, max(lo, hi) }
+}
+
+// New returns a Locker over clients, one per independent master (an odd
+// number, three or five; not a Cluster, not replicas of each other). The
+// Locker never closes the clients. Create them with ContextTimeoutEnabled,
+// MaxRetries -1 and DialerRetries 1: a master that stops answering then
+// costs each operation its timeout (TTL/20, at least 50 ms), not go-redis's
+// retries and 3 s read timeout.
+func New(clients []redis.UniversalClient, opts ...Option) *Locker {
+	if len(clients) == 0 {
+		panic("redlock: New needs at least one master")
+	}
+	pools := make([]redsyncredis.Pool, len(clients))
+	for i, c := range clients {
+		pools[i] = goredis.NewPool(c)
+	}
+	l := &Locker{
+		rs:       redsync.New(pools...),
+		masters:  len(clients),
+		quorum:   len(clients)/2 + 1,
+		minDelay: 10 * time.Millisecond,
+		maxDelay: 50 * time.Millisecond,
+		closed:   make(chan struct{}),
+	}
+	for _, opt := range opts {
+		opt(l)
+	}
+	return l
+}
+
+// Capabilities of Redlock: no fencing tokens, waiters poll.
+func (l *Locker) Capabilities() lockkit.Capabilities {
+	return lockkit.Capabilities{LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
+}
+
+// Acquire polls until a majority grants key. It returns ErrUnavailable at
+// once, without waiting, when too many masters fail to answer for a
+// majority to be possible.
+func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	o, watchdog := lockkit.Resolve(opts)
+	waitCtx, cancel := o.WaitContext(ctx)
+	defer cancel()
+	for {
+		if waitCtx.Err() != nil {
+			return nil, lockkit.WaitErr(ctx, waitCtx)
+		}
+		lease, err := l.try(ctx, key, o.TTL, watchdog)
+		if !errors.Is(err, lockkit.ErrNotAcquired) {
+			return lease, err
+		}
+		// redsync's own retry loop answers ErrFailed when ctx ends and
+		// cancels its attempts' clean-up with it; this loop returns
+		// ctx.Err() and lets every attempt finish.
+		timer := time.NewTimer(l.minDelay + rand.N(l.maxDelay-l.minDelay+1))
+		select {
+		case <-timer.C:
+		case <-l.closed:
+			timer.Stop()
+			return nil, lockkit.ErrClosed
+		case <-waitCtx.Done():
+			timer.Stop()
+			return nil, lockkit.WaitErr(ctx, waitCtx)
+		}
+	}
+}
+
+// TryAcquire makes one attempt on every master.
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	o, watchdog := lockkit.Resolve(opts)
+	return l.try(ctx, key, o.TTL, watchdog)
+}
+
+func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdog bool) (lockkit.Lease, error) {
+	select {
+	case <-l.closed:
+		return nil, lockkit.ErrClosed
+	default:
+	}
+	m := l.mutex(key, ttl, "")
+	// Detached from ctx: a caller giving up mid-attempt must not cancel
+	// redsync's clean-up of a minority grant, which would leave our value
+	// on some masters for a whole TTL. The timeout factor bounds it instead.
+	if err := m.TryLockContext(context.WithoutCancel(ctx)); err != nil {
+		if down, _ := tally(err); down > l.masters-l.quorum {
+			return nil, fmt.Errorf("%w: %w", lockkit.ErrUnavailable, err)
+		}
+		return nil, lockkit.ErrNotAcquired
+	}
+	value := m.Value()
+	return lockkit.NewLease(lockkit.Grant{
+		Key: key, TTL: ttl, Watchdog: watchdog,
+		// Until is redsync's validity end: the attempt's start plus the TTL
+		// minus the clock-drift allowance. Starting the lease there makes
+		// the local deadline, Sent+TTL, exactly that.
+		Sent: m.Until().Add(-ttl),
+		// redsync bounds only lock attempts by its timeout factor; these
+		// get the same bound, or one silent master holds them until ctx
+		// or the client's read timeout ends.
+		Extend: func(ctx context.Context, ttl time.Duration) error {
+			ctx, cancel := context.WithTimeout(ctx, opTimeout(ttl))
+			defer cancel()
+			ok, err := l.mutex(key, ttl, value).ExtendContext(ctx)
+			return l.ownerErr(ok, err)
+		},
+		Release: func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, opTimeout(ttl))
+			defer cancel()
+			ok, err := l.mutex(key, ttl, value).UnlockContext(ctx)
+			return l.ownerErr(ok, err)
+		},
+		Closed: l.closed,
+	}), nil
+}
+
+// mutex builds a fresh redsync.Mutex per operation: a Mutex keeps its
+// expiry and validity in unguarded fields, so the watchdog and a caller's
+// Extend must not share one.
+func (l *Locker) mutex(key string, ttl time.Duration, value string) *redsync.Mutex {
+	// No WithFailFast: it answers once a majority has, while the other
+	// masters' SETs are still in flight, and a failed attempt's clean-up
+	// can then reach a master before its SET does and leave our value
+	// there for a TTL. Waiting for every master costs opTimeout at most.
+	opts := []redsync.Option{
+		redsync.WithExpiry(ttl),
+		redsync.WithTries(1),
+		redsync.WithTimeoutFactor(float64(opTimeout(ttl)) / float64(ttl)),
+	}
+	if value != "" {
+		opts = append(opts, redsync.WithValue(value))
+	}
+	return l.rs.NewMutex(key, opts...)
+}
+
+// opTimeout bounds one operation on the masters: Redlock's "small compared
+// to the TTL" (redsync's 5%), but never under 50 ms, which a loaded machine
+// needs and the validity computation already charges to the lease.
+func opTimeout(ttl time.Duration) time.Duration {
+	return max(ttl/20, 50*time.Millisecond)
+}
+
+// ownerErr maps a failed owner-checked operation: ErrNotHeld when a
+// majority answered that the key is not ours (expired or another value) or
+// every master answered; ErrUnavailable when the silent masters could still
+// hold our grant, so nobody can tell.
+func (l *Locker) ownerErr(ok bool, err error) error {
+	if ok {
+		return nil
+	}
+	down, notOurs := tally(err)
+	if down > 0 && notOurs < l.quorum {
+		return fmt.Errorf("%w: %w", lockkit.ErrUnavailable, err)
+	}
+	return lockkit.ErrNotHeld
+}
+
+// tally counts, in redsync's joined errors, the masters that did not answer
+// and those that answered the key is not ours.
+func tally(err error) (down, notOurs int) {
+	var walk func(error)
+	walk = func(err error) {
+		if joined, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range joined.Unwrap() {
+				walk(e)
+			}
+			return
+		}
+		switch e := err.(type) {
+		case *redsync.RedisError:
+			down++
+		case *redsync.ErrNodeTaken:
+			notOurs++
+		case *redsync.ErrTaken:
+			notOurs += len(e.Nodes)
+		default:
+			if err == redsync.ErrLockAlreadyExpired {
+				notOurs++
+			}
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return down, notOurs
+}
+
+// Close stops every lease's watchdog; waiters get ErrClosed. Leases still
+// held expire by their TTL; the clients stay open.
+func (l *Locker) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
