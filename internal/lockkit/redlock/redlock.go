@@ -125,6 +125,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 
 // TryAcquire makes one attempt on every master.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	o, watchdog := lockkit.Resolve(opts)
 	return l.try(ctx, key, o.TTL, watchdog)
 }

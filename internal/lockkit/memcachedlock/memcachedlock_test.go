@@ -1,0 +1,144 @@
+package memcachedlock_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
+	"github.com/lockbench/shop/internal/lockkit/memcachedlock"
+)
+
+func TestConformance(t *testing.T) {
+	addr := serverAddr(t)
+	locktest.Run(t, locktest.Harness{
+		New: func(t testing.TB) lockkit.Locker { return memcachedlock.New(dial(t, addr)) },
+		Steal: func(t testing.TB, key string) {
+			if err := dial(t, addr).Delete(memcachedlock.ItemKey(key)); err != nil {
+				t.Fatal(err)
+			}
+		},
+		// Whole seconds are all memcached can count; an item outlives its
+		// lease by up to one more second, its clock's granularity.
+		TTL:        time.Second,
+		CrashSlack: time.Second,
+	})
+}
+
+// The release is a cas to an already expired item: on a real memcached it
+// must leave the key free for the next add, and no trace for a get.
+func TestReleaseFreesTheItem(t *testing.T) {
+	ctx := context.Background()
+	mc := dial(t, serverAddr(t))
+	l := memcachedlock.New(mc)
+	defer l.Close()
+	key := "memcachedlock:test:" + t.Name()
+
+	lease, err := l.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if _, err := mc.Get(key); !errors.Is(err, memcache.ErrCacheMiss) {
+		t.Fatalf("get after release = %v, want a cache miss", err)
+	}
+	again, err := l.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatalf("TryAcquire right after release: %v", err)
+	}
+	_ = again.Release(ctx)
+}
+
+// Extend and Release by a holder whose item was replaced change nothing.
+func TestOwnerCheckedAfterTakeover(t *testing.T) {
+	ctx := context.Background()
+	mc := dial(t, serverAddr(t))
+	l := memcachedlock.New(mc)
+	defer l.Close()
+	key := "memcachedlock:test:" + t.Name()
+
+	lease, err := l.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mc.Set(&memcache.Item{Key: key, Value: []byte("intruder"), Expiration: 60}); err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Delete(key)
+	if err := lease.Extend(ctx, time.Minute); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Extend of a replaced item = %v, want ErrNotHeld", err)
+	}
+	if err := lease.Release(ctx); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Release of a replaced item = %v, want ErrNotHeld", err)
+	}
+	it, err := mc.Get(key)
+	if err != nil || string(it.Value) != "intruder" {
+		t.Fatalf("after a non-owner's release the item is %v (%v), want the intruder's", it, err)
+	}
+}
+
+// Keys memcached would refuse (too long, spaces) still lock, under a hash.
+func TestIllegalKeys(t *testing.T) {
+	ctx := context.Background()
+	addr := serverAddr(t)
+	a, b := memcachedlock.New(dial(t, addr)), memcachedlock.New(dial(t, addr))
+	defer a.Close()
+	defer b.Close()
+	for _, key := range []string{
+		"memcachedlock:test:with spaces",
+		"memcachedlock:test:" + strings.Repeat("x", 300),
+	} {
+		la, err := a.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatalf("TryAcquire %.40q: %v", key, err)
+		}
+		if _, err := b.TryAcquire(ctx, key); !errors.Is(err, lockkit.ErrNotAcquired) {
+			t.Fatalf("second TryAcquire %.40q = %v, want ErrNotAcquired", key, err)
+		}
+		if err := la.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestServerDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	l := memcachedlock.New(dial(t, addr))
+	defer l.Close()
+	if _, err := l.TryAcquire(context.Background(), "memcachedlock:test:down"); !errors.Is(err, lockkit.ErrUnavailable) {
+		t.Fatalf("TryAcquire with no server = %v, want ErrUnavailable", err)
+	}
+}
+
+func serverAddr(t testing.TB) string {
+	t.Helper()
+	addr := os.Getenv("SHOP_TEST_MEMCACHED_ADDR")
+	if addr == "" {
+		const why = "SHOP_TEST_MEMCACHED_ADDR is unset (scripts/testenv.sh up; source /tmp/shop-testenv/env)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(why)
+		}
+		t.Skip(why)
+	}
+	return addr
+}
+
+func dial(t testing.TB, addr string) *memcache.Client {
+	mc := memcache.New(addr)
+	t.Cleanup(func() { _ = mc.Close() })
+	return mc
+}
