@@ -31,39 +31,45 @@ type Grant struct {
 	Closed <-chan struct{}
 }
 
-type extension struct {
-	sent time.Time
-	ttl  time.Duration
-}
-
+// lease runs on timers rather than a goroutine of its own: an uncontended
+// acquire+release cycle should cost two round trips and nothing else.
 type lease struct {
 	g Grant
 
 	lost     chan struct{}
 	lostOnce sync.Once
-	stop     chan struct{} // closed by Release: the keeper goroutine ends
-	done     chan struct{} // closed when the keeper goroutine has ended
-	extended chan extension
 
 	mu       sync.Mutex
+	ttl      time.Duration
+	deadline time.Time   // Lost closes here unless a renewal moves it
+	expiry   *time.Timer // fires at deadline
+	renewal  *time.Timer // the watchdog's next renewal, if any
+	renewing chan struct{}
 	released bool
 }
 
-// NewLease wraps a grant. It starts one goroutine that renews the lease (with
-// Watchdog) or closes Lost at its deadline (without), and that ends when the
-// lease is released, lost, or the Locker closes.
+// NewLease wraps a grant. The lease closes Lost at its deadline, renews
+// itself every TTL/3 with Watchdog, and stops both when released.
 func NewLease(g Grant) Lease {
 	if g.Sent.IsZero() {
 		g.Sent = time.Now()
 	}
-	l := &lease{
-		g:        g,
-		lost:     make(chan struct{}),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
-		extended: make(chan extension, 1),
+	l := &lease{g: g, lost: make(chan struct{}), ttl: g.TTL, deadline: g.Sent.Add(g.TTL)}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.expiry = time.AfterFunc(time.Until(l.deadline), l.markLost)
+	if g.Watchdog {
+		l.renewal = time.AfterFunc(g.TTL/3, l.renew)
 	}
-	go l.keep()
+	if g.Gone != nil {
+		go func() {
+			select {
+			case <-g.Gone:
+				l.markLost()
+			case <-l.lost:
+			}
+		}()
+	}
 	return l
 }
 
@@ -82,53 +88,48 @@ func (l *lease) isLost() bool {
 	}
 }
 
-// keep is the lease's only goroutine.
-func (l *lease) keep() {
-	defer close(l.done)
-	defer l.markLost()
+// renew is the watchdog's tick, run by its timer.
+func (l *lease) renew() {
+	l.mu.Lock()
+	if l.released || l.isLost() || closedChan(l.g.Closed) {
+		l.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	l.renewing = done
+	ttl, deadline := l.ttl, l.deadline
+	l.mu.Unlock()
 
-	ttl := l.g.TTL
-	deadline := l.g.Sent.Add(ttl)
-	expiry := time.NewTimer(time.Until(deadline))
-	defer expiry.Stop()
-	var renew <-chan time.Time
-	if l.g.Watchdog {
-		ticker := time.NewTicker(ttl / 3)
-		defer ticker.Stop()
-		renew = ticker.C
+	sent := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	err := l.g.Extend(ctx, ttl)
+	cancel()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	defer close(done)
+	l.renewing = nil
+	switch {
+	case err == nil:
+		l.moveDeadline(sent.Add(ttl))
+	case errors.Is(err, ErrNotHeld):
+		l.markLost()
+		return
 	}
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-l.g.Closed:
-			return
-		case <-l.g.Gone:
-			return
-		case <-expiry.C:
-			// The store may still hold it, but past this instant another
-			// owner may hold it too: the lease can no longer be trusted.
-			return
-		case ext := <-l.extended:
-			ttl = ext.ttl
-			deadline = ext.sent.Add(ttl)
-			expiry.Reset(time.Until(deadline))
-		case <-renew:
-			sent := time.Now()
-			ctx, cancel := context.WithDeadline(context.Background(), deadline)
-			err := l.g.Extend(ctx, ttl)
-			cancel()
-			switch {
-			case err == nil:
-				deadline = sent.Add(ttl)
-				expiry.Reset(time.Until(deadline))
-			case errors.Is(err, ErrNotHeld):
-				return
-			}
-			// Any other error is transient: try again at the next tick;
-			// the expiry timer ends the lease if no renewal succeeds in time.
-		}
+	// Any other error is transient: try again at the next tick; the expiry
+	// timer ends the lease if no renewal succeeds in time.
+	if !l.released {
+		l.renewal.Reset(ttl / 3)
 	}
+}
+
+// moveDeadline is called with l.mu held.
+func (l *lease) moveDeadline(deadline time.Time) {
+	if l.isLost() {
+		return // a deadline already passed: trust cannot come back
+	}
+	l.deadline = deadline
+	l.expiry.Reset(time.Until(deadline))
 }
 
 func (l *lease) Extend(ctx context.Context, ttl time.Duration) error {
@@ -144,12 +145,10 @@ func (l *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return err
 	}
-	select {
-	case l.extended <- extension{sent, ttl}:
-	default:
-		// A newer extension is already queued; the keeper takes one, and
-		// both deadlines are within one round trip of each other.
-	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ttl = ttl
+	l.moveDeadline(sent.Add(ttl))
 	return nil
 }
 
@@ -160,9 +159,31 @@ func (l *lease) Release(ctx context.Context) error {
 		return ErrNotHeld
 	}
 	l.released = true
+	if l.renewal != nil {
+		l.renewal.Stop()
+	}
+	renewing := l.renewing
 	l.mu.Unlock()
+	if renewing != nil {
+		<-renewing // a renewal in flight must not re-extend what we free
+	}
 
-	close(l.stop)
-	<-l.done // the watchdog must not renew what we are about to free
-	return l.g.Release(ctx)
+	err := l.g.Release(ctx)
+	l.mu.Lock()
+	l.expiry.Stop()
+	l.mu.Unlock()
+	l.markLost()
+	return err
+}
+
+func closedChan(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -131,7 +131,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	owner := newOwner()
 	ks := l.keys(key)
 	if !l.room.busy(ks.channel) { // nobody here waits: no barging past them
-		lease, _, err := l.attempt(ctx, key, owner, o, watchdog, o.Fair)
+		// Not queued in Redis yet: a place there belongs to the head of
+		// the local queue, which this caller may not become.
+		lease, _, err := l.attempt(ctx, key, owner, o, watchdog, false)
 		if lease != nil || err != nil {
 			return lease, err
 		}

@@ -1,0 +1,182 @@
+// Package lockmetrics is a lockkit.Locker decorator that records Prometheus
+// metrics: how long acquisitions wait, how long leases are held, how many
+// leases are lost behind their holder's back, and (reported by the stores)
+// how many writes a fence refused.
+//
+// Metrics are labelled by backend and by key class, the second segment of
+// "lock:<class>:…" (stock, account, like, idem, order), never by the key
+// itself: one series per SKU or account would grow without bound.
+package lockmetrics
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// Classes are the key classes with their own label value; any other key is
+// counted as "other".
+var Classes = []string{"stock", "account", "like", "idem", "order"}
+
+// Metrics holds the collectors of one backend. Create it once per process.
+type Metrics struct {
+	backend  string
+	wait     *prometheus.HistogramVec
+	hold     *prometheus.HistogramVec
+	failures *prometheus.CounterVec
+	lost     *prometheus.CounterVec
+	fenced   *prometheus.CounterVec
+}
+
+// New registers the lock metrics with reg, labelled with backend. It panics
+// if they are already registered there, as prometheus.MustRegister does.
+func New(reg prometheus.Registerer, backend string) *Metrics {
+	// From 100µs (an uncontended local lock) to ~6s (a long queue).
+	buckets := prometheus.ExponentialBuckets(0.0001, 3, 11)
+	m := &Metrics{
+		backend: backend,
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shop_lock_wait_seconds",
+			Help:    "Time from asking for a lock to holding it (successful acquisitions).",
+			Buckets: buckets,
+		}, []string{"backend", "class"}),
+		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shop_lock_hold_seconds",
+			Help:    "Time from holding a lock to releasing it.",
+			Buckets: buckets,
+		}, []string{"backend", "class"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_lock_acquire_failures_total",
+			Help: "Acquisitions that did not get the lock, by reason: busy (wait timeout), unavailable, cancelled, error.",
+		}, []string{"backend", "class", "reason"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_lock_lost_total",
+			Help: "Leases that ended before their holder released them (expired, taken away, renewal failed).",
+		}, []string{"backend", "class"}),
+		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_fenced_writes_total",
+			Help: "Writes a store refused because their fencing token was stale.",
+		}, []string{"backend", "class"}),
+	}
+	reg.MustRegister(m.wait, m.hold, m.failures, m.lost, m.fenced)
+	return m
+}
+
+// Class is the label value of key: "account" for "lock:account:42".
+func Class(key string) string {
+	_, rest, ok := strings.Cut(key, "lock:")
+	if ok {
+		class, _, _ := strings.Cut(rest, ":")
+		for _, c := range Classes {
+			if c == class {
+				return c
+			}
+		}
+	}
+	return "other"
+}
+
+// Fenced counts one write of class refused by a fence.
+func (m *Metrics) Fenced(class string) { m.fenced.WithLabelValues(m.backend, class).Inc() }
+
+// Wrap returns l with its acquisitions and leases measured.
+func (m *Metrics) Wrap(l lockkit.Locker) lockkit.Locker { return &locker{m: m, inner: l} }
+
+type locker struct {
+	m     *Metrics
+	inner lockkit.Locker
+}
+
+func (l *locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	return l.measure(ctx, key, opts, l.inner.Acquire)
+}
+
+func (l *locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	return l.measure(ctx, key, opts, l.inner.TryAcquire)
+}
+
+func (l *locker) measure(ctx context.Context, key string, opts []lockkit.Option,
+	grant func(context.Context, string, ...lockkit.Option) (lockkit.Lease, error)) (lockkit.Lease, error) {
+	class := Class(key)
+	start := time.Now()
+	lease, err := grant(ctx, key, opts...)
+	if err != nil {
+		l.m.failures.WithLabelValues(l.m.backend, class, reason(err)).Inc()
+		return nil, err
+	}
+	held := time.Now()
+	l.m.wait.WithLabelValues(l.m.backend, class).Observe(held.Sub(start).Seconds())
+	ml := &lease{Lease: lease, m: l.m, class: class, held: held, released: make(chan struct{})}
+	go ml.watch()
+	return ml, nil
+}
+
+func reason(err error) string {
+	switch {
+	case errors.Is(err, lockkit.ErrNotAcquired):
+		return "busy"
+	case errors.Is(err, lockkit.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "cancelled"
+	}
+	return "error"
+}
+
+func (l *locker) Close() error { return l.inner.Close() }
+
+// Capabilities reports the inner Locker's.
+func (l *locker) Capabilities() lockkit.Capabilities {
+	if d, ok := l.inner.(lockkit.Describer); ok {
+		return d.Capabilities()
+	}
+	return lockkit.Capabilities{}
+}
+
+// Unwrap returns the measured Locker.
+func (l *locker) Unwrap() lockkit.Locker { return l.inner }
+
+type lease struct {
+	lockkit.Lease
+	m     *Metrics
+	class string
+	held  time.Time
+
+	once     sync.Once
+	released chan struct{} // closed by Release before the inner release
+}
+
+// watch counts the lease as lost if Lost closes before Release is called.
+// It ends with the lease: Lost closes at the latest when the TTL runs out or
+// the Locker closes, and Release ends it at once.
+func (l *lease) watch() {
+	select {
+	case <-l.released:
+	case <-l.Lease.Lost():
+		select {
+		case <-l.released: // Lost closed because of the release
+		default:
+			l.m.lost.WithLabelValues(l.m.backend, l.class).Inc()
+		}
+	}
+}
+
+func (l *lease) Release(ctx context.Context) error {
+	first := false
+	l.once.Do(func() {
+		first = true
+		close(l.released)
+		l.m.hold.WithLabelValues(l.m.backend, l.class).Observe(time.Since(l.held).Seconds())
+	})
+	err := l.Lease.Release(ctx)
+	if !first && err == nil {
+		err = lockkit.ErrNotHeld
+	}
+	return err
+}

@@ -1,0 +1,5 @@
+-- Owner-checked PEXPIRE: ARGV[1] is the owner token, ARGV[2] the TTL in ms.
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
+return 0

@@ -1,0 +1,512 @@
+// Package zklock is the ZooKeeper lockkit backend: the lock recipe of the
+// ZooKeeper documentation, as Curator's InterProcessMutex builds it. Each
+// acquisition creates an ephemeral sequential node under <root>/<key>; the
+// lowest sequence holds the key, and each waiter watches only the node just
+// ahead of it, so a release wakes one waiter and grants go in arrival order.
+//
+// The ZooKeeper session is what keeps a node alive, so a crashed holder's
+// key is freed when its session times out. Lease TTLs are kept by this
+// client on top of that: when a lease runs out, Lost closes and the node is
+// deleted. The fence is the node's czxid. docs/backends-zk-etcd.md gives the
+// reasons.
+package zklock
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+const (
+	// DefaultRoot is the parent of every key's node directory.
+	DefaultRoot = "/shop/locks"
+	// protected starts every node name, followed by a GUID: a create whose
+	// reply was lost can then find the node it made (Curator's protection).
+	protected = "_c_"
+	// retryDelay paces the deletion of nodes we could not delete at once.
+	retryDelay = 250 * time.Millisecond
+)
+
+// errVanished means our node is gone while we queued: the session expired
+// or an operator deleted it. The acquisition queues again at the back.
+var errVanished = errors.New("zklock: our node vanished")
+
+// Option configures a Locker.
+type Option func(*config)
+
+type config struct {
+	root   string
+	dialer zk.Dialer
+}
+
+// WithRoot sets the node under which key directories live (DefaultRoot).
+func WithRoot(root string) Option { return func(c *config) { c.root = strings.TrimSuffix(root, "/") } }
+
+// Locker grants leases as ephemeral sequential nodes over one ZooKeeper
+// session, like Curator's single shared session: when the connection drops,
+// every lease of this Locker is lost at once.
+type Locker struct {
+	conn   *zk.Conn
+	events <-chan zk.Event
+	root   string
+	acl    []zk.ACL
+	closed chan struct{}
+	once   sync.Once
+	buried sync.WaitGroup
+
+	mu      sync.Mutex
+	held    map[string]*held // by node path
+	epoch   uint64           // bumped whenever the connection drops
+	ready   chan struct{}    // closed at the first session
+	closing bool
+}
+
+// held is one granted node.
+type held struct {
+	gone  chan struct{} // closed when the node or the connection is gone
+	timer *time.Timer   // deletes the node once the lease has run out
+	lease lockkit.Lease
+}
+
+// New connects to the ensemble at addrs and waits, at most sessionTimeout,
+// for a session. The server may negotiate the timeout within its bounds.
+func New(addrs []string, sessionTimeout time.Duration, opts ...Option) (*Locker, error) {
+	cfg := config{root: DefaultRoot, dialer: net.DialTimeout}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	l := &Locker{
+		root: cfg.root, acl: zk.WorldACL(zk.PermAll), closed: make(chan struct{}),
+		held: make(map[string]*held), ready: make(chan struct{}),
+	}
+	conn, events, err := zk.Connect(addrs, sessionTimeout, zk.WithDialer(cfg.dialer),
+		zk.WithEventCallback(l.onEvent), zk.WithLogger(zkLogger{}), zk.WithLogInfo(false))
+	if err != nil {
+		return nil, fmt.Errorf("%w: zookeeper: %w", lockkit.ErrUnavailable, err)
+	}
+	l.conn, l.events = conn, events
+	select {
+	case <-l.ready:
+		return l, nil
+	case <-time.After(sessionTimeout):
+		_ = l.Close()
+		return nil, fmt.Errorf("%w: zookeeper: no session with %v within %v", lockkit.ErrUnavailable, addrs, sessionTimeout)
+	}
+}
+
+// Capabilities of the ZooKeeper backend.
+func (l *Locker) Capabilities() lockkit.Capabilities {
+	return lockkit.Capabilities{Fencing: true, WaitNoPoll: true, Fair: true, LostSignal: true,
+		Expires: true, OwnerCheck: true, CrossProcess: true}
+}
+
+// onEvent runs inside the client's goroutines: it must not block, nor call
+// the client.
+func (l *Locker) onEvent(ev zk.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case ev.Type == zk.EventNodeDeleted:
+		if h := l.held[ev.Path]; h != nil {
+			closeOnce(h.gone) // deleted behind our back (our own deletes forget first)
+		}
+	case ev.Type == zk.EventSession && ev.State == zk.StateHasSession:
+		closeOnce(l.ready)
+	case ev.Type == zk.EventSession && (ev.State == zk.StateDisconnected || ev.State == zk.StateExpired):
+		// Curator's default policy: SUSPENDED counts as lost. From the
+		// moment the connection drops we cannot know whether the server
+		// has expired the session and handed our keys to others.
+		l.epoch++
+		for _, h := range l.held {
+			closeOnce(h.gone)
+		}
+	}
+}
+
+// Close ends the session, which deletes every node this Locker still has:
+// unlike stores with server-side TTLs, held keys are freed at once.
+func (l *Locker) Close() error {
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.closing = true
+		for _, h := range l.held {
+			if h.timer != nil {
+				h.timer.Stop()
+			}
+		}
+		l.mu.Unlock()
+		close(l.closed)
+		l.conn.Close()
+		l.buried.Wait()
+		for range l.events { // closed once the client's goroutines have ended
+		}
+	})
+	return nil
+}
+
+func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	return l.acquire(ctx, key, opts, true)
+}
+
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	return l.acquire(ctx, key, opts, false)
+}
+
+// The client library takes no contexts: each call is bounded by the
+// connection's own timeouts, and ctx is checked between calls and while
+// waiting for the predecessor.
+func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option, wait bool) (lockkit.Lease, error) {
+	o, watchdog := lockkit.Resolve(opts)
+	waitCtx, cancel := o.WaitContext(ctx)
+	defer cancel()
+	dir := l.dir(key)
+	for {
+		if waitCtx.Err() != nil {
+			return nil, lockkit.WaitErr(ctx, waitCtx)
+		}
+		node, err := l.create(dir)
+		if err != nil {
+			return nil, err
+		}
+		lease, err := l.queue(ctx, waitCtx, key, node, o, watchdog, wait)
+		if !errors.Is(err, errVanished) {
+			return lease, err
+		}
+	}
+}
+
+// create makes our node in dir. If the reply is lost the node may exist
+// all the same, held by our live session and blocking the key for ever:
+// its GUID finds it again.
+func (l *Locker) create(dir string) (string, error) {
+	guid := rand.Text()
+	for attempt := 0; ; attempt++ {
+		node, err := l.conn.Create(dir+"/"+protected+guid+"-lock-", nil, zk.FlagEphemeral|zk.FlagSequence, l.acl)
+		switch {
+		case err == nil:
+			return node, nil
+		case attempt == 3:
+			l.abandon(dir, guid, "")
+			return "", l.fail(err)
+		case errors.Is(err, zk.ErrNoNode):
+			if err := l.mkdirs(dir); err != nil {
+				return "", err
+			}
+		case errors.Is(err, zk.ErrConnectionClosed):
+			// Sent, but the connection closed before the reply.
+			node, err := l.find(dir, guid)
+			if err != nil {
+				l.abandon(dir, guid, "")
+				return "", l.fail(err)
+			}
+			if node != "" {
+				return node, nil
+			}
+		case errors.Is(err, zk.ErrSessionExpired):
+			// Whatever was created went with the session: try again.
+		default:
+			return "", l.fail(err)
+		}
+	}
+}
+
+// find returns our node in dir by its GUID, "" if there is none.
+func (l *Locker) find(dir, guid string) (string, error) {
+	children, _, err := l.conn.Children(dir)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return "", err
+	}
+	for _, c := range children {
+		if strings.HasPrefix(c, protected+guid+"-") {
+			return dir + "/" + c, nil
+		}
+	}
+	return "", nil
+}
+
+// queue waits until node is the lowest in its directory and grants it.
+func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, o lockkit.Options, watchdog, wait bool) (lockkit.Lease, error) {
+	dir, name := path.Dir(node), path.Base(node)
+	for {
+		epoch := l.currentEpoch()
+		children, _, err := l.conn.Children(dir)
+		if err != nil {
+			l.abandon(dir, "", node)
+			return nil, l.fail(err)
+		}
+		pred, found := predecessor(children, name)
+		switch {
+		case !found:
+			return nil, errVanished
+		case pred == "":
+			return l.grant(key, node, epoch, o, watchdog)
+		case !wait:
+			l.abandon(dir, "", node)
+			return nil, lockkit.ErrNotAcquired
+		}
+		// A data watch, not exists: on a node already gone it leaves no
+		// watch behind (Curator's choice). Its deletion, or any change,
+		// wakes us to look again.
+		_, _, deleted, err := l.conn.GetW(dir + "/" + pred)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			l.abandon(dir, "", node)
+			return nil, l.fail(err)
+		}
+		select {
+		case <-deleted:
+		case <-waitCtx.Done():
+			l.abandon(dir, "", node)
+			return nil, lockkit.WaitErr(ctx, waitCtx)
+		case <-l.closed:
+			return nil, lockkit.ErrClosed
+		}
+	}
+}
+
+func (l *Locker) currentEpoch() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch
+}
+
+// grant turns our first-in-line node into a lease. epoch is from before we
+// saw the node first: if the connection dropped since, the lease is born
+// lost, as it would have been lost had it been granted a moment earlier.
+func (l *Locker) grant(key, node string, epoch uint64, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
+	h := &held{gone: make(chan struct{})}
+	l.mu.Lock()
+	l.held[node] = h
+	if l.epoch != epoch {
+		close(h.gone)
+	}
+	l.mu.Unlock()
+	sent := time.Now()
+	// The fence, and a watch whose firing closes Lost at once.
+	_, stat, _, err := l.conn.GetW(node)
+	if err != nil {
+		l.forget(node)
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil, errVanished
+		}
+		l.abandon(path.Dir(node), "", node)
+		return nil, l.fail(err)
+	}
+	lease := lockkit.NewLease(lockkit.Grant{
+		// czxid, not the sequence: zxids rise across the whole ensemble,
+		// sequences restart if the directory is ever recreated.
+		Key: key, Fence: uint64(stat.Czxid), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
+		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, h, ttl) },
+		Release: func(context.Context) error { return l.release(node, h) },
+		Gone:    h.gone,
+		Closed:  l.closed,
+	})
+	l.mu.Lock()
+	h.lease = lease
+	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, h) })
+	l.mu.Unlock()
+	return lease, nil
+}
+
+// extend checks the node is still ours and moves its deletion to ttl from
+// now. ZooKeeper itself keeps the node as long as the session lives.
+func (l *Locker) extend(node string, h *held, ttl time.Duration) error {
+	sent := time.Now()
+	ok, stat, err := l.conn.Exists(node)
+	if err != nil {
+		return l.fail(err)
+	}
+	if !ok || stat.EphemeralOwner != l.conn.SessionID() {
+		return lockkit.ErrNotHeld
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !h.timer.Stop() {
+		return lockkit.ErrNotHeld // ran out meanwhile: expire is deleting it
+	}
+	h.timer.Reset(time.Until(sent.Add(ttl)))
+	return nil
+}
+
+// release deletes the node. Its name holds a GUID and a sequence number
+// that no other client ever gets, so deleting it is owner-checked.
+func (l *Locker) release(node string, h *held) error {
+	l.forget(node)
+	l.mu.Lock()
+	expired := !h.timer.Stop()
+	l.mu.Unlock()
+	if expired {
+		return lockkit.ErrNotHeld
+	}
+	err := l.conn.Delete(node, -1)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, zk.ErrNoNode):
+		return lockkit.ErrNotHeld
+	default:
+		l.bury(path.Dir(node), "", node)
+		return l.fail(err)
+	}
+}
+
+// expire gives the node back once its lease ran out. The node outlives the
+// lease only if the session does, but then it would block the key for as
+// long as this process lives.
+func (l *Locker) expire(node string, h *held) {
+	<-h.lease.Lost() // closes at this same deadline: never free a node its holder still trusts
+	l.forget(node)
+	l.abandon(path.Dir(node), "", node)
+}
+
+func (l *Locker) forget(node string) {
+	l.mu.Lock()
+	delete(l.held, node)
+	l.mu.Unlock()
+}
+
+// abandon deletes a node we no longer want, given by path or, when a lost
+// reply left us without its path, by GUID. A failed deletion is retried in
+// the background, so that a live session never keeps an orphan.
+func (l *Locker) abandon(dir, guid, node string) {
+	if !l.remove(dir, guid, node) {
+		l.bury(dir, guid, node)
+	}
+}
+
+func (l *Locker) remove(dir, guid, node string) bool {
+	if node == "" {
+		var err error
+		if node, err = l.find(dir, guid); err != nil {
+			return false
+		}
+		if node == "" {
+			return true
+		}
+	}
+	err := l.conn.Delete(node, -1)
+	return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrClosing)
+}
+
+// bury retries remove until it succeeds or the Locker closes; an expired
+// session ends it too, as the node is then gone (ErrNoNode).
+func (l *Locker) bury(dir, guid, node string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		return // closing the session deletes the node
+	}
+	l.buried.Add(1)
+	go func() {
+		defer l.buried.Done()
+		for {
+			select {
+			case <-l.closed:
+				return
+			case <-time.After(retryDelay):
+			}
+			if l.remove(dir, guid, node) {
+				return
+			}
+		}
+	}()
+}
+
+// fail maps a client error to lockkit's.
+func (l *Locker) fail(err error) error {
+	select {
+	case <-l.closed:
+		return lockkit.ErrClosed
+	default:
+	}
+	if errors.Is(err, zk.ErrClosing) {
+		return lockkit.ErrClosed
+	}
+	return fmt.Errorf("%w: zookeeper: %w", lockkit.ErrUnavailable, err)
+}
+
+// dir is the key's node directory. Keys are path-escaped ('/' included);
+// "", "." and "..", not valid as path elements, get encodings that
+// PathEscape never produces.
+func (l *Locker) dir(key string) string {
+	e := url.PathEscape(key)
+	switch e {
+	case "":
+		e = "%"
+	case ".", "..":
+		e = strings.ReplaceAll(e, ".", "%2E")
+	}
+	return l.root + "/" + e
+}
+
+// mkdirs creates dir and its parents as persistent nodes. They are never
+// deleted: a key's sequence would restart, and a create racing the
+// deletion would fail. The cost is one empty node per key ever locked.
+func (l *Locker) mkdirs(dir string) error {
+	for i := 1; i <= len(dir); i++ {
+		if i == len(dir) || dir[i] == '/' {
+			_, err := l.conn.Create(dir[:i], nil, 0, l.acl)
+			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return l.fail(err)
+			}
+		}
+	}
+	return nil
+}
+
+// sequence is the number ZooKeeper appended to a node name.
+func sequence(name string) (int64, bool) {
+	i := strings.LastIndex(name, "-lock-")
+	if !strings.HasPrefix(name, protected) || i < 0 {
+		return 0, false
+	}
+	seq, err := strconv.ParseInt(name[i+len("-lock-"):], 10, 64)
+	return seq, err == nil
+}
+
+// predecessor returns the node queued just ahead of mine ("" when mine is
+// first) and whether mine is still there.
+func predecessor(children []string, mine string) (pred string, found bool) {
+	seq, _ := sequence(mine)
+	var best int64 = -1 << 63
+	for _, c := range children {
+		s, ok := sequence(c)
+		switch {
+		case c == mine:
+			found = true
+		case ok && s < seq && s > best:
+			pred, best = c, s
+		}
+	}
+	return pred, found
+}
+
+func closeOnce(ch chan struct{}) {
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+// zkLogger sends the client's complaints (lost connections, mostly) to slog.
+type zkLogger struct{}
+
+func (zkLogger) Printf(format string, args ...any) {
+	slog.Warn(fmt.Sprintf(format, args...), "backend", "zookeeper")
+}
