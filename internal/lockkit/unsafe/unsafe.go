@@ -1,0 +1,105 @@
+// Package unsafe holds the Redis lock recipes that the literature warns
+// about, each as a lockkit.Locker, so that tests and load tests can run them
+// under the same code as the real backends and show how each one breaks:
+//
+//   - SetNXExpire takes the lock with SETNX, then sets its TTL with EXPIRE:
+//     a crash between the two leaves a lock that never expires.
+//   - PlainDel sets the lock atomically (SET NX PX) but releases it with a
+//     plain DEL: a holder that outlived its TTL frees its successor's lock.
+//   - GetSetTimestamp is the recipe of the old SETNX documentation: the
+//     value is an expiry timestamp, and a stale lock is recovered with
+//     GETSET. A loser's GETSET overwrites the winner's expiry, and clients
+//     whose clocks disagree recover each other's live locks.
+//
+// Each recipe has exactly its known flaw and is otherwise written as it is
+// usually found. The tests inject the crash or the pause at the exact step
+// through hook fields, so every failure is reproduced deterministically.
+//
+// UNSAFE: use none of them to protect anything; lockkit/redislock is the
+// safe Redis lock.
+package unsafe
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+var (
+	//go:embed release.lua
+	releaseLua    string
+	releaseScript = redis.NewScript(releaseLua)
+	//go:embed extend.lua
+	extendLua    string
+	extendScript = redis.NewScript(extendLua)
+)
+
+// retryDelay is the mean pause between two attempts of a waiting Acquire;
+// the recipes all poll.
+const retryDelay = 20 * time.Millisecond
+
+// closer is the shutdown signal every recipe shares with its leases.
+type closer struct {
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newCloser() closer { return closer{closed: make(chan struct{})} }
+
+// UNSAFE: Close stops the recipe's watchdogs; waiters get
+// lockkit.ErrClosed. Locks still held stay in Redis.
+func (c *closer) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
+}
+
+// attempt is one try of a recipe at key.
+type attempt func(ctx context.Context, key string, ttl time.Duration, watchdog bool) (lockkit.Lease, error)
+
+// tryOnce is TryAcquire for every recipe.
+func (c *closer) tryOnce(ctx context.Context, key string, opts []lockkit.Option, try attempt) (lockkit.Lease, error) {
+	select {
+	case <-c.closed:
+		return nil, lockkit.ErrClosed
+	default:
+	}
+	o, watchdog := lockkit.Resolve(opts)
+	return try(ctx, key, o.TTL, watchdog)
+}
+
+// poll is Acquire for every recipe: try with jittered pauses until granted,
+// or the wait ends.
+func (c *closer) poll(ctx context.Context, key string, opts []lockkit.Option, try attempt) (lockkit.Lease, error) {
+	o, _ := lockkit.Resolve(opts)
+	waitCtx, cancel := o.WaitContext(ctx)
+	defer cancel()
+	for {
+		if waitCtx.Err() != nil {
+			return nil, lockkit.WaitErr(ctx, waitCtx)
+		}
+		lease, err := c.tryOnce(ctx, key, opts, try)
+		if !errors.Is(err, lockkit.ErrNotAcquired) {
+			return lease, err
+		}
+		timer := time.NewTimer(retryDelay/2 + rand.N(retryDelay))
+		select {
+		case <-timer.C:
+		case <-c.closed:
+			timer.Stop()
+			return nil, lockkit.ErrClosed
+		case <-waitCtx.Done():
+			timer.Stop()
+			return nil, lockkit.WaitErr(ctx, waitCtx)
+		}
+	}
+}
+
+func unavailable(err error) error { return fmt.Errorf("%w: %w", lockkit.ErrUnavailable, err) }
