@@ -76,9 +76,10 @@ type Locker struct {
 
 // held is one granted node.
 type held struct {
-	gone  chan struct{} // closed when the node or the connection is gone
-	timer *time.Timer   // deletes the node once the lease has run out
-	lease lockkit.Lease
+	gone    chan struct{} // closed when the node or the connection is gone
+	timer   *time.Timer   // deletes the node once the lease has run out
+	lease   lockkit.Lease
+	session int64 // that owns the node
 }
 
 // New connects to the ensemble at addrs and waits, at most sessionTimeout,
@@ -307,7 +308,12 @@ func (l *Locker) grant(key, node string, epoch uint64, o lockkit.Options, watchd
 		l.abandon(path.Dir(node), "", node)
 		return nil, l.fail(err)
 	}
-	lease := lockkit.NewLease(lockkit.Grant{
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// Under mu: expire and extend must see both the timer and the lease.
+	h.session = stat.EphemeralOwner
+	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, h) })
+	h.lease = lockkit.NewLease(lockkit.Grant{
 		// czxid, not the sequence: zxids rise across the whole ensemble,
 		// sequences restart if the directory is ever recreated.
 		Key: key, Fence: uint64(stat.Czxid), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
@@ -316,11 +322,7 @@ func (l *Locker) grant(key, node string, epoch uint64, o lockkit.Options, watchd
 		Gone:    h.gone,
 		Closed:  l.closed,
 	})
-	l.mu.Lock()
-	h.lease = lease
-	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, h) })
-	l.mu.Unlock()
-	return lease, nil
+	return h.lease, nil
 }
 
 // extend checks the node is still ours and moves its deletion to ttl from
@@ -346,7 +348,7 @@ func (l *Locker) extend(node string, h *held, ttl time.Duration) error {
 // release deletes the node. Its name holds a GUID and a sequence number
 // that no other client ever gets, so deleting it is owner-checked.
 func (l *Locker) release(node string, h *held) error {
-	l.forget(node)
+	defer l.forget(node)
 	l.mu.Lock()
 	expired := !h.timer.Stop()
 	l.mu.Unlock()
@@ -357,8 +359,8 @@ func (l *Locker) release(node string, h *held) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, zk.ErrNoNode):
-		return lockkit.ErrNotHeld
+	case errors.Is(err, zk.ErrNoNode), l.conn.SessionID() != h.session:
+		return lockkit.ErrNotHeld // its session expired, and the node with it
 	default:
 		l.bury(path.Dir(node), "", node)
 		return l.fail(err)
@@ -369,7 +371,10 @@ func (l *Locker) release(node string, h *held) error {
 // lease only if the session does, but then it would block the key for as
 // long as this process lives.
 func (l *Locker) expire(node string, h *held) {
-	<-h.lease.Lost() // closes at this same deadline: never free a node its holder still trusts
+	l.mu.Lock()
+	lost := h.lease.Lost()
+	l.mu.Unlock()
+	<-lost // closes at this same deadline: never free a node its holder still trusts
 	l.forget(node)
 	l.abandon(path.Dir(node), "", node)
 }

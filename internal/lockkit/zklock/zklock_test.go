@@ -1,0 +1,424 @@
+package zklock
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
+)
+
+const (
+	// The server's minSessionTimeout is 1 s, but it checks expiries once a
+	// tickTime (2 s): a dead client's nodes may live up to about 4 s.
+	sessionTimeout = 2 * time.Second
+	testRoot       = "/shop/test/zklock"
+)
+
+func TestConformance(t *testing.T) {
+	addrs := serverAddrs(t)
+	locktest.Run(t, locktest.Harness{
+		New: func(t testing.TB) lockkit.Locker { return open(t, addrs) },
+		// An operator deletes the holder's node.
+		Steal: func(t testing.TB, key string) {
+			l := open(t, addrs)
+			defer l.Close()
+			nodes := queue(t, l, key)
+			if len(nodes) == 0 {
+				t.Fatalf("no node to steal for %q", key)
+			}
+			if err := l.conn.Delete(nodes[0], -1); err != nil {
+				t.Fatal(err)
+			}
+		},
+		TTL:        300 * time.Millisecond,
+		CrashSlack: 2 * sessionTimeout,
+	})
+}
+
+// A waiter whose context ends leaves no node behind, and the rest of the
+// queue keeps its order.
+func TestCancelledWaiterLeavesNoNode(t *testing.T) {
+	addrs := serverAddrs(t)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	a, b := open(t, addrs), open(t, addrs)
+	la := try(t, a, key)
+	defer la.Release(ctx)
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := b.Acquire(wctx, key); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire = %v, want DeadlineExceeded", err)
+	}
+	if nodes := queue(t, a, key); len(nodes) != 1 {
+		t.Fatalf("after the waiter gave up, the queue is %v; want only the holder", nodes)
+	}
+}
+
+// Keys are escaped into one path element each: a key with '/' is not a
+// child of another key, and the keys that are not valid path elements work.
+func TestKeysAreEscaped(t *testing.T) {
+	l := open(t, serverAddrs(t))
+	ctx := context.Background()
+	keys := []string{"a", "a/b", "", ".", "..", "%", "%2E", "lock:stock:ü", "a b/../c"}
+	dirs := map[string]string{}
+	for _, k := range keys {
+		k = "zklock:test:" + t.Name() + k
+		if d, ok := dirs[l.dir(k)]; ok {
+			t.Fatalf("keys %q and %q share directory %s", k, d, l.dir(k))
+		}
+		dirs[l.dir(k)] = k
+	}
+	for _, k := range []string{"", ".", ".."} { // directly under the root
+		lease, err := l.TryAcquire(ctx, k, lockkit.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatalf("TryAcquire(%q): %v", k, err)
+		}
+		defer lease.Release(ctx)
+	}
+	for _, k := range keys {
+		lease := try(t, l, "zklock:test:"+t.Name()+k)
+		defer lease.Release(ctx)
+	}
+}
+
+// When the connection drops, every lease is lost at once (Curator's
+// default: SUSPENDED is lost), even though the session may survive. The
+// node the session still holds is then deleted by Release, so the key is
+// not blocked for the rest of the session.
+func TestSuspendedConnectionLosesLeases(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	a := open(t, addrs, withDialer(tp.dial))
+	b := open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	la := try(t, a, key)
+	session := a.conn.SessionID()
+
+	tp.sever()
+	select {
+	case <-la.Lost():
+	case <-time.After(sessionTimeout):
+		t.Fatal("Lost still open after the connection dropped")
+	}
+	// Suspended leases are lost, not released: the key is still held.
+	if _, err := b.TryAcquire(ctx, key); !errors.Is(err, lockkit.ErrNotAcquired) {
+		t.Fatalf("TryAcquire while the node lives = %v, want ErrNotAcquired", err)
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatalf("Release after reconnecting: %v", err)
+	}
+	if a.conn.SessionID() != session {
+		t.Fatalf("the session changed (%x, was %x): the test meant a short drop", a.conn.SessionID(), session)
+	}
+	lb := try(t, b, key)
+	_ = lb.Release(ctx)
+}
+
+// Expiring the session (by closing it from a second connection, the trick
+// Curator's tests use) loses its leases and frees its keys; the Locker goes
+// on with a new session.
+func TestSessionExpiryClosesLost(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	a := open(t, addrs, withDialer(tp.dial))
+	b := open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	la := try(t, a, key, lockkit.WithTTL(time.Minute))
+
+	tp.expire(t)
+	select {
+	case <-la.Lost():
+	case <-time.After(sessionTimeout):
+		t.Fatal("Lost still open after the session was closed")
+	}
+	lb := acquire(t, b, key) // the server deleted a's node with its session
+	if lb.Fence() <= la.Fence() {
+		t.Fatalf("fence after expiry %d, not above %d", lb.Fence(), la.Fence())
+	}
+	if err := la.Release(ctx); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Release of an expired lease = %v, want ErrNotHeld", err)
+	}
+	_ = lb.Release(ctx)
+	la2 := acquire(t, a, key) // a new session
+	_ = la2.Release(ctx)
+}
+
+// A create that the server applied but whose reply was lost leaves no
+// orphan: the retry finds the node by its GUID and uses it.
+func TestLostCreateReplyIsFound(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	a := open(t, addrs, withDialer(tp.dial))
+	b := open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	if err := a.mkdirs(a.dir(key)); err != nil {
+		t.Fatal(err)
+	}
+	tp.dropNextCreateReply()
+	la := try(t, a, key)
+	if !tp.dropped() {
+		t.Fatal("no create reply was dropped")
+	}
+	if nodes := queue(t, b, key); len(nodes) != 1 {
+		t.Fatalf("queue after a lost reply is %v, want one node", nodes)
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb := try(t, b, key)
+	_ = lb.Release(ctx)
+}
+
+func BenchmarkUncontended(b *testing.B) {
+	addrs := serverAddrs(b)
+	ctx := context.Background()
+	b.Run("zklock", func(b *testing.B) {
+		l := open(b, addrs)
+		for b.Loop() {
+			lease, err := l.Acquire(ctx, "bench")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := lease.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("go-zookeeper-lock", func(b *testing.B) {
+		conn := dialZK(b, addrs)
+		lock := zk.NewLock(conn, testRoot+"/peer-bench", zk.WorldACL(zk.PermAll))
+		for b.Loop() {
+			if err := lock.Lock(); err != nil {
+				b.Fatal(err)
+			}
+			if err := lock.Unlock(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("round-trip", func(b *testing.B) {
+		conn := dialZK(b, addrs)
+		for b.Loop() {
+			if _, _, err := conn.Exists(testRoot); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func serverAddrs(t testing.TB) []string {
+	t.Helper()
+	v := os.Getenv("SHOP_TEST_ZK_ADDRS")
+	if v == "" {
+		const why = "SHOP_TEST_ZK_ADDRS is unset (scripts/testenv.sh up; source /tmp/shop-testenv/env)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(why)
+		}
+		t.Skip(why)
+	}
+	return strings.Split(v, ",")
+}
+
+func open(t testing.TB, addrs []string, opts ...Option) *Locker {
+	t.Helper()
+	l, err := New(addrs, sessionTimeout, append([]Option{WithRoot(testRoot)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func dialZK(t testing.TB, addrs []string) *zk.Conn {
+	conn, _, err := zk.Connect(addrs, sessionTimeout, zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	return conn
+}
+
+func withDialer(d zk.Dialer) Option { return func(c *config) { c.dialer = d } }
+
+// queue lists key's nodes in queue order.
+func queue(t testing.TB, l *Locker, key string) []string {
+	t.Helper()
+	children, _, err := l.conn.Children(l.dir(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(children, func(a, b string) int {
+		sa, _ := sequence(a)
+		sb, _ := sequence(b)
+		return cmp.Compare(sa, sb)
+	})
+	for i, c := range children {
+		children[i] = l.dir(key) + "/" + c
+	}
+	return children
+}
+
+func try(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Option) lockkit.Lease {
+	t.Helper()
+	lease, err := l.TryAcquire(context.Background(), key, opts...)
+	if err != nil {
+		t.Fatalf("TryAcquire %s: %v", key, err)
+	}
+	return lease
+}
+
+func acquire(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Option) lockkit.Lease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*sessionTimeout)
+	defer cancel()
+	lease, err := l.Acquire(ctx, key, opts...)
+	if err != nil {
+		t.Fatalf("Acquire %s: %v", key, err)
+	}
+	return lease
+}
+
+// tap sits between the client and the server: it can cut the connection,
+// lose the reply to a create, and learn the session's password from the
+// handshake, which the client library keeps to itself.
+type tap struct {
+	mu        sync.Mutex
+	conn      *tappedConn
+	handshake []byte
+	dropCount int
+	dropArmed bool
+	createXid []byte
+}
+
+func (tp *tap) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	tc := &tappedConn{Conn: c, tap: tp}
+	tp.mu.Lock()
+	tp.conn, tp.handshake = tc, nil
+	tp.mu.Unlock()
+	return tc, nil
+}
+
+func (tp *tap) sever() {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	_ = tp.conn.Close()
+}
+
+func (tp *tap) dropNextCreateReply() {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.dropArmed = true
+}
+
+func (tp *tap) dropped() bool {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.dropCount > 0
+}
+
+type tappedConn struct {
+	net.Conn
+	tap *tap
+}
+
+func (c *tappedConn) Write(b []byte) (int, error) {
+	tp := c.tap
+	tp.mu.Lock()
+	// A request is [length][xid][opcode]...; opcode 1 is create.
+	if tp.dropArmed && len(b) >= 12 && int32(binary.BigEndian.Uint32(b[8:12])) == 1 {
+		tp.dropArmed, tp.createXid = false, bytes.Clone(b[4:8])
+	}
+	tp.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+func (c *tappedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	tp := c.tap
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	if tp.conn == c && len(tp.handshake) < 64 {
+		tp.handshake = append(tp.handshake, b[:n]...)
+	}
+	// The client reads a reply's length, then its body: [xid][zxid][err]...
+	if tp.createXid != nil && n >= 16 && bytes.Equal(b[:4], tp.createXid) {
+		tp.createXid = nil
+		tp.dropCount++
+		_ = c.Conn.Close()
+		return 0, io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// expire closes the client's session from a second connection that
+// presents the same session id and password.
+func (tp *tap) expire(t *testing.T) {
+	t.Helper()
+	tp.mu.Lock()
+	hs := bytes.Clone(tp.handshake)
+	addr := tp.conn.RemoteAddr().String()
+	tp.mu.Unlock()
+	// [length][protocolVersion][timeout][sessionId][password length][password]
+	if len(hs) < 24 {
+		t.Fatalf("handshake not seen: %x", hs)
+	}
+	body := hs[4:]
+	session := binary.BigEndian.Uint64(body[8:16])
+	password := body[20 : 20+binary.BigEndian.Uint32(body[16:20])]
+
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	var req bytes.Buffer
+	for _, v := range []any{int32(0), int64(0), int32(sessionTimeout.Milliseconds()), session, int32(len(password)), password, false} {
+		_ = binary.Write(&req, binary.BigEndian, v)
+	}
+	send := func(body []byte) []byte {
+		if err := binary.Write(c, binary.BigEndian, int32(len(body))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(body); err != nil {
+			t.Fatal(err)
+		}
+		var n int32
+		if err := binary.Read(c, binary.BigEndian, &n); err != nil {
+			t.Fatal(err)
+		}
+		reply := make([]byte, n)
+		if _, err := io.ReadFull(c, reply); err != nil {
+			t.Fatal(err)
+		}
+		return reply
+	}
+	if reply := send(req.Bytes()); binary.BigEndian.Uint64(reply[8:16]) != session {
+		t.Fatalf("second connection did not join session %x: %x", session, reply)
+	}
+	closeSession := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, 1), uint32(0xfffffff5)) // xid 1, opcode -11
+	if reply := send(closeSession); len(reply) < 16 || binary.BigEndian.Uint32(reply[12:16]) != 0 {
+		t.Fatalf("closeSession failed: %x", reply)
+	}
+}
