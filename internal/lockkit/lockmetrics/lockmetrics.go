@@ -3,6 +3,9 @@
 // leases are lost behind their holder's back, and (reported by the stores)
 // how many writes a fence refused.
 //
+// The leases it hands out must be released (lockkit.Do always does): a
+// lease's hold time and its loss are recorded when it is released.
+//
 // Metrics are labelled by backend and by key class, the second segment of
 // "lock:<class>:…" (stock, account, like, idem, order), never by the key
 // itself: one series per SKU or account would grow without bound.
@@ -105,16 +108,14 @@ func (l *locker) measure(ctx context.Context, key string, opts []lockkit.Option,
 	grant func(context.Context, string, ...lockkit.Option) (lockkit.Lease, error)) (lockkit.Lease, error) {
 	class := Class(key)
 	start := time.Now()
-	lease, err := grant(ctx, key, opts...)
+	inner, err := grant(ctx, key, opts...)
 	if err != nil {
 		l.m.failures.WithLabelValues(l.m.backend, class, reason(err)).Inc()
 		return nil, err
 	}
 	held := time.Now()
 	l.m.wait.WithLabelValues(l.m.backend, class).Observe(held.Sub(start).Seconds())
-	ml := &lease{Lease: lease, m: l.m, class: class, held: held, released: make(chan struct{})}
-	go ml.watch()
-	return ml, nil
+	return &lease{Lease: inner, m: l.m, class: class, held: held}, nil
 }
 
 func reason(err error) string {
@@ -147,36 +148,20 @@ type lease struct {
 	m     *Metrics
 	class string
 	held  time.Time
-
-	once     sync.Once
-	released chan struct{} // closed by Release before the inner release
+	once  sync.Once
 }
 
-// watch counts the lease as lost if Lost closes before Release is called.
-// It ends with the lease: Lost closes at the latest when the TTL runs out or
-// the Locker closes, and Release ends it at once.
-func (l *lease) watch() {
-	select {
-	case <-l.released:
-	case <-l.Lease.Lost():
-		select {
-		case <-l.released: // Lost closed because of the release
-		default:
-			l.m.lost.WithLabelValues(l.m.backend, l.class).Inc()
-		}
-	}
-}
-
+// Release records the hold time, and counts the lease as lost if Lost had
+// closed before its holder let go. Looking at release time rather than
+// watching Lost costs no goroutine per lease; lockkit.Do always releases.
 func (l *lease) Release(ctx context.Context) error {
-	first := false
 	l.once.Do(func() {
-		first = true
-		close(l.released)
+		select {
+		case <-l.Lease.Lost():
+			l.m.lost.WithLabelValues(l.m.backend, l.class).Inc()
+		default:
+		}
 		l.m.hold.WithLabelValues(l.m.backend, l.class).Observe(time.Since(l.held).Seconds())
 	})
-	err := l.Lease.Release(ctx)
-	if !first && err == nil {
-		err = lockkit.ErrNotHeld
-	}
-	return err
+	return l.Lease.Release(ctx)
 }

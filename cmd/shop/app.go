@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/inventory"
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/storage"
+)
+
+// domain is what a business package gives the wiring. Adding one (likes,
+// orders) is one line in newApp's domains list.
+type domain interface {
+	// Register adds routes: api authenticates users, admin the operator.
+	Register(api, admin *gin.RouterGroup)
+	audit.Resetter
+	Checks() []audit.Check
+}
+
+// models are every table, for migrations. Add a domain's here.
+func models() []any {
+	return append(account.Models(), inventory.Models()...)
+}
+
+// app is one shop process's wiring: open it, serve its handler, close it.
+type app struct {
+	handler http.Handler
+	// ready are the dependency checks of /readyz.
+	ready    []readyCheck
+	stopping atomic.Bool
+	closers  []func() error // run in reverse order
+	// hooks for tests in this package
+	accounts *account.Store
+}
+
+type readyCheck struct {
+	name string
+	ping func(context.Context) error
+}
+
+// newApp opens the stores, the lock backend and the domains of cfg. On error
+// it closes what it opened.
+func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, err error) {
+	a = &app{}
+	defer func() {
+		if err != nil {
+			a.close()
+		}
+	}()
+
+	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns})
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, db.Close)
+	a.ready = append(a.ready, readyCheck{"database", db.Ping})
+	if err := db.Migrate(ctx, models()...); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+
+	var rdb redis.UniversalClient
+	if needsRedis(cfg) {
+		rdb, err = openRedis(cfg, a, log)
+		if err != nil {
+			return nil, err
+		}
+		a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
+	}
+
+	backend, err := openLocker(ctx, cfg, deps{redis: rdb, db: db})
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, backend.Close)
+	if p, ok := backend.(interface{ Ping(context.Context) error }); ok {
+		a.ready = append(a.ready, readyCheck{"lock backend " + cfg.LockBackend, p.Ping})
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	lockMetrics := lockmetrics.New(reg, cfg.LockBackend)
+	locker := lockMetrics.Wrap(lockkit.Reentrant(backend))
+
+	var lockOpts []lockkit.Option
+	if cfg.LockTTL > 0 {
+		lockOpts = append(lockOpts, lockkit.WithTTL(cfg.LockTTL))
+	}
+	if cfg.LockWaitTimeout > 0 {
+		lockOpts = append(lockOpts, lockkit.WithWaitTimeout(cfg.LockWaitTimeout))
+	}
+
+	accountStore := account.NewStore(db.DB)
+	a.accounts = accountStore
+	accounts := &account.Domain{Store: accountStore, Service: account.NewService(accountStore, account.Options{
+		Locker: locker, LockOptions: lockOpts, Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
+	})}
+
+	var mirror *inventory.Mirror
+	if cfg.StockStrategy == config.StockAtomicRedis {
+		mirror = inventory.NewMirror(rdb, cfg.KeyPrefix)
+	}
+	productStore := inventory.NewStore(db.DB, mirror)
+	products, err := inventory.NewService(productStore, inventory.Options{
+		Strategy: cfg.StockStrategy, Locker: locker, LockOptions: lockOpts, Mirror: mirror,
+		Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	domains := []domain{
+		accounts,
+		&inventory.Domain{Service: products, Store: productStore},
+	}
+
+	var checks []audit.Check
+	var resetters []audit.Resetter
+	for _, d := range domains {
+		checks = append(checks, d.Checks()...)
+		resetters = append(resetters, d)
+	}
+	a.handler = newRouter(routerDeps{
+		cfg:     cfg,
+		log:     log,
+		auth:    auth.New([]byte(cfg.JWTSecret), cfg.AdminToken),
+		auditor: audit.New(checks, resetters),
+		domains: domains,
+		reg:     reg,
+		ready:   a.readiness,
+	})
+	return a, nil
+}
+
+// openRedis connects to SHOP_REDIS_ADDRS, or starts the embedded server.
+func openRedis(cfg config.Config, a *app, log *slog.Logger) (redis.UniversalClient, error) {
+	opts := &redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster}
+	if cfg.EmbeddedRedis() {
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			return nil, fmt.Errorf("embedded redis: %w", err)
+		}
+		a.closers = append(a.closers, func() error { m.Close(); return nil })
+		log.Info("embedded Redis-protocol server started (in-process, data lost at exit)", "addr", m.Addr())
+		opts.Addrs = []string{m.Addr()}
+	}
+	rdb := redis.NewUniversalClient(opts)
+	a.closers = append(a.closers, rdb.Close)
+	return rdb, nil
+}
+
+// readiness pings every dependency, each with its own short deadline.
+func (a *app) readiness(ctx context.Context) (down map[string]error) {
+	if a.stopping.Load() {
+		return map[string]error{"shutdown": errors.New("this instance is shutting down")}
+	}
+	down = map[string]error{}
+	for _, c := range a.ready {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := c.ping(cctx); err != nil {
+			down[c.name] = err
+		}
+		cancel()
+	}
+	return down
+}
+
+// close releases everything newApp opened, last opened first.
+func (a *app) close() error {
+	var errs []error
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		errs = append(errs, a.closers[i]())
+	}
+	a.closers = nil
+	return errors.Join(errs...)
+}

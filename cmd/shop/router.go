@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/lockbench/shop/internal/apidoc"
+	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/problem"
+)
+
+type routerDeps struct {
+	cfg     config.Config
+	log     *slog.Logger
+	auth    *auth.Auth
+	auditor *audit.Auditor
+	domains []domain
+	reg     *prometheus.Registry
+	ready   func(context.Context) map[string]error
+}
+
+func newRouter(d routerDeps) http.Handler {
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	// A path that differs by a slash is another path: redirecting a POST
+	// is more surprising to an API client than a 404.
+	r.RedirectTrailingSlash = false
+	r.RedirectFixedPath = false
+	r.HandleMethodNotAllowed = true
+	r.ContextWithFallback = true
+
+	httpMetrics := newHTTPMetrics(d.reg)
+	r.Use(requestID, accessLog(d.log), httpMetrics.observe, problem.Recover(), problem.LimitBody(d.cfg.MaxBodyBytes))
+	r.NoRoute(problem.NoRoute)
+	r.NoMethod(problem.NoMethod)
+
+	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.GET("/readyz", readyz(d.ready))
+	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg})))
+	apidoc.Register(r)
+
+	api := r.Group("/api/v1", d.auth.User())
+	admin := r.Group("/admin/v1", d.auth.Admin())
+	d.auditor.Register(admin)
+	for _, dom := range d.domains {
+		dom.Register(api, admin)
+	}
+	return r
+}
+
+func readyz(ready func(context.Context) map[string]error) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		down := ready(c.Request.Context())
+		if len(down) == 0 {
+			c.JSON(http.StatusOK, gin.H{"status": "ready"})
+			return
+		}
+		names := make([]string, 0, len(down))
+		for name, err := range down {
+			names = append(names, name)
+			slog.WarnContext(c.Request.Context(), "not ready", "dependency", name, "err", err)
+		}
+		slices.Sort(names)
+		e := problem.New(http.StatusServiceUnavailable, "not-ready", "not ready; down: "+strings.Join(names, ", "))
+		e.Title = "Not ready"
+		problem.Write(c, e)
+	}
+}
+
+var goodRequestID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// requestID keeps the caller's X-Request-Id if it is sane, so that a trace
+// spans the load balancer and shop, and makes one up otherwise.
+func requestID(c *gin.Context) {
+	id := c.GetHeader(problem.RequestIDHeader)
+	if !goodRequestID.MatchString(id) {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		id = hex.EncodeToString(b[:])
+	}
+	c.Header(problem.RequestIDHeader, id)
+	c.Next()
+}
+
+func accessLog(log *slog.Logger) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		start := time.Now()
+		c.Next()
+		status := c.Writer.Status()
+		level := slog.LevelInfo
+		if status >= 500 {
+			level = slog.LevelWarn
+		}
+		attrs := []slog.Attr{
+			slog.String("request_id", c.Writer.Header().Get(problem.RequestIDHeader)),
+			slog.String("method", c.Request.Method),
+			slog.String("path", c.Request.URL.Path),
+			slog.String("route", route(c)),
+			slog.Int("status", status),
+			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+		}
+		if user := auth.UserID(c); user != 0 {
+			attrs = append(attrs, slog.Int64("user", user))
+		}
+		if len(c.Errors) > 0 {
+			attrs = append(attrs, slog.String("err", c.Errors.Last().Error()))
+		}
+		log.LogAttrs(c.Request.Context(), level, "request", attrs...)
+	}
+}
+
+// route is the matched route pattern, never the raw path: a label per
+// account id or SKU would grow the series without bound.
+func route(c *gin.Context) string {
+	if r := c.FullPath(); r != "" {
+		return r
+	}
+	return "unmatched"
+}
+
+type httpMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
+	m := &httpMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_http_requests_total",
+			Help: "HTTP requests answered, by route pattern, method and status code.",
+		}, []string{"route", "method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shop_http_request_duration_seconds",
+			Help:    "Time to answer an HTTP request, by route pattern and method.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
+		}, []string{"route", "method"}),
+	}
+	reg.MustRegister(m.requests, m.duration)
+	return m
+}
+
+func (m *httpMetrics) observe(c *gin.Context) {
+	start := time.Now()
+	c.Next()
+	rt := route(c)
+	m.requests.WithLabelValues(rt, c.Request.Method, strconv.Itoa(c.Writer.Status())).Inc()
+	m.duration.WithLabelValues(rt, c.Request.Method).Observe(time.Since(start).Seconds())
+}

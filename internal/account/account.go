@@ -1,0 +1,184 @@
+// Package account keeps users' balances: deposits, withdrawals and transfers
+// computed in Go as read-modify-write (that is the point: it is the shape
+// that loses updates without a lock) under lock:account:<id>, with each
+// write fenced in the store and paired with an insert-only ledger row.
+//
+// The business rules are written once, in core. Locking, fencing and metrics
+// are decorators over the same Service (go-kit style); the unsafe baseline
+// is the locking decorator over lockkit.None.
+package account
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+)
+
+// Errors of the account domain. Handlers map them to statuses in http.go.
+var (
+	// ErrNotFound: no account has this id.
+	ErrNotFound = errors.New("account not found")
+	// ErrInsufficientFunds: a withdrawal or transfer exceeds the balance.
+	ErrInsufficientFunds = errors.New("insufficient funds")
+	// ErrOverflow: the balance would exceed the largest int64 cents.
+	ErrOverflow = errors.New("balance would overflow")
+	// ErrInvalidAmount: an amount is zero or negative.
+	ErrInvalidAmount = errors.New("invalid amount")
+	// ErrSameAccount: a transfer from an account to itself.
+	ErrSameAccount = errors.New("transfer to the same account")
+)
+
+// Account is one balance, in integer cents.
+type Account struct {
+	ID      int64 `gorm:"primaryKey;autoIncrement:false" json:"id"`
+	Balance int64 `gorm:"not null" json:"balance_cents"`
+	// Opening is the balance the account was created with; the audit
+	// checks Balance == Opening + the sum of the ledger.
+	Opening int64 `gorm:"not null" json:"-"`
+	// Fence is the highest fencing token that wrote this row.
+	Fence     uint64    `gorm:"not null;default:0" json:"-"`
+	UpdatedAt time.Time `json:"-"`
+}
+
+// LedgerEntry is one balance change, never updated or deleted (except by an
+// admin reset, which starts a new history).
+type LedgerEntry struct {
+	ID        int64  `gorm:"primaryKey"`
+	AccountID int64  `gorm:"not null;index"`
+	Amount    int64  `gorm:"not null"` // signed: credit > 0, debit < 0
+	Kind      string `gorm:"size:16;not null"`
+	Fence     uint64 `gorm:"not null;default:0"`
+	CreatedAt time.Time
+}
+
+// Transfer is the result of a transfer, as the sender sees it: the
+// recipient's balance is not the sender's business.
+type Transfer struct {
+	From        int64 `json:"from"`
+	To          int64 `json:"to"`
+	Amount      int64 `json:"amount_cents"`
+	FromBalance int64 `json:"from_balance_cents"`
+}
+
+// Service is the account domain, as handlers and other domains see it.
+type Service interface {
+	Get(ctx context.Context, id int64) (Account, error)
+	Deposit(ctx context.Context, id, amount int64) (Account, error)
+	Withdraw(ctx context.Context, id, amount int64) (Account, error)
+	Transfer(ctx context.Context, from, to, amount int64) (Transfer, error)
+}
+
+// Key is the lock key of account id.
+func Key(id int64) string { return "lock:account:" + strconv.FormatInt(id, 10) }
+
+// Options configure NewService.
+type Options struct {
+	// Locker guards each change; lockkit.None() is the unsafe baseline.
+	Locker lockkit.Locker
+	// LockOptions are passed to every acquisition (TTL, wait timeout).
+	LockOptions []lockkit.Option
+	// Metrics, if set, counts fenced writes.
+	Metrics *lockmetrics.Metrics
+	// CriticalSectionDelay is slept between the read and the write.
+	CriticalSectionDelay time.Duration
+}
+
+// NewService returns the account service: metrics over locking over the
+// business rules, all writing through store.
+func NewService(store *Store, o Options) Service {
+	var s Service = &core{store: store, delay: o.CriticalSectionDelay}
+	s = &locked{next: s, locker: o.Locker, opts: o.LockOptions, store: store}
+	if o.Metrics != nil {
+		s = &instrumented{next: s, m: o.Metrics}
+	}
+	return s
+}
+
+// core is the business rules, unaware of locks: it reads, decides, and
+// hands the fences it was given (through ctx, by locked) to the store.
+type core struct {
+	store *Store
+	delay time.Duration
+}
+
+func (s *core) Get(ctx context.Context, id int64) (Account, error) { return s.store.Get(ctx, id) }
+
+func (s *core) Deposit(ctx context.Context, id, amount int64) (Account, error) {
+	if amount <= 0 {
+		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
+	}
+	var out Account
+	err := s.store.Update(ctx, "deposit", []int64{id}, fencesFrom(ctx), func(ctx context.Context, accts []*Account) error {
+		a := accts[0]
+		if a.Balance > math.MaxInt64-amount {
+			return fmt.Errorf("%w: balance %d + %d cents exceeds %d", ErrOverflow, a.Balance, amount, int64(math.MaxInt64))
+		}
+		a.Balance += amount
+		out = *a
+		return work(ctx, s.delay)
+	})
+	return out, err
+}
+
+func (s *core) Withdraw(ctx context.Context, id, amount int64) (Account, error) {
+	if amount <= 0 {
+		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
+	}
+	var out Account
+	err := s.store.Update(ctx, "withdraw", []int64{id}, fencesFrom(ctx), func(ctx context.Context, accts []*Account) error {
+		a := accts[0]
+		if a.Balance < amount {
+			return fmt.Errorf("%w: balance is %d cents, withdrawal asks %d", ErrInsufficientFunds, a.Balance, amount)
+		}
+		a.Balance -= amount
+		out = *a
+		return work(ctx, s.delay)
+	})
+	return out, err
+}
+
+func (s *core) Transfer(ctx context.Context, from, to, amount int64) (Transfer, error) {
+	if amount <= 0 {
+		return Transfer{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
+	}
+	if from == to {
+		return Transfer{}, fmt.Errorf("%w: from and to are both %d", ErrSameAccount, from)
+	}
+	out := Transfer{From: from, To: to, Amount: amount}
+	err := s.store.Update(ctx, "transfer", []int64{from, to}, fencesFrom(ctx), func(ctx context.Context, accts []*Account) error {
+		src, dst := accts[0], accts[1]
+		if src.Balance < amount {
+			return fmt.Errorf("%w: balance is %d cents, transfer asks %d", ErrInsufficientFunds, src.Balance, amount)
+		}
+		if dst.Balance > math.MaxInt64-amount {
+			return fmt.Errorf("%w: the recipient's balance cannot take %d cents more", ErrOverflow, amount)
+		}
+		src.Balance -= amount
+		dst.Balance += amount
+		out.FromBalance = src.Balance
+		return work(ctx, s.delay)
+	})
+	return out, err
+}
+
+// work stands in for the business work between read and write
+// (SHOP_CRITICAL_SECTION_DELAY). It stops early if the lease is lost.
+func work(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

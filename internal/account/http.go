@@ -1,0 +1,179 @@
+package account
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/problem"
+)
+
+func init() {
+	problem.Register(ErrNotFound, http.StatusNotFound, "account-not-found", "Account not found")
+	problem.Register(ErrInsufficientFunds, http.StatusUnprocessableEntity, "insufficient-funds", "Insufficient funds")
+	problem.Register(ErrOverflow, http.StatusUnprocessableEntity, "balance-overflow", "Balance overflow")
+	problem.Register(ErrInvalidAmount, http.StatusBadRequest, "invalid-input", "Invalid input")
+	problem.Register(ErrSameAccount, http.StatusBadRequest, "invalid-input", "Invalid input")
+}
+
+// Domain is the account domain as cmd/shop wires it: routes, fixtures and
+// audit checks.
+type Domain struct {
+	Service Service
+	Store   *Store
+}
+
+// Register adds the user routes to api (which authenticates users) and the
+// admin routes to admin (which checks the admin token).
+func (d *Domain) Register(api, admin *gin.RouterGroup) {
+	api.GET("/accounts/:id", d.get)
+	api.POST("/accounts/:id/deposit", d.deposit)
+	api.POST("/accounts/:id/withdraw", d.withdraw)
+	api.POST("/transfers", d.transfer)
+	admin.POST("/accounts", d.put)
+}
+
+// Reset implements audit.Resetter.
+func (d *Domain) Reset(ctx context.Context, fixture string) error { return d.Store.Reset(ctx, fixture) }
+
+// Checks are the account invariants for the audit.
+func (d *Domain) Checks() []audit.Check {
+	return []audit.Check{{Name: "balance_drift", By: "by_account", Run: d.Store.Drift}}
+}
+
+type amountRequest struct {
+	Amount *int64 `json:"amount_cents"`
+}
+
+type transferRequest struct {
+	From   *int64 `json:"from"`
+	To     *int64 `json:"to"`
+	Amount *int64 `json:"amount_cents"`
+}
+
+type putRequest struct {
+	ID      *int64 `json:"id"`
+	Balance *int64 `json:"balance_cents"`
+}
+
+func (d *Domain) get(c *gin.Context) {
+	id, err := ownAccount(c)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	a, err := d.Service.Get(c.Request.Context(), id)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, a)
+}
+
+func (d *Domain) deposit(c *gin.Context)  { d.change(c, d.Service.Deposit) }
+func (d *Domain) withdraw(c *gin.Context) { d.change(c, d.Service.Withdraw) }
+
+func (d *Domain) change(c *gin.Context, op func(context.Context, int64, int64) (Account, error)) {
+	id, err := ownAccount(c)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	var req amountRequest
+	if err := problem.DecodeJSON(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	if err := positive("amount_cents", req.Amount); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	a, err := op(c.Request.Context(), id, *req.Amount)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, a)
+}
+
+func (d *Domain) transfer(c *gin.Context) {
+	var req transferRequest
+	if err := problem.DecodeJSON(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+	}{{"from", req.From}, {"to", req.To}, {"amount_cents", req.Amount}} {
+		if err := positive(f.name, f.v); err != nil {
+			problem.Write(c, err)
+			return
+		}
+	}
+	if err := auth.RequireSelf(c, *req.From); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	t, err := d.Service.Transfer(c.Request.Context(), *req.From, *req.To, *req.Amount)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, t)
+}
+
+func (d *Domain) put(c *gin.Context) {
+	var req putRequest
+	if err := problem.DecodeJSON(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	if err := positive("id", req.ID); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	if req.Balance == nil {
+		problem.Write(c, problem.BadRequest("balance_cents is required: a non-negative integer"))
+		return
+	}
+	if *req.Balance < 0 {
+		problem.Write(c, problem.BadRequest(fmt.Sprintf("balance_cents must be a non-negative integer, got %d", *req.Balance)))
+		return
+	}
+	created, err := d.Store.Put(c.Request.Context(), *req.ID, *req.Balance)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	c.JSON(status, Account{ID: *req.ID, Balance: *req.Balance})
+}
+
+// ownAccount parses the :id of the path and checks that it is the caller's.
+func ownAccount(c *gin.Context) (int64, error) {
+	raw := c.Param("id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, problem.BadRequest(fmt.Sprintf("account id must be a positive integer, got %q", raw))
+	}
+	return id, auth.RequireSelf(c, id)
+}
+
+func positive(name string, v *int64) error {
+	if v == nil {
+		return problem.BadRequest(name + " is required: a positive integer")
+	}
+	if *v <= 0 {
+		return problem.BadRequest(fmt.Sprintf("%s must be a positive integer, got %d", name, *v))
+	}
+	return nil
+}

@@ -1,0 +1,226 @@
+package account
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// writeTimeout bounds the write transaction, which runs detached from the
+// request's cancellation (see Update).
+const writeTimeout = 5 * time.Second
+
+// Store keeps accounts and their ledger in SQL.
+type Store struct {
+	db *gorm.DB
+	// beforeWrite, when set by a test, runs between the decision and the
+	// write: the window a paused process sits in when its lease runs out.
+	beforeWrite func(ctx context.Context)
+}
+
+// NewStore returns a Store on db. Migrate must have run.
+func NewStore(db *gorm.DB) *Store { return &Store{db: db} }
+
+// Models are the tables of this package, for migrations.
+func Models() []any { return []any{&Account{}, &LedgerEntry{}} }
+
+// Get reads one account.
+func (s *Store) Get(ctx context.Context, id int64) (Account, error) {
+	var a Account
+	err := s.db.WithContext(ctx).Take(&a, id).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Account{}, fmt.Errorf("%w: no account %d", ErrNotFound, id)
+	}
+	return a, err
+}
+
+// Update is the read-modify-write of the accounts ids (in that order in
+// accts). It reads them, lets fn change their balances, then writes every
+// change with its ledger row in one transaction. Each row is written only
+// if fences[id] beats the token that last wrote it; otherwise nothing is
+// written and Update returns lockkit.ErrFenced. A fence of 0 (a backend that
+// cannot fence, or none) writes unfenced, and says so by leaving the row's
+// fence as it was.
+//
+// The read is a plain SELECT, neither in the transaction nor FOR UPDATE: the
+// caller's lock is what serializes the read-modify-write, and the fence is
+// what catches a caller whose lock ran out. A row lock here would hide the
+// difference between a good lock and none at all.
+func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map[int64]uint64,
+	fn func(ctx context.Context, accts []*Account) error) error {
+	accts := make([]*Account, len(ids))
+	before := make(map[int64]int64, len(ids))
+	for i, id := range ids {
+		a, err := s.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		accts[i] = &a
+		before[id] = a.Balance
+	}
+	if err := fn(ctx, accts); err != nil {
+		return err
+	}
+	// Last chance to stop cheaply: the lease was lost or the client left.
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite(ctx)
+	}
+	// From here the write runs to its end even if the request is cancelled
+	// or the lease is lost meanwhile: a transaction cut half-way leaves the
+	// client unsure whether it committed, and the fence, checked inside the
+	// transaction, is what decides whether a late write may land.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	// Rows in id order, so that two unlocked transfers in opposite
+	// directions (the none baseline) cannot deadlock in the database.
+	order := slices.Clone(accts)
+	slices.SortFunc(order, func(a, b *Account) int { return compare(a.ID, b.ID) })
+	return s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
+		for _, a := range order {
+			delta := a.Balance - before[a.ID]
+			if delta == 0 {
+				continue
+			}
+			if err := writeBalance(tx, a.ID, a.Balance, fences[a.ID]); err != nil {
+				return err
+			}
+			entry := LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind, Fence: fences[a.ID]}
+			if err := tx.Create(&entry).Error; err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// writeBalance is the fenced write. The check is fence < token, not <=: a
+// token writes a row at most once, so a write replayed under the same grant
+// (a retry after an ambiguous commit) is refused instead of applied twice.
+func writeBalance(tx *gorm.DB, id, balance int64, fence uint64) error {
+	var res *gorm.DB
+	if fence == 0 {
+		res = tx.Exec("UPDATE accounts SET balance = ?, updated_at = ? WHERE id = ?", balance, time.Now().UTC(), id)
+	} else {
+		res = tx.Exec("UPDATE accounts SET balance = ?, fence = ?, updated_at = ? WHERE id = ? AND fence < ?",
+			balance, fence, time.Now().UTC(), id, fence)
+	}
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		if fence == 0 {
+			return fmt.Errorf("%w: account %d was deleted while in use", ErrNotFound, id)
+		}
+		return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, id, fence)
+	}
+	return nil
+}
+
+func compare(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Put creates account id with an opening balance, or replaces an existing
+// one's balance and opening and deletes its ledger: a new history starts.
+// The row's fence is kept, never lowered, so that a holder of a lock taken
+// before still cannot write. It reports whether the account was created.
+func (s *Store) Put(ctx context.Context, id, balance int64) (created bool, err error) {
+	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var n int64
+		if err := tx.Model(&Account{}).Where("id = ?", id).Count(&n).Error; err != nil {
+			return err
+		}
+		created = n == 0
+		if err := tx.Where("account_id = ?", id).Delete(&LedgerEntry{}).Error; err != nil {
+			return err
+		}
+		return upsert(tx, []Account{{ID: id, Balance: balance, Opening: balance}})
+	})
+	return created, err
+}
+
+func upsert(tx *gorm.DB, accts []Account) error {
+	return tx.Clauses(clause.OnConflict{
+		Columns:   []clause.Column{{Name: "id"}},
+		DoUpdates: clause.AssignmentColumns([]string{"balance", "opening", "updated_at"}),
+	}).CreateInBatches(&accts, 500).Error
+}
+
+// fixtures are the accounts of each named fixture (see docs/api.md).
+var fixtures = map[string]func() []Account{
+	// Ten users with 1,000.00 each: enough to try every route by hand.
+	"default": func() []Account { return numbered(10, 100_000) },
+	// A thousand users with 10,000.00 each, for k6.
+	"loadtest": func() []Account { return numbered(1000, 1_000_000) },
+}
+
+func numbered(n int, balance int64) []Account {
+	out := make([]Account, n)
+	for i := range out {
+		out[i] = Account{ID: int64(i + 1), Balance: balance, Opening: balance}
+	}
+	return out
+}
+
+// Reset replaces every account and the ledger with the fixture's accounts.
+// Fences of accounts that stay are kept.
+func (s *Store) Reset(ctx context.Context, fixture string) error {
+	build, ok := fixtures[fixture]
+	if !ok {
+		return fmt.Errorf("account: no fixture %q", fixture)
+	}
+	accts := build()
+	ids := make([]int64, len(accts))
+	for i, a := range accts {
+		ids[i] = a.ID
+	}
+	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Where("1 = 1").Delete(&LedgerEntry{}).Error; err != nil {
+			return err
+		}
+		if err := tx.Where("id NOT IN ?", ids).Delete(&Account{}).Error; err != nil {
+			return err
+		}
+		return upsert(tx, accts)
+	})
+}
+
+// Drift is the audit check: per account, balance - (opening + sum of the
+// ledger), read in one statement so that a change is seen whole or not at
+// all (the balance and its ledger row commit together).
+func (s *Store) Drift(ctx context.Context) (map[string]int64, error) {
+	var rows []struct {
+		ID    int64
+		Drift int64
+	}
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT a.id AS id, a.balance - a.opening - COALESCE(SUM(l.amount), 0) AS drift
+		FROM accounts a LEFT JOIN ledger_entries l ON l.account_id = a.id
+		GROUP BY a.id, a.balance, a.opening
+		HAVING a.balance - a.opening - COALESCE(SUM(l.amount), 0) <> 0`).Scan(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		out[strconv.FormatInt(r.ID, 10)] = r.Drift
+	}
+	return out, nil
+}

@@ -1,0 +1,156 @@
+// Package auth authenticates shop's callers: users by an HS256 JWT whose
+// subject is their user id (which is also their account id), operators by a
+// static admin token.
+package auth
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/lockbench/shop/internal/problem"
+)
+
+// leeway absorbs clock skew between the issuer and this instance.
+const leeway = 30 * time.Second
+
+const userKey = "auth.user"
+
+// Auth checks user tokens and the admin token. It is safe for concurrent use.
+type Auth struct {
+	secret []byte
+	// adminHash is the SHA-256 of the admin token: comparing two hashes of
+	// fixed length in constant time leaks neither the token's bytes nor its
+	// length, which subtle.ConstantTimeCompare on raw strings would.
+	adminHash [32]byte
+}
+
+// New returns an Auth that verifies user tokens with secret (HS256) and
+// admin requests against adminToken.
+func New(secret []byte, adminToken string) *Auth {
+	return &Auth{secret: secret, adminHash: sha256.Sum256([]byte(adminToken))}
+}
+
+// Token mints a user token for user, valid for ttl from now.
+func (a *Auth) Token(user int64, ttl time.Duration, now time.Time) (string, error) {
+	if user <= 0 {
+		return "", fmt.Errorf("auth: user id must be positive, got %d", user)
+	}
+	claims := jwt.RegisteredClaims{
+		Subject:   strconv.FormatInt(user, 10),
+		IssuedAt:  jwt.NewNumericDate(now),
+		ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+	}
+	return jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(a.secret)
+}
+
+// Verify returns the user id of a valid token: signed with HS256 and this
+// secret, not expired, with exp present and a positive integer sub. Any
+// other algorithm, none included, is refused before the signature is looked
+// at, so a token cannot choose how it is checked.
+func (a *Auth) Verify(token string) (int64, error) {
+	var claims jwt.RegisteredClaims
+	_, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return a.secret, nil },
+		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
+		jwt.WithExpirationRequired(),
+		jwt.WithLeeway(leeway),
+	)
+	switch {
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return 0, errors.New("the token has expired")
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		return 0, errors.New("the token has no exp claim")
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		if strings.Contains(err.Error(), "signing method") {
+			return 0, errors.New("the token's algorithm is not accepted; only HS256 is")
+		}
+		return 0, errors.New("the token's signature is invalid")
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
+		return 0, errors.New("the token's algorithm is not accepted; only HS256 is")
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return 0, errors.New("the token is malformed")
+	case err != nil:
+		return 0, errors.New("the token is invalid")
+	}
+	id, err := strconv.ParseInt(claims.Subject, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("the token's sub must be a positive integer user id, got %q", claims.Subject)
+	}
+	return id, nil
+}
+
+// User is middleware that admits requests with a valid user token and
+// records the user id for UserID. Others get 401 with WWW-Authenticate.
+func (a *Auth) User() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		token, ok := bearer(c)
+		if !ok {
+			problem.Write(c, unauthorized("send Authorization: Bearer <token>; `shop token <user>` prints one", ""))
+			return
+		}
+		id, err := a.Verify(token)
+		if err != nil {
+			problem.Write(c, unauthorized(err.Error(), "invalid_token"))
+			return
+		}
+		c.Set(userKey, id)
+		c.Next()
+	}
+}
+
+// Admin is middleware that admits requests bearing the admin token.
+func (a *Auth) Admin() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		token, ok := bearer(c)
+		if !ok {
+			problem.Write(c, unauthorized("send Authorization: Bearer <SHOP_ADMIN_TOKEN>", ""))
+			return
+		}
+		got := sha256.Sum256([]byte(token))
+		if subtle.ConstantTimeCompare(got[:], a.adminHash[:]) != 1 {
+			problem.Write(c, unauthorized("the admin token is wrong", "invalid_token"))
+			return
+		}
+		c.Next()
+	}
+}
+
+// UserID is the authenticated user of a request that passed User.
+func UserID(c *gin.Context) int64 { return c.GetInt64(userKey) }
+
+// RequireSelf refuses (403) a user acting on an account that is not theirs.
+// It is checked before the account is looked up, so that a 404 never tells
+// one user whether another's account exists.
+func RequireSelf(c *gin.Context, account int64) error {
+	if user := UserID(c); user != account {
+		return problem.New(http.StatusForbidden, "forbidden",
+			fmt.Sprintf("user %d may act only on account %d, not %d", user, user, account))
+	}
+	return nil
+}
+
+func bearer(c *gin.Context) (string, bool) {
+	scheme, token, ok := strings.Cut(c.GetHeader("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+		return "", false
+	}
+	return strings.TrimSpace(token), true
+}
+
+func unauthorized(detail, code string) *problem.Error {
+	challenge := `Bearer realm="shop"`
+	if code != "" {
+		challenge += fmt.Sprintf(`, error=%q`, code) // RFC 6750 section 3
+	}
+	e := problem.New(http.StatusUnauthorized, "unauthorized", detail)
+	e.Header = http.Header{"Www-Authenticate": {challenge}}
+	return e
+}

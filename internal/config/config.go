@@ -1,0 +1,402 @@
+// Package config is shop's configuration: one struct filled from SHOP_*
+// environment variables, with defaults that run on a machine with only Go
+// (embedded SQLite and an in-process Redis-protocol server).
+//
+// Every field's variable, default and meaning is listed in docs/config.md;
+// keep that table and the defaults below in step.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Backends are the lock backend names SHOP_LOCK_BACKEND accepts.
+var Backends = []string{"none", "local", "redis", "redlock", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached"}
+
+// Stock strategies SHOP_STOCK_STRATEGY accepts.
+const (
+	// StockLock reads, checks and writes the stock in Go under lock:stock:<sku>.
+	StockLock = "lock"
+	// StockAtomicSQL lets one conditional UPDATE do the check and the write.
+	StockAtomicSQL = "atomic-sql"
+	// StockAtomicRedis decrements a Redis mirror of the stock in one Lua
+	// script, then writes SQL.
+	StockAtomicRedis = "atomic-redis"
+)
+
+// Environments SHOP_ENV accepts.
+const (
+	// EnvDev allows the public dev secrets and logs text by default.
+	EnvDev = "dev"
+	// EnvProduction refuses to start without real secrets and logs JSON.
+	EnvProduction = "production"
+)
+
+// Dev credentials, used when SHOP_ENV=dev and the variables are unset. They
+// are public (they are in this file), which is the point: `go run ./cmd/shop
+// token 1` in another shell mints a token the dev server accepts.
+const (
+	DevJWTSecret  = "shop-dev-jwt-secret-not-for-production"
+	DevAdminToken = "shop-dev-admin-token"
+)
+
+// minSecretLen is the shortest JWT secret accepted: HS256 keys shorter than
+// the hash output (32 bytes) make brute force cheaper than the algorithm
+// promises (RFC 7518 section 3.2).
+const minSecretLen = 32
+
+// Config is every setting of a shop process. Load fills it; the zero value
+// is not meaningful.
+type Config struct {
+	// Env is SHOP_ENV: dev (default) or production. Production refuses the
+	// dev secrets and defaults the log format to json.
+	Env string
+	// HTTPAddr is SHOP_HTTP_ADDR, the listen address (default :8080). Port 0
+	// picks a free port; the bound address is logged.
+	HTTPAddr string
+	// LockBackend is SHOP_LOCK_BACKEND, one of Backends (default redis).
+	LockBackend string
+	// RedisAddrs is SHOP_REDIS_ADDRS, comma-separated. Empty (default) starts
+	// an embedded in-process Redis-protocol server on a loopback port; one
+	// address is a single server; several are a Redis Cluster, or Sentinels
+	// when RedisSentinelMaster is set.
+	RedisAddrs []string
+	// RedisSentinelMaster is SHOP_REDIS_SENTINEL_MASTER: the master name;
+	// when set, RedisAddrs are Sentinel addresses.
+	RedisSentinelMaster string
+	// KeyPrefix is SHOP_KEY_PREFIX (default empty): prepended to every key
+	// shop writes to shared stores (lock keys, the Redis stock mirror), so
+	// that several shops or test runs can share one server.
+	KeyPrefix string
+	// RedlockAddrs is SHOP_REDLOCK_ADDRS: the independent Redis masters of
+	// the redlock backend, comma-separated.
+	RedlockAddrs []string
+	// MySQLDSN is SHOP_MYSQL_DSN (go-sql-driver format). When set, MySQL or
+	// MariaDB stores the tables instead of SQLite. parseTime=true is added.
+	MySQLDSN string
+	// SQLitePath is SHOP_SQLITE_PATH, used when MySQLDSN is empty. Empty
+	// (default) is a fresh file in a temporary directory, removed at exit:
+	// with the embedded Redis the fence counters also start over at each
+	// run, and fences of a previous run would refuse every write.
+	SQLitePath string
+	// DBMaxConns is SHOP_DB_MAX_CONNS (default 20): open connections per
+	// process. Several instances share the server's max_connections (151 by
+	// default on MariaDB). SQLite always uses one: one writer.
+	DBMaxConns int
+	// ZKAddrs is SHOP_ZK_ADDRS, comma-separated ZooKeeper servers.
+	ZKAddrs []string
+	// EtcdEndpoints is SHOP_ETCD_ENDPOINTS, comma-separated.
+	EtcdEndpoints []string
+	// MemcachedAddrs is SHOP_MEMCACHED_ADDRS, comma-separated.
+	MemcachedAddrs []string
+	// LockTTL is SHOP_LOCK_TTL. 0 (default) is the watchdog: a 30 s lease
+	// renewed while the holder lives. Above 0 it is a fixed lease that is
+	// not renewed: a critical section longer than that loses its lock, and
+	// fenced stores refuse its write.
+	LockTTL time.Duration
+	// LockWaitTimeout is SHOP_LOCK_WAIT_TIMEOUT (default 10s): the longest a
+	// request waits for a lock before 503 with Retry-After. 0 waits as long
+	// as the request lives.
+	LockWaitTimeout time.Duration
+	// StockStrategy is SHOP_STOCK_STRATEGY: lock (default), atomic-sql or
+	// atomic-redis.
+	StockStrategy string
+	// CriticalSectionDelay is SHOP_CRITICAL_SECTION_DELAY (default 0): a
+	// sleep between the read and the write of every read-modify-write,
+	// standing in for business work. It widens the race window that the
+	// locks close, so that load tests show it.
+	CriticalSectionDelay time.Duration
+	// JWTSecret is SHOP_JWT_SECRET: the HS256 key for user tokens, at least
+	// 32 bytes. Dev default: DevJWTSecret.
+	JWTSecret string
+	// AdminToken is SHOP_ADMIN_TOKEN: the bearer token of /admin routes.
+	// Dev default: DevAdminToken.
+	AdminToken string
+	// LogFormat is SHOP_LOG_FORMAT: text or json. Default text in dev, json
+	// in production.
+	LogFormat string
+	// LogLevel is SHOP_LOG_LEVEL: debug, info (default), warn or error.
+	LogLevel slog.Level
+	// ShutdownTimeout is SHOP_SHUTDOWN_TIMEOUT (default 15s): how long
+	// in-flight requests may run after SIGTERM before they are cut.
+	ShutdownTimeout time.Duration
+	// MaxBodyBytes is SHOP_MAX_BODY_BYTES (default 65536): larger request
+	// bodies are refused with 413.
+	MaxBodyBytes int64
+}
+
+// Load reads the configuration through getenv (os.Getenv in main). It
+// returns every invalid value at once, each naming its variable.
+func Load(getenv func(string) string) (Config, error) {
+	p := parser{getenv: getenv}
+	c := Config{
+		Env:                  p.oneOf("SHOP_ENV", EnvDev, []string{EnvDev, EnvProduction}),
+		HTTPAddr:             p.addr("SHOP_HTTP_ADDR", ":8080"),
+		LockBackend:          p.oneOf("SHOP_LOCK_BACKEND", "redis", Backends),
+		RedisAddrs:           p.addrs("SHOP_REDIS_ADDRS"),
+		RedisSentinelMaster:  p.str("SHOP_REDIS_SENTINEL_MASTER", ""),
+		KeyPrefix:            p.str("SHOP_KEY_PREFIX", ""),
+		RedlockAddrs:         p.addrs("SHOP_REDLOCK_ADDRS"),
+		MySQLDSN:             p.str("SHOP_MYSQL_DSN", ""),
+		SQLitePath:           p.str("SHOP_SQLITE_PATH", ""),
+		DBMaxConns:           int(p.int("SHOP_DB_MAX_CONNS", 20, 1)),
+		ZKAddrs:              p.addrs("SHOP_ZK_ADDRS"),
+		EtcdEndpoints:        p.list("SHOP_ETCD_ENDPOINTS"),
+		MemcachedAddrs:       p.addrs("SHOP_MEMCACHED_ADDRS"),
+		LockTTL:              p.duration("SHOP_LOCK_TTL", 0),
+		LockWaitTimeout:      p.duration("SHOP_LOCK_WAIT_TIMEOUT", 10*time.Second),
+		StockStrategy:        p.oneOf("SHOP_STOCK_STRATEGY", StockLock, []string{StockLock, StockAtomicSQL, StockAtomicRedis}),
+		CriticalSectionDelay: p.duration("SHOP_CRITICAL_SECTION_DELAY", 0),
+		JWTSecret:            p.str("SHOP_JWT_SECRET", ""),
+		AdminToken:           p.str("SHOP_ADMIN_TOKEN", ""),
+		LogLevel:             p.level("SHOP_LOG_LEVEL"),
+		ShutdownTimeout:      p.duration("SHOP_SHUTDOWN_TIMEOUT", 15*time.Second),
+		MaxBodyBytes:         p.int("SHOP_MAX_BODY_BYTES", 64<<10, 1),
+	}
+	defaultFormat := "text"
+	if c.Env == EnvProduction {
+		defaultFormat = "json"
+	}
+	c.LogFormat = p.oneOf("SHOP_LOG_FORMAT", defaultFormat, []string{"text", "json"})
+
+	if c.MySQLDSN != "" {
+		dsn, err := normalizeDSN(c.MySQLDSN)
+		if err != nil {
+			p.fail("SHOP_MYSQL_DSN", "%v", err)
+		}
+		c.MySQLDSN = dsn
+	}
+	if c.RedisSentinelMaster != "" && len(c.RedisAddrs) == 0 {
+		p.fail("SHOP_REDIS_SENTINEL_MASTER", "needs the Sentinel addresses in SHOP_REDIS_ADDRS")
+	}
+	p.secrets(&c)
+	p.backendNeeds(c)
+	return c, errors.Join(p.errs...)
+}
+
+// Dev reports whether the public dev credentials are in use.
+func (c Config) Dev() bool {
+	return c.JWTSecret == DevJWTSecret || c.AdminToken == DevAdminToken
+}
+
+// EmbeddedRedis reports whether shop starts its own in-process Redis server.
+func (c Config) EmbeddedRedis() bool { return len(c.RedisAddrs) == 0 }
+
+// LogValue prints the configuration with secrets masked, so that it can be
+// logged at start: the JWT secret, the admin token and the DSN password.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("env", c.Env),
+		slog.String("http_addr", c.HTTPAddr),
+		slog.String("lock_backend", c.LockBackend),
+		slog.String("redis_addrs", orDefault(strings.Join(c.RedisAddrs, ","), "(embedded)")),
+		slog.String("redis_sentinel_master", c.RedisSentinelMaster),
+		slog.String("key_prefix", c.KeyPrefix),
+		slog.String("redlock_addrs", strings.Join(c.RedlockAddrs, ",")),
+		slog.String("mysql_dsn", maskDSN(c.MySQLDSN)),
+		slog.String("sqlite_path", orDefault(c.SQLitePath, "(temporary)")),
+		slog.Int("db_max_conns", c.DBMaxConns),
+		slog.String("zk_addrs", strings.Join(c.ZKAddrs, ",")),
+		slog.String("etcd_endpoints", strings.Join(c.EtcdEndpoints, ",")),
+		slog.String("memcached_addrs", strings.Join(c.MemcachedAddrs, ",")),
+		slog.Duration("lock_ttl", c.LockTTL),
+		slog.Duration("lock_wait_timeout", c.LockWaitTimeout),
+		slog.String("stock_strategy", c.StockStrategy),
+		slog.Duration("critical_section_delay", c.CriticalSectionDelay),
+		slog.String("jwt_secret", mask(c.JWTSecret)),
+		slog.String("admin_token", mask(c.AdminToken)),
+		slog.String("log_format", c.LogFormat),
+		slog.String("log_level", c.LogLevel.String()),
+		slog.Duration("shutdown_timeout", c.ShutdownTimeout),
+		slog.Int64("max_body_bytes", c.MaxBodyBytes),
+	)
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// mask shows that a secret is set, and which dev one it is, never its value.
+func mask(secret string) string {
+	switch secret {
+	case "":
+		return ""
+	case DevJWTSecret, DevAdminToken:
+		return "(dev default)"
+	}
+	return "********"
+}
+
+func maskDSN(dsn string) string {
+	if dsn == "" {
+		return ""
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "********"
+	}
+	if cfg.Passwd != "" {
+		cfg.Passwd = "********"
+	}
+	return cfg.FormatDSN()
+}
+
+// normalizeDSN checks the DSN and turns on parseTime, without which the
+// driver cannot scan DATETIME columns into time.Time.
+func normalizeDSN(dsn string) (string, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("not a go-sql-driver DSN (user:pass@tcp(host:3306)/db): %w", err)
+	}
+	if cfg.DBName == "" {
+		return "", errors.New("names no database (…/shop?parseTime=true)")
+	}
+	cfg.ParseTime = true
+	// RowsAffected must count rows the WHERE matched, not rows whose values
+	// changed: an unfenced write of the balance a row already has is still
+	// a write, and 0 would read as "refused".
+	cfg.ClientFoundRows = true
+	return cfg.FormatDSN(), nil
+}
+
+func (p *parser) secrets(c *Config) {
+	if c.Env == EnvDev {
+		if c.JWTSecret == "" {
+			c.JWTSecret = DevJWTSecret
+		}
+		if c.AdminToken == "" {
+			c.AdminToken = DevAdminToken
+		}
+	}
+	switch {
+	case c.JWTSecret == "":
+		p.fail("SHOP_JWT_SECRET", "is required when SHOP_ENV=%s", c.Env)
+	case c.Env == EnvProduction && c.JWTSecret == DevJWTSecret:
+		p.fail("SHOP_JWT_SECRET", "is the public dev secret; production needs its own")
+	case len(c.JWTSecret) < minSecretLen:
+		p.fail("SHOP_JWT_SECRET", "is %d bytes; HS256 needs at least %d", len(c.JWTSecret), minSecretLen)
+	}
+	switch {
+	case c.AdminToken == "":
+		p.fail("SHOP_ADMIN_TOKEN", "is required when SHOP_ENV=%s", c.Env)
+	case c.Env == EnvProduction && c.AdminToken == DevAdminToken:
+		p.fail("SHOP_ADMIN_TOKEN", "is the public dev token; production needs its own")
+	}
+}
+
+// backendNeeds checks that the chosen backend has the addresses it needs,
+// so that a typo fails at start rather than at the first request.
+func (p *parser) backendNeeds(c Config) {
+	need := map[string]struct {
+		name string
+		set  bool
+	}{
+		"redlock":         {"SHOP_REDLOCK_ADDRS", len(c.RedlockAddrs) > 0},
+		"mysql":           {"SHOP_MYSQL_DSN", c.MySQLDSN != ""},
+		"mysql-forupdate": {"SHOP_MYSQL_DSN", c.MySQLDSN != ""},
+		"zookeeper":       {"SHOP_ZK_ADDRS", len(c.ZKAddrs) > 0},
+		"etcd":            {"SHOP_ETCD_ENDPOINTS", len(c.EtcdEndpoints) > 0},
+		"memcached":       {"SHOP_MEMCACHED_ADDRS", len(c.MemcachedAddrs) > 0},
+	}
+	if n, ok := need[c.LockBackend]; ok && !n.set {
+		p.fail("SHOP_LOCK_BACKEND", "%s needs %s", c.LockBackend, n.name)
+	}
+}
+
+type parser struct {
+	getenv func(string) string
+	errs   []error
+}
+
+func (p *parser) fail(name, format string, args ...any) {
+	p.errs = append(p.errs, fmt.Errorf("%s %s", name, fmt.Sprintf(format, args...)))
+}
+
+func (p *parser) str(name, def string) string {
+	if v := strings.TrimSpace(p.getenv(name)); v != "" {
+		return v
+	}
+	return def
+}
+
+func (p *parser) oneOf(name, def string, allowed []string) string {
+	v := p.str(name, def)
+	if !slices.Contains(allowed, v) {
+		p.fail(name, "is %q; want one of %s", v, strings.Join(allowed, ", "))
+	}
+	return v
+}
+
+func (p *parser) duration(name string, def time.Duration) time.Duration {
+	v := p.str(name, "")
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		p.fail(name, "is %q; want a non-negative Go duration such as 500ms or 10s", v)
+		return def
+	}
+	return d
+}
+
+func (p *parser) int(name string, def, min int64) int64 {
+	v := p.str(name, "")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < min {
+		p.fail(name, "is %q; want an integer >= %d", v, min)
+		return def
+	}
+	return n
+}
+
+func (p *parser) level(name string) slog.Level {
+	var l slog.Level
+	if v := p.str(name, "info"); l.UnmarshalText([]byte(v)) != nil {
+		p.fail(name, "is %q; want debug, info, warn or error", v)
+	}
+	return l
+}
+
+func (p *parser) list(name string) []string {
+	var out []string
+	for _, s := range strings.Split(p.getenv(name), ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (p *parser) addrs(name string) []string {
+	out := p.list(name)
+	for _, a := range out {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			p.fail(name, "has %q; want host:port", a)
+		}
+	}
+	return out
+}
+
+func (p *parser) addr(name, def string) string {
+	v := p.str(name, def)
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		p.fail(name, "is %q; want host:port or :port", v)
+	}
+	return v
+}

@@ -1,0 +1,137 @@
+package inventory
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/problem"
+)
+
+func init() {
+	problem.Register(ErrNotFound, http.StatusNotFound, "product-not-found", "Product not found")
+	problem.Register(ErrSoldOut, http.StatusConflict, "sold-out", "Sold out")
+	problem.Register(ErrLimitExceeded, http.StatusConflict, "purchase-limit", "Purchase limit exceeded")
+	problem.Register(ErrInvalidQuantity, http.StatusBadRequest, "invalid-input", "Invalid input")
+}
+
+// Domain is the inventory domain as cmd/shop wires it.
+type Domain struct {
+	Service Service
+	Store   *Store
+}
+
+// Register adds the user routes to api and the admin routes to admin.
+func (d *Domain) Register(api, admin *gin.RouterGroup) {
+	api.GET("/products/:sku", d.get)
+	api.POST("/seckill/:sku/purchase", d.purchase)
+	admin.POST("/products", d.put)
+}
+
+// Reset implements audit.Resetter.
+func (d *Domain) Reset(ctx context.Context, fixture string) error { return d.Store.Reset(ctx, fixture) }
+
+// Checks are the inventory invariants for the audit.
+func (d *Domain) Checks() []audit.Check {
+	return []audit.Check{
+		{Name: "oversold_units", By: "by_sku", Run: d.Store.Oversold},
+		{Name: "stock_drift", By: "by_sku", Run: d.Store.StockDrift},
+	}
+}
+
+type purchaseRequest struct {
+	Quantity *int64 `json:"quantity"`
+}
+
+type putRequest struct {
+	SKU          *string `json:"sku"`
+	Name         *string `json:"name"`
+	Stock        *int64  `json:"stock"`
+	PriceCents   *int64  `json:"price_cents"`
+	PerUserLimit *int64  `json:"per_user_limit"`
+}
+
+func (d *Domain) get(c *gin.Context) {
+	p, err := d.Service.Get(c.Request.Context(), c.Param("sku"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, p)
+}
+
+func (d *Domain) purchase(c *gin.Context) {
+	var req purchaseRequest
+	if err := problem.DecodeJSON(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	if req.Quantity == nil {
+		problem.Write(c, problem.BadRequest("quantity is required: a positive integer"))
+		return
+	}
+	p, err := d.Service.Purchase(c.Request.Context(), auth.UserID(c), c.Param("sku"), *req.Quantity)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusCreated, p)
+}
+
+func (d *Domain) put(c *gin.Context) {
+	var req putRequest
+	if err := problem.DecodeJSON(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	p, err := req.product()
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	created, err := d.Store.Put(c.Request.Context(), p)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	p.InitialStock = p.Stock
+	c.JSON(status, p)
+}
+
+func (r putRequest) product() (Product, error) {
+	switch {
+	case r.SKU == nil:
+		return Product{}, problem.BadRequest("sku is required")
+	case !ValidSKU(*r.SKU):
+		return Product{}, problem.BadRequest(fmt.Sprintf("sku must be 1 to 64 letters, digits, '.', '-' or '_', got %q", *r.SKU))
+	case r.Name == nil || *r.Name == "":
+		return Product{}, problem.BadRequest("name is required")
+	case len(*r.Name) > 200:
+		return Product{}, problem.BadRequest(fmt.Sprintf("name must be at most 200 bytes, got %d", len(*r.Name)))
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+		need bool
+	}{{"stock", r.Stock, true}, {"price_cents", r.PriceCents, true}, {"per_user_limit", r.PerUserLimit, false}} {
+		if f.v == nil && f.need {
+			return Product{}, problem.BadRequest(f.name + " is required: a non-negative integer")
+		}
+		if f.v != nil && *f.v < 0 {
+			return Product{}, problem.BadRequest(fmt.Sprintf("%s must be a non-negative integer, got %d", f.name, *f.v))
+		}
+	}
+	p := Product{SKU: *r.SKU, Name: *r.Name, Stock: *r.Stock, PriceCents: *r.PriceCents}
+	if r.PerUserLimit != nil {
+		p.PerUserLimit = *r.PerUserLimit
+	}
+	return p, nil
+}

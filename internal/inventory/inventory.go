@@ -1,0 +1,255 @@
+// Package inventory sells limited stock (seckill): POST
+// /api/v1/seckill/{sku}/purchase decrements a product's stock and records
+// one insert-only purchase row per sale.
+//
+// Three strategies, chosen by config, do the decrement:
+//   - lock: read, check and write in Go under lock:stock:<sku>, the write
+//     fenced in the store. With the none backend this is the unsafe baseline
+//     that oversells.
+//   - atomic-sql: UPDATE ... SET stock = stock - n WHERE stock >= n; the
+//     database does check and write in one statement, no lock needed.
+//   - atomic-redis: one Lua script decrements a Redis mirror of the stock,
+//     turning sold-out traffic away before the database, then atomic-sql's
+//     guarded UPDATE writes (the guard, not the mirror, prevents overselling).
+//
+// Each is a Service; locking and metrics are decorators over it.
+package inventory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+)
+
+// Errors of the inventory domain, mapped to statuses in http.go.
+var (
+	// ErrNotFound: no product has this SKU.
+	ErrNotFound = errors.New("product not found")
+	// ErrSoldOut: the stock is lower than the quantity asked.
+	ErrSoldOut = errors.New("sold out")
+	// ErrLimitExceeded: the user would buy more than the per-user limit.
+	ErrLimitExceeded = errors.New("purchase limit exceeded")
+	// ErrInvalidQuantity: the quantity is zero or negative.
+	ErrInvalidQuantity = errors.New("invalid quantity")
+)
+
+// skuPattern keeps SKUs fit to be part of lock and Redis keys.
+var skuPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// ValidSKU reports whether sku is well-formed: 1 to 64 letters, digits,
+// dots, dashes or underscores.
+func ValidSKU(sku string) bool { return skuPattern.MatchString(sku) }
+
+// Product is one item on sale.
+type Product struct {
+	SKU   string `gorm:"primaryKey;size:64" json:"sku"`
+	Name  string `gorm:"size:200;not null" json:"name"`
+	Stock int64  `gorm:"not null" json:"stock"`
+	// InitialStock is the stock the product was put on sale with; the
+	// audit compares the units in purchase rows with it.
+	InitialStock int64 `gorm:"not null" json:"initial_stock"`
+	PriceCents   int64 `gorm:"not null" json:"price_cents"`
+	// PerUserLimit caps the units one user may buy; 0 is no limit.
+	PerUserLimit int64     `gorm:"not null;default:0" json:"per_user_limit"`
+	Fence        uint64    `gorm:"not null;default:0" json:"-"`
+	UpdatedAt    time.Time `json:"-"`
+}
+
+// Purchase is one sale, never updated.
+type Purchase struct {
+	ID        int64     `gorm:"primaryKey" json:"purchase_id"`
+	SKU       string    `gorm:"size:64;not null;index" json:"sku"`
+	UserID    int64     `gorm:"not null;index" json:"user_id"`
+	Quantity  int64     `gorm:"not null" json:"quantity"`
+	Strategy  string    `gorm:"size:16;not null" json:"strategy"`
+	Fence     uint64    `gorm:"not null;default:0" json:"-"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// PurchaseLimit counts the units one user bought of one SKU, so that the
+// per-user limit is one conditional UPDATE, atomic under every strategy.
+type PurchaseLimit struct {
+	UserID int64  `gorm:"primaryKey;autoIncrement:false"`
+	SKU    string `gorm:"primaryKey;size:64"`
+	Units  int64  `gorm:"not null"`
+}
+
+// Service is the inventory domain as handlers and other domains see it.
+type Service interface {
+	Get(ctx context.Context, sku string) (Product, error)
+	// Purchase sells quantity units of sku to user.
+	Purchase(ctx context.Context, user int64, sku string, quantity int64) (Purchase, error)
+}
+
+// Key is the lock key of sku's stock.
+func Key(sku string) string { return "lock:stock:" + sku }
+
+// Strategies.
+const (
+	StrategyLock        = "lock"
+	StrategyAtomicSQL   = "atomic-sql"
+	StrategyAtomicRedis = "atomic-redis"
+)
+
+// Options configure NewService.
+type Options struct {
+	// Strategy is StrategyLock (default), StrategyAtomicSQL or
+	// StrategyAtomicRedis.
+	Strategy string
+	// Locker guards the lock strategy; lockkit.None() is the unsafe baseline.
+	Locker lockkit.Locker
+	// LockOptions are passed to every acquisition.
+	LockOptions []lockkit.Option
+	// Mirror is the Redis stock mirror, required by atomic-redis.
+	Mirror *Mirror
+	// Metrics, if set, counts fenced writes.
+	Metrics *lockmetrics.Metrics
+	// CriticalSectionDelay stands in for business work: between read and
+	// write under the lock; before the atomic write in the atomic strategies.
+	CriticalSectionDelay time.Duration
+}
+
+// NewService returns the inventory service for o.Strategy.
+func NewService(store *Store, o Options) (Service, error) {
+	var s Service
+	switch o.Strategy {
+	case StrategyLock, "":
+		s = &locked{next: &readCheckWrite{store: store, delay: o.CriticalSectionDelay},
+			locker: o.Locker, opts: o.LockOptions, store: store}
+	case StrategyAtomicSQL:
+		s = &atomicSQL{store: store, delay: o.CriticalSectionDelay}
+	case StrategyAtomicRedis:
+		if o.Mirror == nil {
+			return nil, errors.New("inventory: atomic-redis needs a Redis mirror")
+		}
+		s = &atomicRedis{store: store, mirror: o.Mirror, delay: o.CriticalSectionDelay}
+	default:
+		return nil, fmt.Errorf("inventory: unknown strategy %q", o.Strategy)
+	}
+	if o.Metrics != nil {
+		s = &instrumented{next: s, m: o.Metrics}
+	}
+	return s, nil
+}
+
+func validate(sku string, quantity int64) error {
+	if !ValidSKU(sku) {
+		return fmt.Errorf("%w: no product %q", ErrNotFound, sku)
+	}
+	if quantity <= 0 {
+		return fmt.Errorf("%w: quantity must be a positive integer, got %d", ErrInvalidQuantity, quantity)
+	}
+	return nil
+}
+
+// readCheckWrite is the lock strategy's business rule, unaware of the lock:
+// the fence arrives in ctx from locked.
+type readCheckWrite struct {
+	store *Store
+	delay time.Duration
+}
+
+func (s *readCheckWrite) Get(ctx context.Context, sku string) (Product, error) {
+	return s.store.Get(ctx, sku)
+}
+
+func (s *readCheckWrite) Purchase(ctx context.Context, user int64, sku string, quantity int64) (Purchase, error) {
+	if err := validate(sku, quantity); err != nil {
+		return Purchase{}, err
+	}
+	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyLock, Fence: fenceFrom(ctx)}
+	err := s.store.Update(ctx, &p, func(ctx context.Context, prod *Product) error {
+		if prod.Stock < quantity {
+			return soldOut(prod.Stock, quantity)
+		}
+		prod.Stock -= quantity
+		return work(ctx, s.delay)
+	})
+	return p, err
+}
+
+func soldOut(left, asked int64) error {
+	if left == 0 {
+		return fmt.Errorf("%w: no units left", ErrSoldOut)
+	}
+	return fmt.Errorf("%w: %d left, %d asked", ErrSoldOut, left, asked)
+}
+
+// atomicSQL lets the database check and decrement in one statement.
+type atomicSQL struct {
+	store *Store
+	delay time.Duration
+}
+
+func (s *atomicSQL) Get(ctx context.Context, sku string) (Product, error) {
+	return s.store.Get(ctx, sku)
+}
+
+func (s *atomicSQL) Purchase(ctx context.Context, user int64, sku string, quantity int64) (Purchase, error) {
+	if err := validate(sku, quantity); err != nil {
+		return Purchase{}, err
+	}
+	if err := work(ctx, s.delay); err != nil {
+		return Purchase{}, err
+	}
+	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicSQL}
+	return p, s.store.Decrement(ctx, &p)
+}
+
+// atomicRedis decrements the Redis mirror first, then writes SQL.
+type atomicRedis struct {
+	store  *Store
+	mirror *Mirror
+	delay  time.Duration
+}
+
+func (s *atomicRedis) Get(ctx context.Context, sku string) (Product, error) {
+	return s.store.Get(ctx, sku)
+}
+
+func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quantity int64) (Purchase, error) {
+	if err := validate(sku, quantity); err != nil {
+		return Purchase{}, err
+	}
+	if err := work(ctx, s.delay); err != nil {
+		return Purchase{}, err
+	}
+	if err := s.mirror.Take(ctx, sku, quantity, s.store.Get); err != nil {
+		return Purchase{}, err
+	}
+	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicRedis}
+	err := s.store.Decrement(ctx, &p)
+	if err != nil {
+		// Give the units back, on a context of their own: the request may
+		// be gone, the mirror must not stay short. When the database says
+		// sold out, the mirror was wrong (it was reloaded while sales were
+		// in flight): drop it, the next sale reloads it from the database.
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if errors.Is(err, ErrSoldOut) {
+			s.mirror.Forget(gctx, sku)
+		} else {
+			s.mirror.GiveBack(gctx, sku, quantity)
+		}
+	}
+	return p, err
+}
+
+func work(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

@@ -1,0 +1,279 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// writeTimeout bounds the write transaction, which runs detached from the
+// request's cancellation (see Update).
+const writeTimeout = 5 * time.Second
+
+// Store keeps products, purchases and per-user totals in SQL.
+type Store struct {
+	db *gorm.DB
+	// mirror, when set, is told about products that change behind its back
+	// (admin puts and resets).
+	mirror *Mirror
+}
+
+// NewStore returns a Store on db. Migrate must have run. mirror may be nil.
+func NewStore(db *gorm.DB, mirror *Mirror) *Store { return &Store{db: db, mirror: mirror} }
+
+// Models are the tables of this package, for migrations.
+func Models() []any { return []any{&Product{}, &Purchase{}, &PurchaseLimit{}} }
+
+// Get reads one product.
+func (s *Store) Get(ctx context.Context, sku string) (Product, error) {
+	var p Product
+	err := s.db.WithContext(ctx).Where("sku = ?", sku).Take(&p).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Product{}, fmt.Errorf("%w: no product %q", ErrNotFound, sku)
+	}
+	return p, err
+}
+
+// Update is the lock strategy's read-modify-write: it reads the product,
+// lets fn lower its stock, then in one transaction writes the stock (fenced
+// by p.Fence, as account.Store.Update does), counts the units against the
+// per-user limit and inserts the purchase p.
+//
+// The read is a plain SELECT outside the transaction: the caller's lock
+// serializes, the fence catches a holder whose lock ran out.
+func (s *Store) Update(ctx context.Context, p *Purchase, fn func(ctx context.Context, prod *Product) error) error {
+	prod, err := s.Get(ctx, p.SKU)
+	if err != nil {
+		return err
+	}
+	if err := fn(ctx, &prod); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	// The write finishes even if the request or the lease ends meanwhile: a
+	// transaction cut half-way leaves its outcome unknown to the client,
+	// and the fence inside it decides whether a late write may land.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	return s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
+		if err := countLimit(tx, prod, *p); err != nil {
+			return err
+		}
+		if err := writeStock(tx, p.SKU, prod.Stock, p.Fence); err != nil {
+			return err
+		}
+		return tx.Create(p).Error
+	})
+}
+
+// writeStock is the fenced write. fence < token, not <=: a token writes a
+// row once, so a replay under the same grant is refused, not applied twice.
+func writeStock(tx *gorm.DB, sku string, stock int64, fence uint64) error {
+	now := time.Now().UTC()
+	var res *gorm.DB
+	if fence == 0 {
+		res = tx.Exec("UPDATE products SET stock = ?, updated_at = ? WHERE sku = ?", stock, now, sku)
+	} else {
+		res = tx.Exec("UPDATE products SET stock = ?, fence = ?, updated_at = ? WHERE sku = ? AND fence < ?",
+			stock, fence, now, sku, fence)
+	}
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		if fence == 0 {
+			return fmt.Errorf("%w: product %q was deleted while in use", ErrNotFound, sku)
+		}
+		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, sku, fence)
+	}
+	return nil
+}
+
+// Decrement is the atomic strategies' write: one transaction with the
+// guarded UPDATE (stock >= quantity is checked by the database, in the same
+// statement that decrements), the per-user limit and the purchase row.
+func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
+	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var prod Product
+		if err := tx.Where("sku = ?", p.SKU).Take(&prod).Error; errors.Is(err, gorm.ErrRecordNotFound) {
+			return fmt.Errorf("%w: no product %q", ErrNotFound, p.SKU)
+		} else if err != nil {
+			return err
+		}
+		if err := countLimit(tx, prod, *p); err != nil {
+			return err
+		}
+		res := tx.Exec("UPDATE products SET stock = stock - ?, updated_at = ? WHERE sku = ? AND stock >= ?",
+			p.Quantity, time.Now().UTC(), p.SKU, p.Quantity)
+		if res.Error != nil {
+			return res.Error
+		}
+		if res.RowsAffected == 0 {
+			if p.Quantity == 1 {
+				return fmt.Errorf("%w: no units left", ErrSoldOut)
+			}
+			return fmt.Errorf("%w: fewer than %d left", ErrSoldOut, p.Quantity)
+		}
+		return tx.Create(p).Error
+	})
+}
+
+// countLimit adds p's units to the user's total for the SKU, refusing when
+// the total would pass the product's limit. One conditional UPDATE does the
+// check and the add, so that two concurrent purchases of one user cannot
+// both pass, whatever the strategy.
+func countLimit(tx *gorm.DB, prod Product, p Purchase) error {
+	if prod.PerUserLimit <= 0 {
+		return nil
+	}
+	if p.Quantity > prod.PerUserLimit {
+		return fmt.Errorf("%w: at most %d per user, %d asked", ErrLimitExceeded, prod.PerUserLimit, p.Quantity)
+	}
+	row := PurchaseLimit{UserID: p.UserID, SKU: p.SKU}
+	if err := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&row).Error; err != nil {
+		return err
+	}
+	res := tx.Exec("UPDATE purchase_limits SET units = units + ? WHERE user_id = ? AND sku = ? AND units + ? <= ?",
+		p.Quantity, p.UserID, p.SKU, p.Quantity, prod.PerUserLimit)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("%w: at most %d per user; you may have bought some already", ErrLimitExceeded, prod.PerUserLimit)
+	}
+	return nil
+}
+
+// Put creates or replaces a product with stock as both its stock and its
+// initial stock, and deletes its purchases and per-user totals: a new sale
+// starts. The row's fence is kept, never lowered.
+func (s *Store) Put(ctx context.Context, p Product) (created bool, err error) {
+	p.InitialStock = p.Stock
+	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var n int64
+		if err := tx.Model(&Product{}).Where("sku = ?", p.SKU).Count(&n).Error; err != nil {
+			return err
+		}
+		created = n == 0
+		if err := tx.Where("sku = ?", p.SKU).Delete(&Purchase{}).Error; err != nil {
+			return err
+		}
+		if err := tx.Where("sku = ?", p.SKU).Delete(&PurchaseLimit{}).Error; err != nil {
+			return err
+		}
+		return upsert(tx, []Product{p})
+	})
+	if err == nil && s.mirror != nil {
+		s.mirror.Forget(ctx, p.SKU)
+	}
+	return created, err
+}
+
+func upsert(tx *gorm.DB, ps []Product) error {
+	return tx.Clauses(clause.OnConflict{
+		Columns:   []clause.Column{{Name: "sku"}},
+		DoUpdates: clause.AssignmentColumns([]string{"name", "stock", "initial_stock", "price_cents", "per_user_limit", "updated_at"}),
+	}).CreateInBatches(&ps, 500).Error
+}
+
+// fixtures are the products of each named fixture (see docs/api.md).
+var fixtures = map[string][]Product{
+	"default": {
+		{SKU: "phone-x", Name: "Phone X launch edition", Stock: 50, PriceCents: 49_900},
+		{SKU: "sneaker-1", Name: "Limited sneaker", Stock: 10, PriceCents: 12_000, PerUserLimit: 1},
+	},
+	"loadtest": {
+		{SKU: "lt-hot", Name: "Load test hot item", Stock: 100, PriceCents: 1_000},
+		{SKU: "lt-limited", Name: "Load test limited item", Stock: 1000, PriceCents: 500, PerUserLimit: 2},
+	},
+}
+
+// Reset replaces every product, purchase and per-user total with the
+// fixture's products. Fences of products that stay are kept.
+func (s *Store) Reset(ctx context.Context, fixture string) error {
+	ps, ok := fixtures[fixture]
+	if !ok {
+		return fmt.Errorf("inventory: no fixture %q", fixture)
+	}
+	ps = append([]Product(nil), ps...)
+	skus := make([]string, len(ps))
+	for i := range ps {
+		ps[i].InitialStock = ps[i].Stock
+		skus[i] = ps[i].SKU
+	}
+	var old []string
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Model(&Product{}).Pluck("sku", &old).Error; err != nil {
+			return err
+		}
+		for _, m := range []any{&Purchase{}, &PurchaseLimit{}} {
+			if err := tx.Where("1 = 1").Delete(m).Error; err != nil {
+				return err
+			}
+		}
+		if err := tx.Where("sku NOT IN ?", skus).Delete(&Product{}).Error; err != nil {
+			return err
+		}
+		return upsert(tx, ps)
+	})
+	if err == nil && s.mirror != nil {
+		for _, sku := range append(old, skus...) {
+			s.mirror.Forget(ctx, sku)
+		}
+	}
+	return err
+}
+
+// sold is the audit's view of one product, read in one statement.
+type sold struct {
+	SKU          string
+	Stock        int64
+	InitialStock int64
+	Units        int64
+}
+
+func (s *Store) sold(ctx context.Context) ([]sold, error) {
+	var rows []sold
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT p.sku AS sku, p.stock AS stock, p.initial_stock AS initial_stock,
+		       COALESCE(SUM(pu.quantity), 0) AS units
+		FROM products p LEFT JOIN purchases pu ON pu.sku = p.sku
+		GROUP BY p.sku, p.stock, p.initial_stock`).Scan(&rows).Error
+	return rows, err
+}
+
+// Oversold is the audit check: per SKU, the units in purchase rows beyond
+// the initial stock.
+func (s *Store) Oversold(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.sold(ctx)
+	out := map[string]int64{}
+	for _, r := range rows {
+		if over := r.Units - r.InitialStock; over > 0 {
+			out[r.SKU] = over
+		}
+	}
+	return out, err
+}
+
+// StockDrift is the audit check of lost stock updates: per SKU, stock -
+// (initial stock - units sold). Positive means units were sold whose
+// decrement was lost (they will be sold again); negative means stock
+// vanished without a sale.
+func (s *Store) StockDrift(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.sold(ctx)
+	out := map[string]int64{}
+	for _, r := range rows {
+		if d := r.Stock - (r.InitialStock - r.Units); d != 0 {
+			out[r.SKU] = d
+		}
+	}
+	return out, err
+}

@@ -1,0 +1,116 @@
+package problem
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"reflect"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+)
+
+// LimitBody caps every request body at n bytes; a handler reading more gets
+// an *http.MaxBytesError, which DecodeJSON answers with 413.
+func LimitBody(n int64) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if c.Request.Body != nil {
+			c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, n)
+		}
+		c.Next()
+	}
+}
+
+// DecodeJSON reads the request body as exactly one JSON object into dst. It
+// refuses, as a problem whose detail names the fault: a media type other
+// than JSON (415), a body over the limit (413), malformed JSON, unknown
+// fields, values of the wrong type or out of range, and data after the
+// object (400). Unknown fields are refused because a misspelt optional field
+// would otherwise be ignored in silence.
+func DecodeJSON(c *gin.Context, dst any) error {
+	if ct := c.GetHeader("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+				fmt.Sprintf("Content-Type is %q; send application/json", ct))
+		}
+	}
+	dec := json.NewDecoder(c.Request.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeError(err)
+	}
+	// A second value, even whitespace-separated, means the client sent
+	// something other than what it thinks it sent.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return decodeError(err)
+		}
+		return BadRequest("the body has data after the JSON object; send exactly one object")
+	}
+	return nil
+}
+
+func decodeError(err error) error {
+	var (
+		syntax *json.SyntaxError
+		typ    *json.UnmarshalTypeError
+		mbe    *http.MaxBytesError
+	)
+	switch {
+	case errors.As(err, &mbe):
+		return New(http.StatusRequestEntityTooLarge, "body-too-large",
+			fmt.Sprintf("the body is larger than %d bytes", mbe.Limit))
+	case errors.Is(err, io.EOF):
+		return BadRequest("the body is empty; send a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return BadRequest("the body ends in the middle of a JSON value")
+	case errors.As(err, &syntax):
+		return BadRequest(fmt.Sprintf("the body is not valid JSON at byte %d: %s", syntax.Offset, syntax.Error()))
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return BadRequest(fmt.Sprintf("the body must be a JSON object, got %s", typ.Value))
+		}
+		return BadRequest(fmt.Sprintf("%s must be %s, got %s", typ.Field, describe(typ.Type), got(typ.Value)))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// encoding/json has no type for this one; its message is stable.
+		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		return BadRequest(fmt.Sprintf("unknown field %s", name))
+	}
+	return BadRequest("the body could not be decoded: " + err.Error())
+}
+
+// got says what the client sent, from encoding/json's description of it.
+func got(v string) string {
+	if n, ok := strings.CutPrefix(v, "number "); ok {
+		return n
+	}
+	return "a JSON " + v
+}
+
+func describe(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int64:
+		return "an integer between -9223372036854775808 and 9223372036854775807"
+	case reflect.Int, reflect.Int32:
+		return "an integer between -2147483648 and 2147483647"
+	case reflect.Uint64, reflect.Uint, reflect.Uint32:
+		return "a non-negative integer"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice:
+		return "an array"
+	}
+	return "a " + t.String()
+}

@@ -1,0 +1,143 @@
+// Package storage opens shop's SQL database through gorm, MySQL/MariaDB or
+// SQLite, and migrates the schema the domain packages declare.
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	"gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Options says which database to open.
+type Options struct {
+	// MySQLDSN selects MySQL/MariaDB when set (go-sql-driver format).
+	MySQLDSN string
+	// SQLitePath is the SQLite file when MySQLDSN is empty; empty is a new
+	// file in a temporary directory that Close removes.
+	SQLitePath string
+	// MaxConns bounds the MySQL pool. SQLite always uses one connection.
+	MaxConns int
+}
+
+// DB is an open database.
+type DB struct {
+	*gorm.DB
+	// Dialect is "mysql" or "sqlite", for the few statements that differ.
+	Dialect string
+	tempDir string
+}
+
+// Open connects and checks the connection. The caller closes the DB.
+func Open(ctx context.Context, o Options) (*DB, error) {
+	// gorm's own logger prints every slow statement to stdout; shop logs
+	// through slog and reports errors where they are handled.
+	gcfg := &gorm.Config{Logger: logger.Discard, TranslateError: true}
+	db := &DB{}
+	var dial gorm.Dialector
+	if o.MySQLDSN != "" {
+		db.Dialect = "mysql"
+		dial = mysql.Open(o.MySQLDSN)
+	} else {
+		db.Dialect = "sqlite"
+		path := o.SQLitePath
+		if path == "" {
+			dir, err := os.MkdirTemp("", "shop-sqlite-")
+			if err != nil {
+				return nil, err
+			}
+			db.tempDir = dir
+			path = filepath.Join(dir, "shop.db")
+		}
+		// busy_timeout makes a second process wait for the write lock instead
+		// of failing at once; WAL lets readers run while one writes.
+		dial = sqlite.Open("file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)")
+	}
+	g, err := gorm.Open(dial, gcfg)
+	if err != nil {
+		db.removeTemp()
+		return nil, fmt.Errorf("storage: open %s: %w", db.Dialect, err)
+	}
+	db.DB = g
+	sqlDB, err := g.DB()
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	if db.Dialect == "sqlite" {
+		// SQLite has one writer per file. One connection queues writers in
+		// the pool rather than in SQLITE_BUSY retries, and a transaction
+		// never meets another of this process half-way.
+		sqlDB.SetMaxOpenConns(1)
+	} else {
+		sqlDB.SetMaxOpenConns(max(o.MaxConns, 1))
+		sqlDB.SetMaxIdleConns(max(o.MaxConns, 1))
+		sqlDB.SetConnMaxLifetime(5 * time.Minute)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := sqlDB.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("storage: ping %s: %w", db.Dialect, err)
+	}
+	return db, nil
+}
+
+// Ping checks that the database answers.
+func (db *DB) Ping(ctx context.Context) error {
+	sqlDB, err := db.DB.DB()
+	if err != nil {
+		return err
+	}
+	return sqlDB.PingContext(ctx)
+}
+
+// Close closes the pool and removes a temporary SQLite file.
+func (db *DB) Close() error {
+	var err error
+	if db.DB != nil {
+		if sqlDB, e := db.DB.DB(); e == nil {
+			err = sqlDB.Close()
+		}
+	}
+	db.removeTemp()
+	return err
+}
+
+func (db *DB) removeTemp() {
+	if db.tempDir != "" {
+		_ = os.RemoveAll(db.tempDir)
+	}
+}
+
+// Migrate creates or extends the tables of models (gorm AutoMigrate: it adds
+// tables, columns and indexes, and never drops or narrows one, so an older
+// binary keeps working on a newer schema during a rolling deploy).
+//
+// Several instances may start at once against one MySQL; a named lock
+// (GET_LOCK) makes them migrate one after the other, because two concurrent
+// CREATE TABLEs of the same table fail in the second.
+func (db *DB) Migrate(ctx context.Context, models ...any) error {
+	if db.Dialect != "mysql" {
+		return db.WithContext(ctx).AutoMigrate(models...)
+	}
+	// GET_LOCK belongs to a session: hold one connection for the whole run.
+	return db.WithContext(ctx).Connection(func(tx *gorm.DB) error {
+		var got int
+		if err := tx.Raw("SELECT GET_LOCK('shop_migrate', 60)").Scan(&got).Error; err != nil {
+			return fmt.Errorf("storage: migrate lock: %w", err)
+		}
+		if got != 1 {
+			return errors.New("storage: another instance has been migrating for 60s")
+		}
+		defer tx.Exec("SELECT RELEASE_LOCK('shop_migrate')")
+		return tx.AutoMigrate(models...)
+	})
+}
