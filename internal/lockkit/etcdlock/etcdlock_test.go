@@ -1,0 +1,247 @@
+package etcdlock
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
+)
+
+const (
+	// The server's minimum lease TTL with default settings.
+	sessionTTL = 2 * time.Second
+	testPrefix = "/shop/test/etcdlock/"
+)
+
+func TestConformance(t *testing.T) {
+	endpoints := serverEndpoints(t)
+	locktest.Run(t, locktest.Harness{
+		New: func(t testing.TB) lockkit.Locker { return open(t, endpoints) },
+		// An operator deletes the holder's key.
+		Steal: func(t testing.TB, key string) {
+			c := dial(t, endpoints)
+			ctx := context.Background()
+			resp, err := c.Get(ctx, dir(key), clientv3.WithFirstCreate()...)
+			if err != nil || len(resp.Kvs) == 0 {
+				t.Fatalf("no key to steal for %q: %v", key, err)
+			}
+			if _, err := c.Delete(ctx, string(resp.Kvs[0].Key)); err != nil {
+				t.Fatal(err)
+			}
+		},
+		TTL:        300 * time.Millisecond,
+		CrashSlack: sessionTTL,
+	})
+}
+
+// Losing the session (its lease revoked, as an expiry would) loses every
+// lease on it at the next renewal; the Locker goes on with a new session.
+func TestSessionLossClosesLost(t *testing.T) {
+	endpoints := serverEndpoints(t)
+	ctx := context.Background()
+	key := "etcdlock:test:" + t.Name()
+	a, b := open(t, endpoints), open(t, endpoints)
+	la := try(t, a, key, lockkit.WithTTL(time.Minute))
+	if _, err := dial(t, endpoints).Revoke(ctx, a.session.id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-la.Lost():
+	case <-time.After(sessionTTL):
+		t.Fatal("Lost still open a session TTL after the session's lease was revoked")
+	}
+	lb := try(t, b, key)
+	if lb.Fence() <= la.Fence() {
+		t.Fatalf("fence %d after the loss, not above %d", lb.Fence(), la.Fence())
+	}
+	_ = lb.Release(ctx)
+	la2 := try(t, a, key)
+	_ = la2.Release(ctx)
+}
+
+// etcd issue 11456: a waiter whose own key went away with its lease must
+// not come back as the holder when the keys ahead of it are gone. Here it
+// requeues with a new session and is granted only after the holder
+// releases.
+func TestWaiterWithoutItsKeyIsNotGranted(t *testing.T) {
+	endpoints := serverEndpoints(t)
+	ctx := context.Background()
+	key := "etcdlock:test:" + t.Name()
+	a, b := open(t, endpoints), open(t, endpoints)
+	la := try(t, a, key, lockkit.WithTTL(time.Minute))
+	granted := make(chan lockkit.Lease, 1)
+	go func() {
+		lb, err := b.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- lb
+	}()
+	c := dial(t, endpoints)
+	waitFor(t, func() bool { return queueLen(t, c, key) == 2 })
+	if _, err := c.Revoke(ctx, b.session.id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-granted:
+		t.Fatal("the waiter was granted while the holder still held the key")
+	case <-time.After(sessionTTL):
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case lb := <-granted:
+		if lb.Fence() <= la.Fence() {
+			t.Fatalf("fence %d not above the holder's %d", lb.Fence(), la.Fence())
+		}
+		_ = lb.Release(ctx)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the requeued waiter was not granted after the release")
+	}
+}
+
+// Why each acquisition has a key of its own: concurrency.Mutex names its
+// key after the session, so two goroutines sharing a session both "hold"
+// the lock.
+func TestPeerMutexExcludesNothingWithinASession(t *testing.T) {
+	c := dial(t, serverEndpoints(t))
+	s, err := concurrency.NewSession(c, concurrency.WithTTL(int(sessionTTL.Seconds())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	pfx := testPrefix + "peer/" + t.Name()
+	first, second := concurrency.NewMutex(s, pfx), concurrency.NewMutex(s, pfx)
+	if err := first.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Lock(ctx); err != nil {
+		t.Fatalf("second Lock on the same session: %v (the peer now excludes: update the docs)", err)
+	}
+	_ = first.Unlock(ctx)
+}
+
+// Keys are escaped: "a/b" is not queued under "a".
+func TestKeysAreEscaped(t *testing.T) {
+	l := open(t, serverEndpoints(t))
+	ctx := context.Background()
+	base := "etcdlock:test:" + t.Name()
+	for _, k := range []string{base, base + "/b", base + "/", ""} {
+		lease := try(t, l, k, lockkit.WithTTL(time.Minute))
+		defer lease.Release(ctx)
+	}
+}
+
+func BenchmarkUncontended(b *testing.B) {
+	endpoints := serverEndpoints(b)
+	ctx := context.Background()
+	b.Run("etcdlock", func(b *testing.B) {
+		l := open(b, endpoints)
+		for b.Loop() {
+			lease, err := l.Acquire(ctx, "bench")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := lease.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("concurrency-mutex", func(b *testing.B) {
+		s, err := concurrency.NewSession(dial(b, endpoints))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		m := concurrency.NewMutex(s, testPrefix+"peer-bench")
+		for b.Loop() {
+			if err := m.Lock(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Unlock(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("round-trip", func(b *testing.B) {
+		c := dial(b, endpoints)
+		for b.Loop() {
+			if _, err := c.Get(ctx, testPrefix); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func serverEndpoints(t testing.TB) []string {
+	t.Helper()
+	v := os.Getenv("SHOP_TEST_ETCD_ENDPOINTS")
+	if v == "" {
+		const why = "SHOP_TEST_ETCD_ENDPOINTS is unset (scripts/testenv.sh up; source /tmp/shop-testenv/env)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(why)
+		}
+		t.Skip(why)
+	}
+	return strings.Split(v, ",")
+}
+
+func open(t testing.TB, endpoints []string) *Locker {
+	t.Helper()
+	l, err := New(endpoints, WithPrefix(testPrefix), WithSessionTTL(sessionTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func dial(t testing.TB, endpoints []string) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func dir(key string) string { return testPrefix + url.PathEscape(key) + "/" }
+
+func queueLen(t testing.TB, c *clientv3.Client, key string) int64 {
+	resp, err := c.Get(context.Background(), dir(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Count
+}
+
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+	}
+}
+
+func try(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Option) lockkit.Lease {
+	t.Helper()
+	lease, err := l.TryAcquire(context.Background(), key, opts...)
+	if err != nil {
+		t.Fatalf("TryAcquire %s: %v", key, err)
+	}
+	return lease
+}
+
