@@ -244,4 +244,3 @@ func try(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Option) loc
 	}
 	return lease
 }
-
