@@ -1,0 +1,307 @@
+package mysqllock
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	gormmysql "gorm.io/driver/mysql"
+	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+var (
+	//go:embed forupdate_schema.sql
+	forUpdateSchema string
+	//go:embed forupdate_grant.sql
+	forUpdateGrant string
+)
+
+const (
+	noWait = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR"
+	// Committed rows say holder NULL, so holder is set exactly while a
+	// transaction holds the row (a rolled-back grant reverts to NULL too).
+	// wait_timeout goes back to DEFAULT (the global value) so that the
+	// connection may idle in the pool again.
+	forUpdateRelease = "UPDATE {table} SET holder = NULL WHERE name = ?; COMMIT; SET SESSION wait_timeout = DEFAULT"
+	forUpdateExtend  = "SET SESSION wait_timeout = ?"
+	// innodb_lock_wait_timeout's maximum (34 years): waits end when the
+	// caller's context does, through KILL, not at the server's 50 s.
+	maxLockWait = "1073741824"
+	// killTimeout bounds the KILL sent for a cancelled waiter.
+	killTimeout = 2 * time.Second
+)
+
+// ForUpdateLocker is the "mysql-forupdate" backend: a lease is the row lock
+// of a transaction held open, on a connection of its own, until Release
+// commits it.
+//
+// Waiters block on the row lock itself and are granted it as soon as the
+// holder commits: no polling. The fence comes from a sequence drawn after
+// the lock is granted, so it survives a holder whose transaction is rolled
+// back. The server enforces the TTL: the held session's wait_timeout is
+// the TTL rounded up to whole seconds, so a holder that goes quiet (paused,
+// partitioned) is disconnected and rolled back; a holder that dies is
+// rolled back as soon as its socket closes. A lease whose connection fails
+// is over: Extend (the watchdog's too) reports ErrNotHeld and Lost closes.
+// Cancelling the context of an Extend or Release ends the lease as well.
+// Grants are not fair.
+//
+// It needs MariaDB 10.3 or later (sequences, SET STATEMENT), and the right
+// to KILL its own user's connections.
+type ForUpdateLocker struct {
+	pool             *sql.DB // ours: one connection per lease and per waiter
+	ctl              *sql.DB // the service's: a KILL must not queue behind our waiters
+	grantSQL, trySQL string
+	releaseSQL       string
+	done             context.Context // cancelled by Close
+	stop             context.CancelFunc
+}
+
+// NewForUpdate returns a Locker that opens its own pool of at most
+// WithMaxConns connections with db's DSN: leases pin connections for their
+// whole life, and pinning them in the service's pool could starve the very
+// holders that need a connection to finish and release. db itself serves
+// the KILLs of cancelled waiters. The table and its sequence are created if
+// missing; db must come from gorm.io/driver/mysql opened with a DSN.
+func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
+	c, err := configure(opts, "row_locks")
+	if err != nil {
+		return nil, err
+	}
+	d, ok := db.Dialector.(*gormmysql.Dialector)
+	if !ok || d.Config == nil || d.DSNConfig == nil {
+		return nil, errors.New("mysqllock: NewForUpdate needs a gorm DB opened by gorm.io/driver/mysql from a DSN, to open its own connections")
+	}
+	ctl, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: %w", err)
+	}
+	cfg := d.DSNConfig.Clone()
+	// One round trip per grant needs multi-statements, which need the
+	// parameters interpolated by the driver.
+	cfg.MultiStatements, cfg.InterpolateParams = true, true
+	if cfg.Params == nil {
+		cfg.Params = make(map[string]string)
+	}
+	cfg.Params["innodb_lock_wait_timeout"] = maxLockWait
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: %w", err)
+	}
+	pool := sql.OpenDB(connector)
+	pool.SetMaxOpenConns(c.maxConns)
+	pool.SetMaxIdleConns(c.maxConns)
+	pool.SetConnMaxIdleTime(time.Minute)
+
+	ctx, cancel := setupContext(db)
+	defer cancel()
+	if err := createForUpdate(ctx, pool, c); err != nil {
+		_ = pool.Close()
+		return nil, err
+	}
+	grant := c.sql(forUpdateGrant)
+	done, stop := context.WithCancel(context.Background())
+	return &ForUpdateLocker{
+		pool: pool, ctl: ctl, done: done, stop: stop,
+		grantSQL: grant, trySQL: strings.Replace(grant, "/*{nowait}*/", noWait, 1),
+		releaseSQL: c.sql(forUpdateRelease),
+	}, nil
+}
+
+// createForUpdate creates the table and the sequence unless both exist.
+// It looks first because CREATE SEQUENCE IF NOT EXISTS waits for every open
+// transaction that drew from the sequence, that is for every lease held,
+// and stalls all new grants behind it meanwhile.
+func createForUpdate(ctx context.Context, pool *sql.DB, c config) error {
+	var n int
+	err := pool.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES "+
+		"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?)", c.table, c.table+"_fence").Scan(&n)
+	if err == nil && n < 2 {
+		_, err = pool.ExecContext(ctx, c.sql(forUpdateSchema))
+	}
+	if err != nil {
+		return fmt.Errorf("mysqllock: create %s and its sequence (MariaDB 10.3+ needed): %w", c.table, unavailable(err))
+	}
+	return nil
+}
+
+// Capabilities of the row-lock backend: see ForUpdateLocker.
+func (l *ForUpdateLocker) Capabilities() lockkit.Capabilities {
+	return lockkit.Capabilities{Fencing: true, WaitNoPoll: true, LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
+}
+
+func (l *ForUpdateLocker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	o, watchdog := lockkit.Resolve(opts)
+	waitCtx, cancel := o.WaitContext(ctx)
+	defer cancel()
+	stopOnClose := context.AfterFunc(l.done, cancel)
+	defer stopOnClose()
+	lease, err := l.grant(waitCtx, key, o.TTL, watchdog, l.grantSQL)
+	if err != nil && waitCtx.Err() != nil {
+		if l.done.Err() != nil {
+			return nil, lockkit.ErrClosed
+		}
+		return nil, lockkit.WaitErr(ctx, waitCtx)
+	}
+	return lease, err
+}
+
+func (l *ForUpdateLocker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	o, watchdog := lockkit.Resolve(opts)
+	lease, err := l.grant(ctx, key, o.TTL, watchdog, l.trySQL)
+	if isCode(err, 1205) { // lock wait timeout, here 0: the row is held
+		return nil, lockkit.ErrNotAcquired
+	}
+	return lease, err
+}
+
+func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Duration, watchdog bool, query string) (lockkit.Lease, error) {
+	if l.done.Err() != nil {
+		return nil, lockkit.ErrClosed
+	}
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	conn, err := l.pool.Conn(ctx)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	sent := time.Now()
+	fence, err := l.lock(ctx, conn, []byte(key), ttl, query)
+	if err != nil {
+		var refused *mysql.MySQLError
+		if errors.As(err, &refused) && ctx.Err() == nil {
+			// The server refused a statement: the session is sound, but
+			// its transaction is still open.
+			if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil {
+				_ = conn.Close()
+				return nil, fmt.Errorf("mysqllock: %w", refused)
+			}
+		}
+		discard(conn)
+		return nil, unavailable(err)
+	}
+	h := &held{conn: conn}
+	if time.Since(sent) > ttl/10 {
+		// We waited, and the server's idle clock started when the grant
+		// was answered, long after sent. Restart it, so that the lease's
+		// local deadline is not spent on the wait.
+		sent = time.Now()
+		if err := h.exec(ctx, false, forUpdateExtend, seconds(ttl)); err != nil {
+			return nil, unavailable(err)
+		}
+	}
+	return lockkit.NewLease(lockkit.Grant{
+		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent,
+		Extend: func(ctx context.Context, ttl time.Duration) error {
+			return h.exec(ctx, false, forUpdateExtend, seconds(ttl))
+		},
+		Release: func(ctx context.Context) error { return h.exec(ctx, true, l.releaseSQL, []byte(key)) },
+		Closed:  l.done.Done(),
+	}), nil
+}
+
+// lock runs the grant statements on conn and returns the fence.
+func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte, ttl time.Duration, query string) (uint64, error) {
+	// Given ctx, the driver would answer its end by closing the socket,
+	// which the server does not notice while the statement waits for the
+	// row. So the statement runs detached, and ctx's end KILLs the
+	// session before hanging up.
+	stmtCtx, hangUp := context.WithCancel(context.WithoutCancel(ctx))
+	defer hangUp()
+	rows, err := conn.QueryContext(stmtCtx, query, name, name, seconds(ttl), name)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var id, fence uint64
+	if !rows.Next() {
+		return 0, cmp.Or(rows.Err(), errors.New("mysqllock: no CONNECTION_ID"))
+	}
+	if err := rows.Scan(&id); err != nil {
+		return 0, err
+	}
+	killed := make(chan struct{})
+	stopKill := context.AfterFunc(ctx, func() {
+		defer close(killed)
+		l.kill(id)
+		hangUp()
+	})
+	if rows.NextResultSet() && rows.Next() {
+		err = rows.Scan(&fence)
+	}
+	err = cmp.Or(err, rows.Err(), rows.Close())
+	if !stopKill() {
+		<-killed // whatever the statement did, the session is gone
+		return 0, context.Cause(ctx)
+	}
+	if err == nil && fence == 0 {
+		err = errors.New("mysqllock: grant returned no fence")
+	}
+	return fence, err
+}
+
+func (l *ForUpdateLocker) kill(id uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+	defer cancel()
+	// Errors are moot: unknown thread means it is already gone, and if
+	// the KILL cannot be sent, hanging up is all that is left.
+	_, _ = l.ctl.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id))
+}
+
+// Close stops every lease's watchdog, ends waits with ErrClosed and closes
+// the Locker's pool. It releases nothing: held connections stay open until
+// their leases are released, or the server ends them after their TTL.
+func (l *ForUpdateLocker) Close() error {
+	l.stop()
+	return l.pool.Close()
+}
+
+// held is a lease's connection, inside the lock transaction.
+type held struct {
+	mu   sync.Mutex
+	conn *sql.Conn // nil once the lease is over
+}
+
+// exec runs query on the lease's connection, and gives the connection
+// back to the pool after it when last is set. Any failure ends the lease:
+// the driver drops a connection that failed or whose context ended, and
+// the server rolls the transaction back.
+func (h *held) exec(ctx context.Context, last bool, query string, args ...any) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn == nil {
+		return lockkit.ErrNotHeld
+	}
+	if _, err := h.conn.ExecContext(ctx, query, args...); err != nil {
+		discard(h.conn)
+		h.conn = nil
+		return fmt.Errorf("%w: the lock connection failed: %w", lockkit.ErrNotHeld, err)
+	}
+	if last {
+		_ = h.conn.Close()
+		h.conn = nil
+	}
+	return nil
+}
+
+// discard closes conn instead of pooling it: its session state is unknown.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return badConn })
+	_ = conn.Close()
+}
+
+// seconds is ttl as a wait_timeout: whole seconds, rounded up, so that the
+// server never ends a lease before its holder stops trusting it.
+func seconds(ttl time.Duration) int64 {
+	return max(1, int64((ttl+time.Second-1)/time.Second))
+}

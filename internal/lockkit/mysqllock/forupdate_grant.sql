@@ -1,0 +1,27 @@
+-- Grant, sent as one multi-statement round trip on the lease's own
+-- connection. Parameters: name, name, wait_timeout in seconds, name.
+-- (The driver interpolates parameters by counting question marks, so none
+-- may appear in these comments.)
+--
+-- The first result names this session, and is read before the wait: a
+-- waiter whose Acquire is cancelled is KILLed from another connection,
+-- because a client that merely hangs up stays queued on the row lock, and
+-- is even granted it, until the server next writes to it.
+SELECT CONNECTION_ID();
+START TRANSACTION;
+-- The row lock, taken on a new row or an existing one. It waits while
+-- another transaction holds the row; the pool sets innodb_lock_wait_timeout
+-- to its maximum, so only the caller's context (through KILL) ends the
+-- wait. TryAcquire's copy replaces the marker with SET STATEMENT
+-- innodb_lock_wait_timeout = 0 FOR: error 1205 at once instead of a wait.
+/*{nowait}*/ INSERT INTO {table} (name, fence) VALUES (?, 0) ON DUPLICATE KEY UPDATE name = name;
+-- Drawn after the row lock is granted, fences follow grant order. Drawn
+-- from a sequence rather than as fence + 1, a grant whose transaction dies
+-- (killed, timed out) keeps its number, so the next grant's is greater:
+-- fence + 1 would be rolled back and handed out twice.
+UPDATE {table} SET fence = NEXT VALUE FOR {seq}, holder = CONNECTION_ID() WHERE name = ?;
+-- From here on the server ends the lease by itself: a session idle for
+-- this many seconds is closed and its transaction rolled back. Each
+-- Extend sets it again, which also restarts the idle clock.
+SET SESSION wait_timeout = ?;
+SELECT fence FROM {table} WHERE name = ?

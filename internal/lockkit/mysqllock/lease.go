@@ -1,0 +1,267 @@
+package mysqllock
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+var (
+	//go:embed lease_schema.sql
+	leaseSchema string
+	//go:embed lease_grant.sql
+	leaseGrant string
+)
+
+// The owner check and the expiry check sit in the WHERE clause, so a
+// release or extend by anyone but the current, unexpired owner matches no
+// row and changes nothing.
+const (
+	leaseExtend = "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND " +
+		"WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+	leaseRelease = "UPDATE {table} SET owner = NULL, expires_at = NULL " +
+		"WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+	leaseHeld = "SELECT COUNT(*) FROM {table} WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+)
+
+// abandonTimeout bounds the release of a grant whose Acquire was cancelled
+// while the grant was in flight.
+const abandonTimeout = 2 * time.Second
+
+// Locker is the "mysql" backend: one lease row per key, granted by a single
+// conditional upsert and timed on the database's clock.
+//
+// It fences (the row's counter rises with every grant and survives
+// releases), checks the owner on release and extend, and expires leases on
+// its own. It does not wait without polling: a lease row holds no lock a
+// waiter could block on, so a waiter retries with jittered exponential
+// backoff (WithPoll), and is woken at once by releases made through the
+// same Locker. It learns that its lease was taken only when the watchdog
+// next renews it, within a third of the TTL. Grants are not fair.
+type Locker struct {
+	grant, extend, release, held *sql.Stmt
+	minPoll, maxPoll             time.Duration
+	wake                         wakeups
+	closed                       chan struct{}
+	once                         sync.Once
+}
+
+// New returns a lease-row Locker over db's pool, creating the table if it
+// is missing (under db's context if it carries one). Statements are
+// prepared once; Close releases them but leaves db open.
+func New(db *gorm.DB, opts ...Option) (*Locker, error) {
+	c, err := configure(opts, "locks")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := setupContext(db)
+	defer cancel()
+	if err := db.WithContext(ctx).Exec(c.sql(leaseSchema)).Error; err != nil {
+		return nil, fmt.Errorf("mysqllock: create table %s: %w", c.table, unavailable(err))
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: %w", err)
+	}
+	l := &Locker{minPoll: c.minPoll, maxPoll: c.maxPoll, closed: make(chan struct{})}
+	// gorm's Exec cannot report LAST_INSERT_ID, and prepared statements
+	// make every grant one round trip instead of prepare+execute+close.
+	// Preparing also checks that an existing table has the columns we use.
+	for _, s := range []struct {
+		stmt **sql.Stmt
+		sql  string
+	}{{&l.grant, leaseGrant}, {&l.extend, leaseExtend}, {&l.release, leaseRelease}, {&l.held, leaseHeld}} {
+		if *s.stmt, err = sqlDB.PrepareContext(ctx, c.sql(s.sql)); err != nil {
+			_ = l.Close()
+			return nil, fmt.Errorf("mysqllock: table %s: %w", c.table, unavailable(err))
+		}
+	}
+	return l, nil
+}
+
+// Capabilities of the lease-row backend: see Locker.
+func (l *Locker) Capabilities() lockkit.Capabilities {
+	return lockkit.Capabilities{Fencing: true, LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
+}
+
+func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	o, watchdog := lockkit.Resolve(opts)
+	waitCtx, cancel := o.WaitContext(ctx)
+	defer cancel()
+	poll := l.minPoll
+	for {
+		// Watch before trying, so a release between the two is not missed.
+		released, unwatch := l.wake.watch(key)
+		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
+		if !errors.Is(err, lockkit.ErrNotAcquired) {
+			unwatch()
+			if err != nil && waitCtx.Err() != nil {
+				return nil, lockkit.WaitErr(ctx, waitCtx)
+			}
+			return lease, err
+		}
+		// Full jitter over the upper half keeps waiters that started
+		// together from polling together.
+		timer := time.NewTimer(poll/2 + mrand.N(poll/2+1))
+		select {
+		case <-released:
+		case <-timer.C:
+		case <-l.closed:
+			err = lockkit.ErrClosed
+		case <-waitCtx.Done():
+			err = lockkit.WaitErr(ctx, waitCtx)
+		}
+		timer.Stop()
+		unwatch()
+		if !errors.Is(err, lockkit.ErrNotAcquired) {
+			return nil, err
+		}
+		poll = min(2*poll, l.maxPoll)
+	}
+}
+
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	o, watchdog := lockkit.Resolve(opts)
+	return l.try(ctx, key, o.TTL, watchdog)
+}
+
+func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdog bool) (lockkit.Lease, error) {
+	select {
+	case <-l.closed:
+		return nil, lockkit.ErrClosed
+	default:
+	}
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	name, owner := []byte(key), []byte(rand.Text())
+	sent := time.Now()
+	res, err := l.grant.ExecContext(ctx, name, owner, ttl.Microseconds())
+	var fence int64
+	if err == nil {
+		fence, err = res.LastInsertId()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			// The upsert may have reached the server and granted the key to
+			// an owner nobody will ever use: free it rather than leave it
+			// blocking others for a whole TTL.
+			relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+			_ = l.releaseLease(relCtx, name, owner)
+			cancel()
+		}
+		return nil, unavailable(err)
+	}
+	if fence == 0 {
+		return nil, lockkit.ErrNotAcquired
+	}
+	return lockkit.NewLease(lockkit.Grant{
+		Key: key, Fence: uint64(fence), TTL: ttl, Watchdog: watchdog, Sent: sent,
+		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extendLease(ctx, name, owner, ttl) },
+		Release: func(ctx context.Context) error { return l.releaseLease(ctx, name, owner) },
+		Closed:  l.closed,
+	}), nil
+}
+
+func (l *Locker) extendLease(ctx context.Context, name, owner []byte, ttl time.Duration) error {
+	res, err := l.extend.ExecContext(ctx, ttl.Microseconds(), name, owner)
+	if err != nil {
+		return unavailable(err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	// Zero rows changed can also mean "matched, but the new expiry equals
+	// the old one" (same microsecond, same TTL) when the DSN lacks
+	// clientFoundRows; ask rather than give up a lease we still hold.
+	var held int
+	if err := l.held.QueryRowContext(ctx, name, owner).Scan(&held); err != nil {
+		return unavailable(err)
+	}
+	if held == 0 {
+		return lockkit.ErrNotHeld
+	}
+	return nil
+}
+
+func (l *Locker) releaseLease(ctx context.Context, name, owner []byte) error {
+	res, err := l.release.ExecContext(ctx, name, owner)
+	if err != nil {
+		return unavailable(err)
+	}
+	// The UPDATE sets owner from ours to NULL, so a matched row is always
+	// a changed row and RowsAffected is exact.
+	if n, _ := res.RowsAffected(); n == 0 {
+		return lockkit.ErrNotHeld
+	}
+	l.wake.wake(string(name))
+	return nil
+}
+
+// Close stops every lease's watchdog and wakes waiters with ErrClosed. It
+// releases nothing (leases expire by their TTL) and leaves the pool open.
+func (l *Locker) Close() error {
+	l.once.Do(func() {
+		close(l.closed)
+		for _, s := range []*sql.Stmt{l.grant, l.extend, l.release, l.held} {
+			if s != nil {
+				_ = s.Close()
+			}
+		}
+	})
+	return nil
+}
+
+// wakeups lets a release wake the waiters of the same Locker at once;
+// waiters in other processes find out at their next poll.
+type wakeups struct {
+	mu   sync.Mutex
+	keys map[string]*wakeup
+}
+
+type wakeup struct {
+	ch      chan struct{} // closed by the release
+	waiters int
+}
+
+func (w *wakeups) watch(key string) (<-chan struct{}, func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.keys == nil {
+		w.keys = make(map[string]*wakeup)
+	}
+	e := w.keys[key]
+	if e == nil {
+		e = &wakeup{ch: make(chan struct{})}
+		w.keys[key] = e
+	}
+	e.waiters++
+	return e.ch, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		// After a wake the entry is gone or replaced; only the current
+		// entry's last waiter removes it.
+		if e.waiters--; e.waiters == 0 && w.keys[key] == e {
+			delete(w.keys, key)
+		}
+	}
+}
+
+func (w *wakeups) wake(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e := w.keys[key]; e != nil {
+		close(e.ch)
+		delete(w.keys, key)
+	}
+}

@@ -1,0 +1,228 @@
+package mysqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	gormmysql "gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
+	"github.com/lockbench/shop/internal/lockkit/mysqllock"
+)
+
+// Every table this package's tests touch lives in this database, so tests
+// of other packages on the same server never meet them.
+const database = "shop_test_mysqllock"
+
+const (
+	leaseTable = "mysqllock_test_leases"
+	rowTable   = "mysqllock_test_rows"
+	ttl        = 300 * time.Millisecond
+)
+
+// testDSN returns the DSN of the test database, creating it if needed.
+// Without SHOP_TEST_MYSQL_DSN the test is skipped, except in CI where a
+// missing server is a failure.
+func testDSN(t testing.TB) string {
+	t.Helper()
+	raw := os.Getenv("SHOP_TEST_MYSQL_DSN")
+	if raw == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("SHOP_TEST_MYSQL_DSN is not set: CI must run this test against a real server (make test starts one)")
+		}
+		t.Skip("SHOP_TEST_MYSQL_DSN not set; run the tests with make test, which starts the servers")
+	}
+	cfg, err := mysql.ParseDSN(raw)
+	if err != nil {
+		t.Fatalf("SHOP_TEST_MYSQL_DSN: %v", err)
+	}
+	server, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	if _, err := server.Exec("CREATE DATABASE IF NOT EXISTS " + database); err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	cfg.DBName = database
+	return cfg.FormatDSN()
+}
+
+// openDB opens a gorm DB as the service would; the caller closes it.
+func openDB(t testing.TB, dsn string) (*gorm.DB, *sql.DB) {
+	t.Helper()
+	db, err := gorm.Open(gormmysql.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, sqlDB
+}
+
+// withDB closes the Locker's gorm pool with the Locker, as a process
+// would on exit.
+type withDB struct {
+	lockkit.Locker
+	db *sql.DB
+}
+
+func (w withDB) Capabilities() lockkit.Capabilities {
+	return w.Locker.(lockkit.Describer).Capabilities()
+}
+
+func (w withDB) Close() error {
+	err := w.Locker.Close()
+	_ = w.db.Close()
+	return err
+}
+
+func newLeaseLocker(t testing.TB, dsn string) lockkit.Locker {
+	t.Helper()
+	db, sqlDB := openDB(t, dsn)
+	l, err := mysqllock.New(db, mysqllock.WithTable(leaseTable))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return withDB{l, sqlDB}
+}
+
+func newRowLocker(t testing.TB, dsn string) lockkit.Locker {
+	t.Helper()
+	db, sqlDB := openDB(t, dsn)
+	l, err := mysqllock.NewForUpdate(db, mysqllock.WithTable(rowTable))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return withDB{l, sqlDB}
+}
+
+func TestConformanceLeaseRow(t *testing.T) {
+	dsn := testDSN(t)
+	locktest.Run(t, locktest.Harness{
+		New: func(t testing.TB) lockkit.Locker { return newLeaseLocker(t, dsn) },
+		// An operator freeing the row; the holder's next renewal finds it.
+		Steal: func(t testing.TB, key string) {
+			exec(t, dsn, "UPDATE "+leaseTable+" SET owner = NULL, expires_at = NULL WHERE name = ?", key)
+		},
+		TTL: ttl,
+	})
+}
+
+func TestConformanceForUpdate(t *testing.T) {
+	dsn := testDSN(t)
+	locktest.Run(t, locktest.Harness{
+		New:   func(t testing.TB) lockkit.Locker { return newRowLocker(t, dsn) },
+		Steal: func(t testing.TB, key string) { killHolder(t, dsn, key) },
+		TTL:   ttl,
+		// The server ends a quiet holder's session after wait_timeout,
+		// which counts whole seconds: 300 ms is served as 1 s.
+		CrashSlack: time.Second,
+	})
+}
+
+func exec(t testing.TB, dsn, query string, args ...any) sql.Result {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	res, err := db.Exec(query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// killHolder KILLs the session holding key's row lock, found as an operator
+// would: the holder column, read uncommitted.
+func killHolder(t testing.TB, dsn, key string) {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadUncommitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holder sql.NullInt64
+	err = tx.QueryRowContext(ctx, "SELECT holder FROM "+rowTable+" WHERE name = ?", key).Scan(&holder)
+	_ = tx.Rollback()
+	if err != nil || !holder.Valid {
+		t.Fatalf("no holder of %s to kill: %v", key, err)
+	}
+	if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL %d", holder.Int64)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnavailableServer(t *testing.T) {
+	// Port 1 on loopback refuses at once: a server that is down.
+	db, err := gorm.Open(gormmysql.New(gormmysql.Config{
+		DSN: "root@tcp(127.0.0.1:1)/x?timeout=1s", SkipInitializeWithVersion: true,
+	}), &gorm.Config{DisableAutomaticPing: true, Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, _ := db.DB()
+	defer sqlDB.Close()
+	if _, err := mysqllock.New(db); !errors.Is(err, lockkit.ErrUnavailable) {
+		t.Errorf("New on a down server = %v, want ErrUnavailable", err)
+	}
+	if _, err := mysqllock.NewForUpdate(db); !errors.Is(err, lockkit.ErrUnavailable) {
+		t.Errorf("NewForUpdate on a down server = %v, want ErrUnavailable", err)
+	}
+}
+
+func TestUnavailableAfterStart(t *testing.T) {
+	dsn := testDSN(t)
+	db, sqlDB := openDB(t, dsn)
+	l, err := mysqllock.New(db, mysqllock.WithTable(leaseTable))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_ = sqlDB.Close() // the pool is gone, as after a lost server
+	_, err = l.TryAcquire(context.Background(), "mysqllock:"+t.Name())
+	if !errors.Is(err, lockkit.ErrUnavailable) {
+		t.Fatalf("TryAcquire without a server = %v, want ErrUnavailable", err)
+	}
+}
+
+func TestKeyTooLong(t *testing.T) {
+	dsn := testDSN(t)
+	for name, open := range map[string]func(testing.TB, string) lockkit.Locker{"mysql": newLeaseLocker, "mysql-forupdate": newRowLocker} {
+		t.Run(name, func(t *testing.T) {
+			l := open(t, dsn)
+			defer l.Close()
+			long := string(make([]byte, mysqllock.MaxKeyLen+1))
+			if _, err := l.TryAcquire(context.Background(), long); !errors.Is(err, mysqllock.ErrKeyTooLong) {
+				t.Fatalf("TryAcquire of a %d-byte key = %v, want ErrKeyTooLong", len(long), err)
+			}
+		})
+	}
+}
+
+func TestBadTableName(t *testing.T) {
+	dsn := testDSN(t)
+	db, sqlDB := openDB(t, dsn)
+	defer sqlDB.Close()
+	if _, err := mysqllock.New(db, mysqllock.WithTable("locks; DROP TABLE x")); err == nil {
+		t.Fatal("New accepted a table name that is not an identifier")
+	}
+}
