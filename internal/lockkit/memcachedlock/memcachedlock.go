@@ -50,6 +50,10 @@ import (
 // second the item gets); a longer expiry would be read as a Unix time.
 const maxLease = 30*24*time.Hour - time.Second
 
+// outage is how many attempts running must fail to reach the server before
+// Acquire reports ErrUnavailable instead of waiting on.
+const outage = 3
+
 // Locker grants leases held as memcached items.
 type Locker struct {
 	mc       *memcache.Client
@@ -85,17 +89,29 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 	return lockkit.Capabilities{LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
-// Acquire polls until add succeeds, the wait timeout runs out or ctx is done.
+// Acquire polls until add succeeds, the wait timeout runs out or ctx is
+// done. It returns ErrUnavailable when the server failed outage attempts
+// running.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
 	waitCtx, cancel := o.WaitContext(ctx)
 	defer cancel()
+	down := 0 // consecutive attempts that could not reach the servers
 	for {
 		if waitCtx.Err() != nil {
 			return nil, lockkit.WaitErr(ctx, waitCtx)
 		}
 		lease, err := l.try(key, o.TTL, watchdog)
-		if !errors.Is(err, lockkit.ErrNotAcquired) {
+		switch {
+		case errors.Is(err, lockkit.ErrNotAcquired):
+			down = 0
+		case errors.Is(err, lockkit.ErrUnavailable):
+			// One timeout on a loaded network is weather; the same
+			// failure several attempts running is an outage to report.
+			if down++; down == outage {
+				return nil, err
+			}
+		default:
 			return lease, err
 		}
 		timer := time.NewTimer(l.minDelay + mathrand.N(l.maxDelay-l.minDelay+1))

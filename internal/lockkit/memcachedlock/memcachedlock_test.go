@@ -122,6 +122,10 @@ func TestServerDown(t *testing.T) {
 	if _, err := l.TryAcquire(context.Background(), "memcachedlock:test:down"); !errors.Is(err, lockkit.ErrUnavailable) {
 		t.Fatalf("TryAcquire with no server = %v, want ErrUnavailable", err)
 	}
+	// Acquire does not wait for ever on a server that is not there.
+	if _, err := l.Acquire(context.Background(), "memcachedlock:test:down"); !errors.Is(err, lockkit.ErrUnavailable) {
+		t.Fatalf("Acquire with no server = %v, want ErrUnavailable", err)
+	}
 }
 
 func serverAddr(t testing.TB) string {

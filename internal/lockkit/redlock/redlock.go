@@ -38,6 +38,10 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
+// outage is how many attempts running must fail to reach a majority before
+// Acquire reports ErrUnavailable instead of waiting on.
+const outage = 3
+
 // Locker grants leases held on a majority of independent Redis masters.
 type Locker struct {
 	rs       *redsync.Redsync
@@ -92,19 +96,29 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 	return lockkit.Capabilities{LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
-// Acquire polls until a majority grants key. It returns ErrUnavailable at
-// once, without waiting, when too many masters fail to answer for a
-// majority to be possible.
+// Acquire polls until a majority grants key. It returns ErrUnavailable,
+// without waiting further, when too many masters failed to answer for a
+// majority to be possible on outage attempts running.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
 	waitCtx, cancel := o.WaitContext(ctx)
 	defer cancel()
+	down := 0 // consecutive attempts that could not reach the servers
 	for {
 		if waitCtx.Err() != nil {
 			return nil, lockkit.WaitErr(ctx, waitCtx)
 		}
 		lease, err := l.try(ctx, key, o.TTL, watchdog)
-		if !errors.Is(err, lockkit.ErrNotAcquired) {
+		switch {
+		case errors.Is(err, lockkit.ErrNotAcquired):
+			down = 0
+		case errors.Is(err, lockkit.ErrUnavailable):
+			// One timeout on a loaded network is weather; the same
+			// failure several attempts running is an outage to report.
+			if down++; down == outage {
+				return nil, err
+			}
+		default:
 			return lease, err
 		}
 		// redsync's own retry loop answers ErrFailed when ctx ends and
