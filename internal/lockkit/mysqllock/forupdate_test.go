@@ -1,0 +1,153 @@
+package mysqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// A holder whose transaction is rolled back (here: killed) must not share
+// its fence with the next holder. A fence bumped inside the transaction
+// would be rolled back with it and handed out again.
+func TestForUpdateFenceOutlivesKilledHolder(t *testing.T) {
+	dsn := testDSN(t)
+	a, b := newRowLocker(t, dsn), newRowLocker(t, dsn)
+	defer a.Close()
+	defer b.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+
+	la := mustTry(t, a, key, lockkit.WithTTL(time.Minute))
+	killHolder(t, dsn, key)
+	lb := mustAcquire(t, b, key, lockkit.WithTTL(time.Minute))
+	defer lb.Release(ctx)
+	if lb.Fence() <= la.Fence() {
+		t.Fatalf("grant after a killed holder has fence %d, the killed holder had %d", lb.Fence(), la.Fence())
+	}
+	if err := la.Release(ctx); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("release by the killed holder = %v, want ErrNotHeld", err)
+	}
+}
+
+// A holder that stays connected but silent (SIGSTOPped, partitioned, or
+// just never renewing) keeps its row lock only until the server's
+// wait_timeout, the TTL rounded up to whole seconds, ends its session.
+func TestForUpdateQuietHolderEndedByServer(t *testing.T) {
+	dsn := testDSN(t)
+	a, b := newRowLocker(t, dsn), newRowLocker(t, dsn)
+	defer a.Close()
+	defer b.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+
+	la := mustTry(t, a, key, lockkit.WithTTL(ttl)) // never extended, never released
+	lb := mustAcquire(t, b, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
+	defer lb.Release(ctx)
+	if err := la.Release(ctx); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("release by the holder the server cut off = %v, want ErrNotHeld", err)
+	}
+}
+
+// A cancelled waiter must not stay queued on the row lock in the server,
+// where it would be granted the lock after the holder, and hold it, for
+// nothing. A client that only hangs up does stay queued.
+func TestForUpdateCancelledWaiterLeavesNoSession(t *testing.T) {
+	dsn := testDSN(t)
+	a, b := newRowLocker(t, dsn), newRowLocker(t, dsn)
+	defer a.Close()
+	defer b.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+
+	la := mustTry(t, a, key, lockkit.WithTTL(time.Minute))
+	defer la.Release(ctx)
+	waitCtx, cancel := context.WithCancel(ctx)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(waitCtx, key)
+		waited <- err
+	}()
+	waitUntil(t, "the waiter to queue in the server", func() bool { return sessionsOn(t, dsn, key) == 1 })
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire = %v, want context.Canceled", err)
+	}
+	waitUntil(t, "the waiter's session to end", func() bool { return sessionsOn(t, dsn, key) == 0 })
+}
+
+// The wait before a grant is not taken out of the lease: a waiter granted
+// after longer than its TTL still holds a lease it can trust.
+func TestForUpdateWaiterGetsWholeTTL(t *testing.T) {
+	dsn := testDSN(t)
+	a, b := newRowLocker(t, dsn), newRowLocker(t, dsn)
+	defer a.Close()
+	defer b.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+
+	la := mustTry(t, a, key, lockkit.WithTTL(time.Minute))
+	go func() {
+		time.Sleep(2 * ttl)
+		_ = la.Release(ctx)
+	}()
+	lb := mustAcquire(t, b, key, lockkit.WithTTL(ttl))
+	defer lb.Release(ctx)
+	// Half a TTL in, the lease must stand; counted from the request, it
+	// would have been lost on arrival.
+	select {
+	case <-lb.Lost():
+		t.Fatal("a lease granted after a wait of 2 TTLs was lost within half its TTL: its TTL was counted from the request")
+	case <-time.After(ttl / 2):
+	}
+}
+
+// sessionsOn counts the server sessions running a statement on key, other
+// than the lock's holder, which is idle inside its transaction.
+func sessionsOn(t testing.TB, dsn, key string) int {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST "+
+		"WHERE ID <> CONNECTION_ID() AND COMMAND = 'Query' AND INFO LIKE CONCAT('%', ?, '%')", key).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitUntil polls cond for a few seconds: the server ends a KILLed session
+// asynchronously.
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func mustTry(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Option) lockkit.Lease {
+	t.Helper()
+	lease, err := l.TryAcquire(context.Background(), key, opts...)
+	if err != nil {
+		t.Fatalf("TryAcquire %s: %v", key, err)
+	}
+	return lease
+}
+
+func mustAcquire(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Option) lockkit.Lease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, key, opts...)
+	if err != nil {
+		t.Fatalf("Acquire %s: %v", key, err)
+	}
+	return lease
+}
