@@ -97,8 +97,8 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 }
 
 // Acquire polls until a majority grants key. It returns ErrUnavailable,
-// without waiting further, when too many masters failed to answer for a
-// majority to be possible on outage attempts running.
+// without waiting further, once outage attempts running could not reach a
+// majority of the masters.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
 	waitCtx, cancel := o.WaitContext(ctx)
@@ -248,7 +248,7 @@ func tally(err error) (down, notOurs int) {
 		case *redsync.ErrTaken:
 			notOurs += len(e.Nodes)
 		default:
-			if err == redsync.ErrLockAlreadyExpired {
+			if errors.Is(err, redsync.ErrLockAlreadyExpired) {
 				notOurs++
 			}
 		}
