@@ -1,0 +1,117 @@
+package like
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/problem"
+)
+
+func init() {
+	problem.Register(ErrEntityNotFound, http.StatusNotFound, "entity-not-found", "Entity not found")
+	problem.Register(ErrOwnerConflict, http.StatusConflict, "owner-conflict", "Entity has another owner")
+	problem.Register(ErrInvalidEntity, http.StatusBadRequest, "invalid-input", "Invalid input")
+}
+
+// Domain is the like domain as cmd/shop wires it: routes, fixtures and the
+// audit check.
+type Domain struct {
+	Service *Service
+}
+
+// Register adds the user routes to api (which authenticates users) and the
+// admin route to admin (which checks the admin token).
+func (d *Domain) Register(api, admin *gin.RouterGroup) {
+	api.GET("/likes/:type/:id", d.get)
+	api.PUT("/likes/:type/:id", d.like)
+	api.DELETE("/likes/:type/:id", d.unlike)
+	api.GET("/users/:id/likes", d.received)
+	admin.POST("/entities", d.register)
+}
+
+// Reset implements audit.Resetter.
+func (d *Domain) Reset(ctx context.Context, fixture string) error {
+	return d.Service.Reset(ctx, fixture)
+}
+
+// Checks are the like invariants for the audit: like_drift by owner.
+func (d *Domain) Checks() []audit.Check {
+	return []audit.Check{{Name: "like_drift", By: "by_owner", Run: d.Service.Drift}}
+}
+
+func ref(c *gin.Context) Ref { return Ref{Type: c.Param("type"), ID: c.Param("id")} }
+
+func (d *Domain) get(c *gin.Context) {
+	d.answer(c, d.Service.Get)
+}
+
+// like and unlike are PUT and DELETE: the same request twice leaves the
+// same state, and both answer with it.
+func (d *Domain) like(c *gin.Context)   { d.answer(c, d.Service.Like) }
+func (d *Domain) unlike(c *gin.Context) { d.answer(c, d.Service.Unlike) }
+
+func (d *Domain) answer(c *gin.Context, op func(context.Context, int64, Ref) (State, error)) {
+	st, err := op(c.Request.Context(), auth.UserID(c), ref(c))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, st)
+}
+
+// Received is the body of GET /api/v1/users/{id}/likes.
+type Received struct {
+	UserID   int64 `json:"user_id"`
+	Received int64 `json:"likes_received"`
+}
+
+// received is public to every authenticated user, as like counts are.
+func (d *Domain) received(c *gin.Context) {
+	raw := c.Param("id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id <= 0 {
+		problem.Write(c, problem.BadRequest(fmt.Sprintf("user id must be a positive integer, got %q", raw)))
+		return
+	}
+	n, err := d.Service.Received(c.Request.Context(), id)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, Received{UserID: id, Received: n})
+}
+
+type registerRequest struct {
+	Type  *string `json:"type"`
+	ID    *string `json:"id"`
+	Owner *int64  `json:"owner_id"`
+}
+
+func (d *Domain) register(c *gin.Context) {
+	var req registerRequest
+	if err := problem.DecodeJSON(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	if req.Type == nil || req.ID == nil || req.Owner == nil {
+		problem.Write(c, problem.BadRequest("type, id and owner_id are required"))
+		return
+	}
+	e := Entity{Ref: Ref{Type: *req.Type, ID: *req.ID}, Owner: *req.Owner}
+	created, err := d.Service.Register(c.Request.Context(), e)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	c.JSON(status, e)
+}

@@ -1,0 +1,378 @@
+package like
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// serverAddrs reads a test server's addresses; without them the test is
+// skipped, except in CI where a missing server is a failure.
+func serverAddrs(t *testing.T, env string) []string {
+	t.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not set: CI must run this test against a real server (make test starts one)", env)
+		}
+		t.Skipf("%s not set; run the tests with make test, which starts the servers", env)
+	}
+	return strings.Split(v, ",")
+}
+
+func clusterClient(t *testing.T) redis.UniversalClient {
+	addrs := serverAddrs(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func nodeClient(t *testing.T) redis.UniversalClient {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")
+	c := redis.NewClient(&redis.Options{Addr: addr[0]})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// testPrefix keeps this package's keys apart from other packages' tests and
+// from its own earlier runs on the same servers.
+func testPrefix(t *testing.T) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "like_test:" + hex.EncodeToString(b) + ":"
+}
+
+// newService builds a Service under a fresh prefix and deletes its keys
+// when the test ends.
+func newService(t *testing.T, client redis.UniversalClient, o Options) *Service {
+	t.Helper()
+	o.Prefix = testPrefix(t)
+	s, err := New(client, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.k.prefix = o.Prefix // fences too: the test's keys are all garbage now
+		if err := s.clearAll(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// clearAll deletes every key of the service, fences included.
+func (s *Service) clearAll(ctx context.Context) error {
+	if err := s.clear(ctx); err != nil {
+		return err
+	}
+	del := func(ctx context.Context, node redis.UniversalClient) error {
+		it := node.Scan(ctx, 0, s.k.prefix+"*", 500).Iterator()
+		for it.Next(ctx) {
+			if err := node.Unlink(ctx, it.Val()).Err(); err != nil {
+				return err
+			}
+		}
+		return it.Err()
+	}
+	if cluster, ok := s.client.(*redis.ClusterClient); ok {
+		return cluster.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return del(ctx, n) })
+	}
+	return del(ctx, s.client)
+}
+
+func redisLocker(t *testing.T, client redis.UniversalClient) lockkit.Locker {
+	l := redislock.New(client, redislock.WithPrefix(testPrefix(t)))
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// entities registers n posts of three owners.
+func entities(t *testing.T, s *Service, n int) []Entity {
+	t.Helper()
+	es := posts(n, 3)
+	for _, e := range es {
+		if created, err := s.Register(context.Background(), e); err != nil || !created {
+			t.Fatalf("register %v: created %v, %v", e, created, err)
+		}
+	}
+	return es
+}
+
+// toggles runs 100 likes and unlikes by 20 users on 5 entities, released
+// together on one closed channel. Each (user, entity) pair gets five
+// operations at once (like, unlike, like, unlike, like), the collisions a
+// double click or a retried request produce; with a lock the pair ends
+// liked, without one each racing like counts again.
+func toggles(t *testing.T, s *Service, es []Entity) {
+	t.Helper()
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for g := range 100 {
+		user, e, add := int64(g%20+1), es[g%5], (g/20)%2 == 0
+		wg.Go(func() {
+			<-start
+			var err error
+			if add {
+				_, err = s.Like(context.Background(), user, e.Ref)
+			} else {
+				_, err = s.Unlike(context.Background(), user, e.Ref)
+			}
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestClusterLockKeepsDriftZero(t *testing.T) {
+	client := clusterClient(t)
+	s := newService(t, client, Options{Locker: redisLocker(t, client), CriticalSectionDelay: 5 * time.Millisecond})
+	es := entities(t, s, 5)
+	toggles(t, s, es)
+
+	drift, err := s.Drift(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drift) != 0 {
+		t.Fatalf("like drift with the redis lock on a cluster: %v, want none", drift)
+	}
+	// Every pair's last operation in any order is not fixed, but with the
+	// lock each pair got all five applied one by one: the counters of all
+	// owners must add up to the likes on all entities.
+	var received, likes int64
+	for owner := int64(1); owner <= 3; owner++ {
+		n, err := s.Received(context.Background(), owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		received += n
+	}
+	for _, e := range es {
+		st, err := s.Get(context.Background(), 1, e.Ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		likes += st.Likes
+	}
+	if received != likes || likes == 0 {
+		t.Fatalf("received %d, likes %d: want equal and above 0", received, likes)
+	}
+}
+
+func TestClusterNoLockDrifts(t *testing.T) {
+	client := clusterClient(t)
+	s := newService(t, client, Options{Locker: lockkit.None(), CriticalSectionDelay: 20 * time.Millisecond})
+	toggles(t, s, entities(t, s, 5))
+
+	drift, err := s.Drift(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drift) == 0 {
+		t.Fatal("no like drift without a lock: the race this package demonstrates did not happen")
+	}
+	t.Logf("like drift without a lock: %v", drift)
+}
+
+func TestClusterHashTagNeedsNoLock(t *testing.T) {
+	client := clusterClient(t)
+	s := newService(t, client, Options{Strategy: StrategyHashTag})
+	es := entities(t, s, 5)
+	toggles(t, s, es)
+
+	drift, err := s.Drift(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drift) != 0 {
+		t.Fatalf("like drift with the hashtag script: %v, want none", drift)
+	}
+	// Each pair ran like, unlike, like, unlike, like in some order; the set
+	// ends either way, but the counter always equals it.
+	for owner := int64(1); owner <= 3; owner++ {
+		if _, err := s.Received(context.Background(), owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSlots checks the premise of the package on the real cluster: the
+// lock strategy's set and counter are in different slots, the hashtag
+// strategy's in one.
+func TestSlots(t *testing.T) {
+	client := clusterClient(t)
+	slot := func(key string) int64 {
+		n, err := client.ClusterKeySlot(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	e := Entity{Ref: Ref{Type: "post", ID: "7"}, Owner: 42}
+	k := keys{prefix: "like:"}
+	sp, tg := &spread{k: k}, &tagged{k: k}
+	if slot(sp.likers(e)) == slot(sp.received(42)) {
+		t.Errorf("lock strategy: %s and %s share a slot; pick a test entity that does not", sp.likers(e), sp.received(42))
+	}
+	if slot(sp.likers(e)) != slot(sp.fence(e)) {
+		t.Errorf("lock strategy: the set and its fence must share a slot for the fenced write")
+	}
+	if a, b, c := slot(tg.likers(e)), slot(tg.received(42)), slot(tg.owned(42)); a != b || b != c {
+		t.Errorf("hashtag strategy: slots %d, %d, %d; want one", a, b, c)
+	}
+}
+
+func TestLikeTwiceUnlikeTwice(t *testing.T) {
+	client := nodeClient(t)
+	for _, strategy := range []string{StrategyLock, StrategyHashTag} {
+		t.Run(strategy, func(t *testing.T) {
+			s := newService(t, client, Options{Strategy: strategy, Locker: redisLocker(t, client)})
+			ctx := context.Background()
+			e := entities(t, s, 1)[0]
+			want := func(st State, likes int64, liked bool, received int64) {
+				t.Helper()
+				if st.Likes != likes || st.Liked != liked || st.Owner != e.Owner {
+					t.Fatalf("state %+v; want %d likes, liked %v, owner %d", st, likes, liked, e.Owner)
+				}
+				if n, err := s.Received(ctx, e.Owner); err != nil || n != received {
+					t.Fatalf("received %d, %v; want %d", n, err, received)
+				}
+			}
+			for range 2 {
+				st, err := s.Like(ctx, 9, e.Ref)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want(st, 1, true, 1)
+			}
+			st, err := s.Get(ctx, 10, e.Ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want(st, 1, false, 1)
+			for range 2 {
+				st, err := s.Unlike(ctx, 9, e.Ref)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want(st, 0, false, 0)
+			}
+			if d, err := s.Drift(ctx); err != nil || len(d) != 0 {
+				t.Fatalf("drift %v, %v", d, err)
+			}
+		})
+	}
+}
+
+func TestRegister(t *testing.T) {
+	client := nodeClient(t)
+	s := newService(t, client, Options{Locker: lockkit.None()})
+	ctx := context.Background()
+	e := Entity{Ref: Ref{Type: "post", ID: "a-1"}, Owner: 4}
+	for i, want := range []bool{true, false} {
+		created, err := s.Register(ctx, e)
+		if err != nil || created != want {
+			t.Fatalf("register #%d: created %v, %v; want %v", i+1, created, err, want)
+		}
+	}
+	if _, err := s.Register(ctx, Entity{Ref: e.Ref, Owner: 5}); !errors.Is(err, ErrOwnerConflict) {
+		t.Fatalf("another owner: %v, want ErrOwnerConflict", err)
+	}
+	for _, bad := range []Entity{
+		{Ref: Ref{Type: "Post", ID: "1"}, Owner: 1},
+		{Ref: Ref{Type: "post", ID: "{1}"}, Owner: 1},
+		{Ref: Ref{Type: "post", ID: "a:b"}, Owner: 1},
+		{Ref: Ref{Type: "post", ID: "1"}, Owner: 0},
+	} {
+		if _, err := s.Register(ctx, bad); !errors.Is(err, ErrInvalidEntity) {
+			t.Errorf("register %+v: %v, want ErrInvalidEntity", bad, err)
+		}
+	}
+	if _, err := s.Like(ctx, 1, Ref{Type: "post", ID: "nope"}); !errors.Is(err, ErrEntityNotFound) {
+		t.Fatalf("like of an unregistered entity: %v, want ErrEntityNotFound", err)
+	}
+}
+
+// TestStaleFenceRefused: a holder whose lease ran out and who writes after
+// a later holder is refused, and its counter never moves.
+func TestStaleFenceRefused(t *testing.T) {
+	client := nodeClient(t)
+	s := newService(t, client, Options{Locker: lockkit.None()})
+	ctx := context.Background()
+	e := entities(t, s, 1)[0]
+	sp := s.strategy.(*spread)
+	run := func(user int64, fence uint64) int64 {
+		n, err := writeScript.Run(ctx, client, []string{sp.likers(e), sp.fence(e)}, user, "add", fence).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := run(1, 5); n != 1 {
+		t.Fatalf("token 5: %d, want 1 (added)", n)
+	}
+	for _, stale := range []uint64{5, 4} {
+		if n := run(2, stale); n != -1 {
+			t.Fatalf("token %d after 5: %d, want -1 (refused)", stale, n)
+		}
+	}
+	if n := run(2, 0); n != 1 {
+		t.Fatalf("unfenced write: %d, want 1", n)
+	}
+}
+
+func TestReset(t *testing.T) {
+	client := nodeClient(t)
+	s := newService(t, client, Options{Locker: redisLocker(t, client)})
+	ctx := context.Background()
+	e := entities(t, s, 1)[0]
+	if _, err := s.Like(ctx, 3, e.Ref); err != nil {
+		t.Fatal(err)
+	}
+	fence := s.strategy.(*spread).fence(e)
+	before, err := client.Get(ctx, fence).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reset(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Get(ctx, 3, e.Ref)
+	if err != nil || st.Likes != 0 || st.Liked {
+		t.Fatalf("after reset: %+v, %v; want 0 likes", st, err)
+	}
+	if after, err := client.Get(ctx, fence).Result(); err != nil || after != before {
+		t.Fatalf("fence after reset: %q, %v; want %q kept", after, err, before)
+	}
+	for i := 1; i <= 5; i++ {
+		if _, err := s.Get(ctx, 1, Ref{Type: "post", ID: strconv.Itoa(i)}); err != nil {
+			t.Fatalf("fixture post %d: %v", i, err)
+		}
+	}
+	if err := s.Reset(ctx, "nope"); err == nil {
+		t.Fatal("reset to an unknown fixture succeeded")
+	}
+}

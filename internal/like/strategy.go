@@ -1,0 +1,156 @@
+package like
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// counterTimeout bounds the counter write, which runs detached from the
+// request: once the set has changed, the counter must follow.
+const counterTimeout = 5 * time.Second
+
+// spread is the lock strategy. Keys are spread the way a cluster wants
+// them: an entity's set and its fence share the entity's slot,
+// {<type>:<id>}; each owner's counter hashes on its own.
+type spread struct {
+	client redis.UniversalClient
+	k      keys
+	locker lockkit.Locker
+	opts   []lockkit.Option
+	delay  time.Duration
+}
+
+func (s *spread) likers(e Entity) string { return s.k.prefix + "{" + e.Ref.String() + "}:likers" }
+func (s *spread) fence(e Entity) string  { return s.k.prefix + "{" + e.Ref.String() + "}:fence" }
+func (s *spread) received(owner int64) string {
+	return s.k.prefix + "received:" + strconv.FormatInt(owner, 10)
+}
+func (s *spread) owned(owner int64) string { return s.k.prefix + "owned:" + strconv.FormatInt(owner, 10) }
+
+// set is a read-modify-write across two slots: check the membership, write
+// the set, move the counter by what the check found. The counter follows
+// the check, not SADD's reply, on purpose: the check stands for whatever a
+// real flow decides from what it read, and it is that decision the lock
+// keeps true until the writes land. (For this exact rule, trusting SADD's
+// reply would keep the counter right without a lock; docs/likes-orders.md
+// says so.)
+func (s *spread) set(ctx context.Context, e Entity, user int64, add bool) error {
+	return lockkit.Do(ctx, s.locker, Key(e.Ref), func(ctx context.Context, fence uint64) error {
+		member, err := s.client.SIsMember(ctx, s.likers(e), user).Result()
+		if err != nil {
+			return fmt.Errorf("like: check %s: %w", e.Ref, err)
+		}
+		if member == add {
+			return nil
+		}
+		if err := work(ctx, s.delay); err != nil {
+			return err
+		}
+		if ctx.Err() != nil { // the lease was lost or the client left: write nothing
+			return context.Cause(ctx)
+		}
+		op, delta := "rem", int64(-1)
+		if add {
+			op, delta = "add", 1
+		}
+		res, err := writeScript.Run(ctx, s.client, []string{s.likers(e), s.fence(e)}, user, op, fence).Int64()
+		if err != nil {
+			return fmt.Errorf("like: write %s: %w", e.Ref, err)
+		}
+		if res < 0 {
+			return fmt.Errorf("%w: likes of %s, token %d", lockkit.ErrFenced, e.Ref, fence)
+		}
+		// The set has changed: the counter must follow even if the request
+		// or the lease ends now, or the pair drifts for good. A crash right
+		// here still drifts by one; only the hashtag strategy's single
+		// script closes that gap, and the audit reports it.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), counterTimeout)
+		defer cancel()
+		if err := s.client.IncrBy(wctx, s.received(e.Owner), delta).Err(); err != nil {
+			return fmt.Errorf("like: count for owner %d: %w", e.Owner, err)
+		}
+		return nil
+	}, s.opts...)
+}
+
+// drift reads one owner's counter and sets under the locks of all of the
+// owner's entities (DoMany takes them in sorted order), so that no like is
+// half-way while it reads. With lockkit.None() it reads what is there.
+func (s *spread) drift(ctx context.Context, owner int64, entities []Ref) (int64, error) {
+	lockKeys := make([]string, len(entities))
+	for i, r := range entities {
+		lockKeys[i] = Key(r)
+	}
+	var drift int64
+	err := lockkit.DoMany(ctx, s.locker, lockKeys, func(ctx context.Context, _ map[string]uint64) error {
+		var counter *redis.StringCmd
+		cards := make([]*redis.IntCmd, len(entities))
+		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			counter = p.Get(ctx, s.received(owner))
+			for i, r := range entities {
+				cards[i] = p.SCard(ctx, s.likers(Entity{Ref: r, Owner: owner}))
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		drift, err = counterValue(counter)
+		if err != nil {
+			return err
+		}
+		for _, c := range cards {
+			drift -= c.Val()
+		}
+		return nil
+	}, s.opts...)
+	return drift, err
+}
+
+func counterValue(cmd *redis.StringCmd) (int64, error) {
+	n, err := cmd.Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, err
+}
+
+// tagged is the hashtag strategy: every key of one owner is in the slot
+// {owner:<id>}, so one script spans the set and the counter.
+type tagged struct {
+	client redis.UniversalClient
+	k      keys
+}
+
+func (t *tagged) tag(owner int64) string {
+	return t.k.prefix + "{owner:" + strconv.FormatInt(owner, 10) + "}:"
+}
+func (t *tagged) likers(e Entity) string       { return t.tag(e.Owner) + "likers:" + e.Ref.String() }
+func (t *tagged) received(owner int64) string { return t.tag(owner) + "received" }
+func (t *tagged) owned(owner int64) string    { return t.tag(owner) + "owned" }
+
+func (t *tagged) set(ctx context.Context, e Entity, user int64, add bool) error {
+	op := "rem"
+	if add {
+		op = "add"
+	}
+	if err := toggleScript.Run(ctx, t.client, []string{t.likers(e), t.received(e.Owner)}, user, op).Err(); err != nil {
+		return fmt.Errorf("like: %s %s: %w", op, e.Ref, err)
+	}
+	return nil
+}
+
+func (t *tagged) drift(ctx context.Context, owner int64, entities []Ref) (int64, error) {
+	ks := []string{t.received(owner)}
+	for _, r := range entities {
+		ks = append(ks, t.likers(Entity{Ref: r, Owner: owner}))
+	}
+	return driftScript.Run(ctx, t.client, ks).Int64()
+}
