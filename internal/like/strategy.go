@@ -32,7 +32,9 @@ func (s *spread) fence(e Entity) string  { return s.k.prefix + "{" + e.Ref.Strin
 func (s *spread) received(owner int64) string {
 	return s.k.prefix + "received:" + strconv.FormatInt(owner, 10)
 }
-func (s *spread) owned(owner int64) string { return s.k.prefix + "owned:" + strconv.FormatInt(owner, 10) }
+func (s *spread) owned(owner int64) string {
+	return s.k.prefix + "owned:" + strconv.FormatInt(owner, 10)
+}
 
 // set is a read-modify-write across two slots: check the membership, write
 // the set, move the counter by what the check found. The counter follows
@@ -132,7 +134,7 @@ type tagged struct {
 func (t *tagged) tag(owner int64) string {
 	return t.k.prefix + "{owner:" + strconv.FormatInt(owner, 10) + "}:"
 }
-func (t *tagged) likers(e Entity) string       { return t.tag(e.Owner) + "likers:" + e.Ref.String() }
+func (t *tagged) likers(e Entity) string      { return t.tag(e.Owner) + "likers:" + e.Ref.String() }
 func (t *tagged) received(owner int64) string { return t.tag(owner) + "received" }
 func (t *tagged) owned(owner int64) string    { return t.tag(owner) + "owned" }
 
