@@ -10,11 +10,16 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redlock"
 )
+
+// Every lease's keeper and every Locker's goroutines end by the time the
+// tests do.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const ttl = 300 * time.Millisecond
 
