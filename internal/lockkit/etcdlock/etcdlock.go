@@ -19,7 +19,6 @@ import (
 	"math"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -70,13 +69,13 @@ type Locker struct {
 	sessionTTL time.Duration
 	closed     chan struct{}
 	once       sync.Once
-	seq        atomic.Uint64
 	newSession chan struct{} // a one-slot semaphore: one session is made at a time
 	buried     sync.WaitGroup
 
 	mu      sync.Mutex
 	session *session
 	held    map[*held]struct{}
+	names   map[string]bool // our keys that may exist on the server
 	closing bool
 }
 
@@ -110,7 +109,8 @@ func New(endpoints []string, opts ...Option) (*Locker, error) {
 func FromClient(c *clientv3.Client, opts ...Option) (*Locker, error) {
 	l := &Locker{
 		client: c, prefix: DefaultPrefix, sessionTTL: DefaultSessionTTL,
-		closed: make(chan struct{}), newSession: make(chan struct{}, 1), held: make(map[*held]struct{}),
+		closed: make(chan struct{}), newSession: make(chan struct{}, 1),
+		held: make(map[*held]struct{}), names: make(map[string]bool),
 	}
 	for _, o := range opts {
 		o(l)
@@ -149,20 +149,22 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if err != nil {
 			return nil, l.fail(ctx, waitCtx, err)
 		}
-		// Our own key: the session and a number no other acquisition of
-		// this Locker gets.
-		me := fmt.Sprintf("%s%016x-%d", dir, s.id, l.seq.Add(1))
-		resp, err := l.client.Txn(waitCtx).Then(
+		me := l.claim(dir, s.id)
+		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(me), "=", 0)).Then(
 			clientv3.OpPut(me, "", clientv3.WithLease(s.id)),
 			clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
 		).Commit()
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			l.unclaim(me)
 			_ = s.lease.Release(waitCtx) // expired before our watchdog knew: retire it
 			continue
-		}
-		if err != nil {
+		case err != nil:
 			l.abandon(me, 0) // the put may have been applied, its reply lost
 			return nil, l.fail(ctx, waitCtx, err)
+		case !resp.Succeeded:
+			l.abandon(me, 0) // a key we thought deleted: never queue behind ourselves
+			continue
 		}
 		rev := resp.Header.Revision
 		if first := resp.Responses[1].GetResponseRange().Kvs; len(first) == 1 && first[0].CreateRevision == rev {
@@ -299,7 +301,30 @@ func (l *Locker) expire(me string, rev int64, h *held) {
 	l.abandon(me, rev)
 }
 
-// remove deletes our key if it is still the one we created (rev 0: any).
+// claim returns a key name for a new acquisition in dir: the session and
+// the lowest number none of our keys there has. Names are reused, since
+// each name ever deleted stays in etcd's index until compaction, and the
+// sorted range every acquisition makes walks them all.
+func (l *Locker) claim(dir string, id clientv3.LeaseID) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := 0; ; i++ {
+		if me := fmt.Sprintf("%s%016x-%d", dir, id, i); !l.names[me] {
+			l.names[me] = true
+			return me
+		}
+	}
+}
+
+func (l *Locker) unclaim(me string) {
+	l.mu.Lock()
+	delete(l.names, me)
+	l.mu.Unlock()
+}
+
+// remove deletes our key if it is still the grant of revision rev (rev 0:
+// any). Comparing the create revision, not only the name, is what makes a
+// reused name safe. Once the key is known gone, its name is free again.
 func (l *Locker) remove(ctx context.Context, me string, rev int64) (deleted bool, err error) {
 	cmp := clientv3.Compare(clientv3.CreateRevision(me), "=", rev)
 	if rev == 0 {
@@ -309,6 +334,7 @@ func (l *Locker) remove(ctx context.Context, me string, rev int64) (deleted bool
 	if err != nil {
 		return false, err
 	}
+	l.unclaim(me)
 	return resp.Succeeded, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -189,10 +190,13 @@ func TestLostCreateReplyIsFound(t *testing.T) {
 func BenchmarkUncontended(b *testing.B) {
 	addrs := serverAddrs(b)
 	ctx := context.Background()
+	// A key of its own per run: history left under a key by earlier runs
+	// (etcd keeps deleted names until compaction) must not be measured.
+	key := "bench-" + rand.Text()
 	b.Run("zklock", func(b *testing.B) {
 		l := open(b, addrs)
 		for b.Loop() {
-			lease, err := l.Acquire(ctx, "bench")
+			lease, err := l.Acquire(ctx, key)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -203,7 +207,7 @@ func BenchmarkUncontended(b *testing.B) {
 	})
 	b.Run("go-zookeeper-lock", func(b *testing.B) {
 		conn := dialZK(b, addrs)
-		lock := zk.NewLock(conn, testRoot+"/peer-bench", zk.WorldACL(zk.PermAll))
+		lock := zk.NewLock(conn, testRoot+"/peer/"+key, zk.WorldACL(zk.PermAll))
 		for b.Loop() {
 			if err := lock.Lock(); err != nil {
 				b.Fatal(err)
