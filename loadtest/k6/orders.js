@@ -1,0 +1,101 @@
+// Orders with retried idempotency keys: each iteration is a flaky client.
+// It takes a one-time token, sends its order, and without waiting for the
+// answer (as if its connection had dropped) sends the same request again
+// at once; then, later, a third time. The first two race inside the
+// service: the idempotency guard must let exactly one create the order and
+// answer the other 409 (in flight) or with the stored response; the third
+// must get the stored response back, marked as a replay.
+import http from 'k6/http';
+import { check } from 'k6';
+import { Counter, Trend } from 'k6/metrics';
+import { int, params, url, user } from './lib.js';
+
+export const orderSKU = __ENV.SHOP_ORDER_SKU || 'lt-order';
+const firstBuyer = int('SHOP_FIRST_ORDER_BUYER', 101);
+const buyers = int('SHOP_ORDER_BUYERS', 200);
+const replayHeader = __ENV.SHOP_REPLAY_HEADER || 'Idempotent-Replayed';
+
+const created = new Counter('orders_created');
+const replayed = new Counter('orders_replayed');
+const inFlight = new Counter('orders_in_flight');
+// orders_duplicate_seen counts orders beyond the first that one key
+// produced, as the client sees them (different order ids for one key).
+const duplicates = new Counter('orders_duplicate_seen');
+const latency = new Trend('orders_latency', true);
+
+// 409: the same key is still in flight, which the concurrent retry hits
+// on purpose.
+const expected = http.expectedStatuses(200, 201, 409);
+const tokenExpected = http.expectedStatuses(200, 201);
+
+export function thresholds() {
+  return {
+    orders_duplicate_seen: ['count==0'],
+    'http_req_failed{scenario:orders}': ['rate<0.05'],
+    'checks{scenario:orders}': ['rate>0.95'],
+  };
+}
+
+function orderID(res) {
+  try {
+    const b = res.json();
+    return b.order_id !== undefined ? String(b.order_id) : b.id !== undefined ? String(b.id) : '';
+  } catch (_) {
+    return '';
+  }
+}
+
+function isReplay(res) {
+  return (res.headers[replayHeader] || '').toLowerCase() === 'true';
+}
+
+export function order() {
+  const u = user(firstBuyer - 1, buyers);
+  const tok = http.post(url('/api/v1/idempotency-tokens'), null, params(u, 'idempotency token', tokenExpected));
+  let key = '';
+  try {
+    const b = tok.json();
+    key = b.token || b.key || '';
+  } catch (_) {
+    key = '';
+  }
+  if (!check(tok, { 'token: issued': () => key !== '' })) {
+    return;
+  }
+  const body = JSON.stringify({ sku: orderSKU, quantity: 1 });
+  const p = params(u, 'order', expected, { 'Idempotency-Key': key });
+  const first = http.batch([
+    ['POST', url('/api/v1/orders'), body, p],
+    ['POST', url('/api/v1/orders'), body, p],
+  ]);
+  const retry = http.post(url('/api/v1/orders'), body, p);
+
+  const ids = new Set();
+  for (const res of [...first, retry]) {
+    latency.add(res.timings.duration);
+    if (res.status === 409) {
+      inFlight.add(1);
+      continue;
+    }
+    if (res.status !== 200 && res.status !== 201) {
+      continue;
+    }
+    if (isReplay(res)) {
+      replayed.add(1);
+    } else {
+      created.add(1);
+    }
+    const id = orderID(res);
+    if (id !== '') {
+      ids.add(id);
+    }
+  }
+  if (ids.size > 1) {
+    duplicates.add(ids.size - 1);
+  }
+  check(first[0], { 'order: created, replayed or in flight': (r) => [200, 201, 409].includes(r.status) });
+  check(first[1], { 'order: created, replayed or in flight': (r) => [200, 201, 409].includes(r.status) });
+  check(retry, {
+    'order: the later retry is a replay': (r) => (r.status === 200 || r.status === 201) && isReplay(r),
+  });
+}

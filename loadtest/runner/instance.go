@@ -1,0 +1,365 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// testEnv are the servers scripts/testenv.sh starts, from the SHOP_TEST_*
+// variables of /tmp/shop-testenv/env.
+type testEnv struct {
+	mysqlDSN  string
+	cluster   string
+	redlock   string
+	zk        string
+	etcd      string
+	memcached string
+}
+
+func loadTestEnv(getenv func(string) string) (testEnv, error) {
+	e := testEnv{
+		mysqlDSN:  getenv("SHOP_TEST_MYSQL_DSN"),
+		cluster:   getenv("SHOP_TEST_REDIS_CLUSTER_ADDRS"),
+		redlock:   getenv("SHOP_TEST_REDLOCK_ADDRS"),
+		zk:        getenv("SHOP_TEST_ZK_ADDRS"),
+		etcd:      getenv("SHOP_TEST_ETCD_ENDPOINTS"),
+		memcached: getenv("SHOP_TEST_MEMCACHED_ADDR"),
+	}
+	var missing []string
+	for name, v := range map[string]string{
+		"SHOP_TEST_MYSQL_DSN": e.mysqlDSN, "SHOP_TEST_REDIS_CLUSTER_ADDRS": e.cluster,
+		"SHOP_TEST_REDLOCK_ADDRS": e.redlock, "SHOP_TEST_ZK_ADDRS": e.zk,
+		"SHOP_TEST_ETCD_ENDPOINTS": e.etcd, "SHOP_TEST_MEMCACHED_ADDR": e.memcached,
+	} {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return e, fmt.Errorf("%s unset: run `scripts/testenv.sh up && source /tmp/shop-testenv/env` first (make loadtest does)",
+			strings.Join(missing, ", "))
+	}
+	// Every address must be on loopback: the load test never leaves the
+	// machine it runs on.
+	for _, list := range []string{e.cluster, e.redlock, e.zk, e.etcd, e.memcached} {
+		for _, a := range strings.Split(list, ",") {
+			if err := loopback(a); err != nil {
+				return e, err
+			}
+		}
+	}
+	cfg, err := mysql.ParseDSN(e.mysqlDSN)
+	if err != nil {
+		return e, fmt.Errorf("SHOP_TEST_MYSQL_DSN: %w", err)
+	}
+	if err := loopback(cfg.Addr); err != nil {
+		return e, err
+	}
+	return e, nil
+}
+
+func loopback(addr string) error {
+	addr = strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(addr), "http://"), "https://")
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("address %q is not on loopback; the load test only targets this machine", addr)
+	}
+	return nil
+}
+
+// database creates a fresh MariaDB database for one row: fences start at 0
+// and no row of another backend's run (whose fences came from another
+// counter) can refuse this run's writes.
+func (e testEnv) database(ctx context.Context, name string) (dsn string, drop func(context.Context) error, err error) {
+	cfg, err := mysql.ParseDSN(e.mysqlDSN)
+	if err != nil {
+		return "", nil, err
+	}
+	cfg.DBName = ""
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return "", nil, err
+	}
+	defer db.Close()
+	// name is built from [a-z0-9_] only (dbName), so quoting is enough.
+	if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
+		return "", nil, fmt.Errorf("drop database %s: %w", name, err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
+		return "", nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	base := cfg.FormatDSN()
+	cfg.DBName = name
+	drop = func(ctx context.Context) error {
+		db, err := sql.Open("mysql", base)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		_, err = db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`")
+		return err
+	}
+	return cfg.FormatDSN(), drop, nil
+}
+
+func dbName(runID, row string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(row) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteRune('_')
+		}
+	}
+	return "shop_lt_" + runID + "_" + b.String()
+}
+
+// secrets are one run's credentials: random, so that nothing minted for a
+// load test is accepted anywhere else.
+type secrets struct {
+	jwt, admin string
+}
+
+func newSecrets() secrets {
+	return secrets{jwt: randomHex(32), admin: randomHex(24)}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux (Go 1.24+ panics instead)
+	return hex.EncodeToString(b)
+}
+
+// shopEnv is the environment of one instance: the caller's environment
+// without any SHOP_* variable (a stray SHOP_LOCK_BACKEND in a shell must
+// not change a row), plus the row's settings.
+func shopEnv(o options, e testEnv, s spec, sec secrets, dsn, prefix, addr string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SHOP_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env,
+		"SHOP_ENV=production",
+		"SHOP_HTTP_ADDR="+addr,
+		"SHOP_LOCK_BACKEND="+s.Backend,
+		"SHOP_STOCK_STRATEGY="+s.Strategy,
+		"SHOP_CRITICAL_SECTION_DELAY="+o.Delay.String(),
+		"SHOP_MYSQL_DSN="+dsn,
+		// Every instance sizes its own pool; three of them, plus the other
+		// tests sharing the server, stay well under MariaDB's 151.
+		"SHOP_DB_MAX_CONNS=16",
+		"SHOP_REDIS_ADDRS="+e.cluster,
+		"SHOP_REDLOCK_ADDRS="+e.redlock,
+		"SHOP_ZK_ADDRS="+e.zk,
+		"SHOP_ETCD_ENDPOINTS="+e.etcd,
+		"SHOP_MEMCACHED_ADDRS="+e.memcached,
+		"SHOP_KEY_PREFIX="+prefix,
+		"SHOP_JWT_SECRET="+sec.jwt,
+		"SHOP_ADMIN_TOKEN="+sec.admin,
+		"SHOP_LOG_LEVEL=warn",
+		"SHOP_SHUTDOWN_TIMEOUT=5s",
+	)
+}
+
+// instance is one running shop process.
+type instance struct {
+	url  string
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan struct{} // closed when the process has exited
+	err  error         // its exit error, valid after done
+}
+
+// freePort asks the kernel for a free loopback port. Another process may
+// take it before shop binds it; start then fails clearly and the row is
+// reported as not run.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// migrate runs `shop migrate` once, so that the instances do not race to
+// create the same tables.
+func migrate(ctx context.Context, shop string, env []string, logPath string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, shop, "migrate")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	_ = os.WriteFile(logPath, out, 0o644)
+	if err != nil {
+		return fmt.Errorf("shop migrate: %w: %s", err, tail(out))
+	}
+	return nil
+}
+
+func startInstance(shop string, env []string, port int, logPath string) (*instance, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(shop, "serve")
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	in := &instance{url: "http://127.0.0.1:" + strconv.Itoa(port), cmd: cmd, log: f, done: make(chan struct{})}
+	go func() {
+		in.err = cmd.Wait()
+		close(in.done)
+	}()
+	return in, nil
+}
+
+// waitReady polls /readyz until it answers 200, the process exits, or
+// the deadline passes.
+func (in *instance) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, in.url+"/readyz", nil)
+		if res, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-in.done:
+			return fmt.Errorf("%s exited before it was ready (%v); see %s", in.url, in.err, in.log.Name())
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready after %s; see %s", in.url, timeout, in.log.Name())
+		case <-tick.C:
+		}
+	}
+}
+
+// stop sends SIGTERM, lets shop drain (SHOP_SHUTDOWN_TIMEOUT=5s), and
+// kills it if it is still there after grace.
+func (in *instance) stop(grace time.Duration) {
+	_ = in.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-in.done:
+	case <-time.After(grace):
+		_ = in.cmd.Process.Kill()
+		<-in.done
+	}
+	in.log.Close()
+}
+
+// admin calls the admin API of one instance.
+type admin struct {
+	url, token string
+}
+
+func (a admin) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, a.url+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if res.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %s: %s", method, path, res.Status, bytes.TrimSpace(b))
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// auditReport reads GET /admin/v1/audit: {"ok":…, "<check>":{"total":n,…}}.
+func (a admin) audit(ctx context.Context, rawPath string) (ok bool, totals map[string]int64, err error) {
+	var raw map[string]json.RawMessage
+	if err := a.do(ctx, http.MethodGet, "/admin/v1/audit", nil, &raw); err != nil {
+		return false, nil, err
+	}
+	if b, err := json.MarshalIndent(raw, "", "  "); err == nil {
+		_ = os.WriteFile(rawPath, b, 0o644)
+	}
+	if err := json.Unmarshal(raw["ok"], &ok); err != nil {
+		return false, nil, fmt.Errorf("audit: no ok member: %w", err)
+	}
+	totals = map[string]int64{}
+	for name, v := range raw {
+		var d struct {
+			Total *int64 `json:"total"`
+		}
+		if json.Unmarshal(v, &d) == nil && d.Total != nil {
+			totals[name] = *d.Total
+		}
+	}
+	if len(totals) == 0 {
+		return ok, nil, errors.New("audit: no checks in the answer")
+	}
+	return ok, totals, nil
+}
+
+func tail(b []byte) string {
+	const n = 2000
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(bytes.TrimSpace(b))
+}
+
+func logPath(out, row, what string) string {
+	return filepath.Join(out, "logs", row+"-"+what+".log")
+}

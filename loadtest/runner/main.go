@@ -1,0 +1,201 @@
+// Command runner is shop's load test: for each lock backend in turn it
+// starts N shop instances on loopback against the shared test servers,
+// resets the fixture, runs the k6 flows (loadtest/k6/shop.js) spread over
+// the instances, reads the audit, and stops the instances. Then it writes
+// loadtest/results/report.md and report.html and prints the table.
+//
+// It exits 1 when a row contradicts what its backend promises: a lock that
+// let damage through, or a `none` baseline that showed none (a load too
+// light to race proves nothing). `make loadtest-smoke` relies on that.
+//
+//	go run ./loadtest/runner -backends "none redis" -duration 5s
+//
+// docs/loadtest.md explains the options and how to read the report.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// allRows is what -backends all runs: every backend of config.Backends,
+// then the two lock-free stock strategies as reference rows.
+var allRows = []string{"none", "local", "redis", "redlock", "mysql", "mysql-forupdate",
+	"zookeeper", "etcd", "memcached", "atomic-sql", "atomic-redis"}
+
+// options are the knobs of one run; every row of a report shares them.
+type options struct {
+	Rows      []string      `json:"rows"`
+	Instances int           `json:"instances"`
+	Duration  time.Duration `json:"duration"`
+	Rate      int           `json:"rate"`
+	Delay     time.Duration `json:"delay"`
+	Stock     int           `json:"stock"`
+	MaxVUs    int           `json:"max_vus"`
+	Users     int           `json:"users"`
+	Flows     []string      `json:"flows"`
+
+	shop, k6, script, out string
+	keep                  bool
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var o options
+	var backends, flows string
+	flag.StringVar(&backends, "backends", "all", "rows to run, space- or comma-separated: backends of SHOP_LOCK_BACKEND, atomic-sql, atomic-redis, or all")
+	flag.IntVar(&o.Instances, "instances", 3, "shop instances per row")
+	flag.DurationVar(&o.Duration, "duration", 15*time.Second, "length of each k6 phase (seckill, then the other flows)")
+	flag.IntVar(&o.Rate, "rate", 100, "seckill purchases per second; the balance and like flows get rate/2, orders rate/5")
+	flag.DurationVar(&o.Delay, "delay", 10*time.Millisecond, "SHOP_CRITICAL_SECTION_DELAY: business work inside every read-modify-write")
+	flag.IntVar(&o.Stock, "stock", 200, "stock of the hot SKU (keep it well below rate*duration so that it sells out)")
+	flag.IntVar(&o.MaxVUs, "max-vus", 400, "most k6 VUs per scenario (waiting requests hold one each)")
+	flag.IntVar(&o.Users, "users", 500, "users to mint tokens for (the loadtest fixture has 1000)")
+	flag.StringVar(&flows, "flows", strings.Join(allFlows, ","), "flows to run (the reference rows run only seckill)")
+	flag.StringVar(&o.shop, "shop", "bin/shop", "shop binary (make loadtest builds it)")
+	flag.StringVar(&o.k6, "k6", "bin/k6", "k6 binary (make k6 builds it)")
+	flag.StringVar(&o.script, "script", "loadtest/k6/shop.js", "k6 script")
+	flag.StringVar(&o.out, "out", "loadtest/results", "directory for results, logs and the report")
+	flag.BoolVar(&o.keep, "keep", false, "keep each row's database (shop_lt_*) for inspection")
+	flag.Parse()
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	rows, err := parseRows(backends)
+	if err == nil {
+		o.Flows, err = parseFlows(flows)
+	}
+	if err == nil {
+		err = o.validate()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+	o.Rows = rows
+	env, err := loadTestEnv(os.Getenv)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	if err := os.MkdirAll(filepath.Join(o.out, "logs"), 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
+		return 1
+	}
+	machine := describeMachine(ctx, o.k6)
+	var results []result
+	for _, name := range rows {
+		spec := rowSpec(name, o.Instances, o.Flows)
+		if len(spec.Flows) == 0 {
+			log.Info("row skipped: none of its flows is in -flows", "row", name)
+			continue
+		}
+		log.Info("row starting", "row", name, "backend", spec.Backend, "strategy", spec.Strategy, "flows", strings.Join(spec.Flows, ","))
+		res, err := runRow(ctx, log, o, env, spec)
+		if err != nil {
+			// A row that could not run is reported as such, and the
+			// others still run: one backend's server being down should
+			// not hide the rest of the comparison.
+			log.Error("row failed", "row", name, "err", err)
+			res = result{Spec: spec, Err: err.Error()}
+		}
+		res.judge()
+		results = append(results, res)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+
+	rep := report{Options: o, Machine: machine, Results: results, Command: strings.Join(os.Args, " "), At: time.Now().UTC()}
+	if err := rep.write(o.out); err != nil {
+		fmt.Fprintf(os.Stderr, "runner: write report: %v\n", err)
+		return 1
+	}
+	fmt.Print(rep.table())
+	fmt.Printf("\nreport: %s and %s\n", filepath.Join(o.out, "report.md"), filepath.Join(o.out, "report.html"))
+
+	if bad := rep.failures(); len(bad) > 0 {
+		fmt.Fprintln(os.Stderr, "\nFAIL:")
+		for _, b := range bad {
+			fmt.Fprintln(os.Stderr, "  "+b)
+		}
+		return 1
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(os.Stderr, "runner: interrupted")
+		return 1
+	}
+	fmt.Println("PASS: every lock row shows zero damage and every unsafe row shows some")
+	return 0
+}
+
+func parseRows(s string) ([]string, error) {
+	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })
+	if len(fields) == 0 || (len(fields) == 1 && fields[0] == "all") {
+		return allRows, nil
+	}
+	for _, f := range fields {
+		if !isRow(f) {
+			return nil, fmt.Errorf("-backends has %q; want some of %s", f, strings.Join(allRows, " "))
+		}
+	}
+	return fields, nil
+}
+
+func parseFlows(s string) ([]string, error) {
+	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })
+	for _, f := range fields {
+		if !slices.Contains(allFlows, f) {
+			return nil, fmt.Errorf("-flows has %q; want some of %s", f, strings.Join(allFlows, ","))
+		}
+	}
+	if len(fields) == 0 {
+		return nil, errors.New("-flows is empty")
+	}
+	return fields, nil
+}
+
+func isRow(name string) bool { return slices.Contains(allRows, name) }
+
+func (o options) validate() error {
+	var errs []error
+	if o.Instances < 1 || o.Instances > 8 {
+		errs = append(errs, fmt.Errorf("-instances is %d; want 1 to 8", o.Instances))
+	}
+	// Bounded in time and count: a typo must not turn into an hour of load.
+	if o.Duration < time.Second || o.Duration > 10*time.Minute {
+		errs = append(errs, fmt.Errorf("-duration is %s; want 1s to 10m", o.Duration))
+	}
+	if o.Rate < 1 || o.Rate > 5000 {
+		errs = append(errs, fmt.Errorf("-rate is %d; want 1 to 5000", o.Rate))
+	}
+	if o.Delay < 0 || o.Delay > 5*time.Second {
+		errs = append(errs, fmt.Errorf("-delay is %s; want 0 to 5s", o.Delay))
+	}
+	if o.Stock < 1 {
+		errs = append(errs, fmt.Errorf("-stock is %d; want at least 1", o.Stock))
+	}
+	if o.MaxVUs < 1 || o.MaxVUs > 2000 {
+		errs = append(errs, fmt.Errorf("-max-vus is %d; want 1 to 2000", o.MaxVUs))
+	}
+	if o.Users < 300 || o.Users > 1000 {
+		errs = append(errs, fmt.Errorf("-users is %d; want 300 to 1000 (the flows use users 1..300, the fixture has 1000)", o.Users))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lockbench/shop/internal/auth"
+)
+
+// SKUs the runner puts on sale after the reset. The hot one has the stock
+// of -stock; the order SKU has more than any run can sell, so that orders
+// race on their idempotency keys, not on stock.
+const (
+	hotSKU   = "lt-hot"
+	orderSKU = "lt-order"
+)
+
+// runRow runs one row from fresh database to stopped instances.
+func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spec) (res result, err error) {
+	started := time.Now()
+	res = result{Spec: s}
+	runID := strconv.Itoa(os.Getpid())
+
+	dsn, drop, err := env.database(ctx, dbName(runID, s.Name))
+	if err != nil {
+		return res, err
+	}
+	if !o.keep {
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := drop(dctx); err != nil {
+				log.Warn("drop database", "row", s.Name, "err", err)
+			}
+		}()
+	}
+	sec := newSecrets()
+	// A prefix of its own per run and row: lock keys and fence counters of
+	// another run (or another engineer's tests) never meet this one's.
+	prefix := "lt" + runID + "-" + s.Name + ":"
+
+	port0, err := freePort()
+	if err != nil {
+		return res, err
+	}
+	if err := migrate(ctx, o.shop, shopEnv(o, env, s, sec, dsn, prefix, "127.0.0.1:"+strconv.Itoa(port0)),
+		logPath(o.out, s.Name, "migrate")); err != nil {
+		return res, err
+	}
+
+	var instances []*instance
+	defer func() { stopAll(instances) }()
+	for i := range o.Instances {
+		port, err := freePort()
+		if err != nil {
+			return res, err
+		}
+		in, err := startInstance(o.shop, shopEnv(o, env, s, sec, dsn, prefix, "127.0.0.1:"+strconv.Itoa(port)),
+			port, logPath(o.out, s.Name, "shop"+strconv.Itoa(i+1)))
+		if err != nil {
+			return res, err
+		}
+		instances = append(instances, in)
+	}
+	urls := make([]string, len(instances))
+	for i, in := range instances {
+		if err := in.waitReady(ctx, 60*time.Second); err != nil {
+			return res, err
+		}
+		urls[i] = in.url
+	}
+
+	adm := admin{url: urls[0], token: sec.admin}
+	if err := setUp(ctx, adm, o); err != nil {
+		return res, err
+	}
+	tokens := filepath.Join(o.out, "tokens-"+s.Name+".json")
+	if err := writeTokens(tokens, sec, o.Users); err != nil {
+		return res, err
+	}
+	defer os.Remove(tokens)
+
+	summaryPath := filepath.Join(o.out, s.Name+".k6.json")
+	_ = os.Remove(summaryPath)
+	res.K6Exit, err = runK6(ctx, o, s, urls, tokens, summaryPath)
+	if err != nil {
+		return res, err
+	}
+	if err := res.readSummary(summaryPath); err != nil {
+		return res, err
+	}
+	res.AuditOK, res.Audit, err = adm.audit(ctx, filepath.Join(o.out, s.Name+".audit.json"))
+	if err != nil {
+		return res, err
+	}
+	res.SecondsTaken = time.Since(started).Seconds()
+	log.Info("row done", "row", s.Name, "sold", res.Sold, "orders_per_sec", fmt.Sprintf("%.1f", res.OrdersPerSec),
+		"audit_ok", res.AuditOK, "damage", res.damage(), "k6_exit", res.K6Exit)
+	return res, nil
+}
+
+func stopAll(instances []*instance) {
+	var wg sync.WaitGroup
+	for _, in := range instances {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			in.stop(10 * time.Second)
+		}()
+	}
+	wg.Wait()
+}
+
+// setUp lays down the loadtest fixture and the run's two SKUs.
+func setUp(ctx context.Context, adm admin, o options) error {
+	if err := adm.do(ctx, http.MethodPost, "/admin/v1/reset", map[string]string{"fixture": "loadtest"}, nil); err != nil {
+		return err
+	}
+	for _, p := range []map[string]any{
+		{"sku": hotSKU, "name": "Load test hot item", "stock": o.Stock, "price_cents": 1_000},
+		{"sku": orderSKU, "name": "Load test order item", "stock": 10_000_000, "price_cents": 100},
+	} {
+		if err := adm.do(ctx, http.MethodPost, "/admin/v1/products", p, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeTokens mints a token for users 1..n with the run's secret, through
+// the same code that verifies them in shop (k6 cannot sign HS256 without a
+// remote jslib). The file is readable by its owner only and removed after
+// the row; the secret dies with the run anyway.
+func writeTokens(path string, sec secrets, n int) error {
+	a := auth.New([]byte(sec.jwt), sec.admin)
+	type entry struct {
+		User  int64  `json:"user"`
+		Token string `json:"token"`
+	}
+	list := make([]entry, n)
+	now := time.Now()
+	for i := range list {
+		tok, err := a.Token(int64(i+1), 2*time.Hour, now)
+		if err != nil {
+			return err
+		}
+		list[i] = entry{User: int64(i + 1), Token: tok}
+	}
+	b, err := json.Marshal(list)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+// runK6 runs the script and returns k6's exit code: 0, or 99 when a
+// threshold was crossed (expected of the unsafe rows); anything else is an
+// error of the run.
+func runK6(ctx context.Context, o options, s spec, urls []string, tokens, summary string) (int, error) {
+	secs := int(math.Ceil(o.Duration.Seconds()))
+	// Two phases, the gap between them, and each phase's graceful stop,
+	// plus a minute: past that k6 is stuck, not slow.
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(2*secs+3+20+60)*time.Second)
+	defer cancel()
+	logFile, err := os.Create(logPath(o.out, s.Name, "k6"))
+	if err != nil {
+		return 0, err
+	}
+	defer logFile.Close()
+
+	cmd := exec.CommandContext(ctx, o.k6, "run", "--quiet", "--no-color", o.script)
+	cmd.SysProcAttr = childAttr()
+	cmd.Stdout = os.Stdout
+	cmd.Stderr = logFile
+	cmd.WaitDelay = 10 * time.Second
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SHOP_") && !strings.HasPrefix(kv, "K6_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env,
+		"K6_NO_USAGE_REPORT=true",
+		"SHOP_URLS="+strings.Join(urls, ","),
+		"SHOP_TOKENS="+mustAbs(tokens),
+		"SHOP_SUMMARY="+mustAbs(summary),
+		"SHOP_FLOWS="+strings.Join(s.Flows, ","),
+		"SHOP_RATE="+strconv.Itoa(o.Rate),
+		"SHOP_DURATION="+strconv.Itoa(secs),
+		"SHOP_STOCK="+strconv.Itoa(o.Stock),
+		"SHOP_MAX_VUS="+strconv.Itoa(o.MaxVUs),
+		"SHOP_BUYERS="+strconv.Itoa(o.Users),
+		"SHOP_SKU="+hotSKU,
+		"SHOP_ORDER_SKU="+orderSKU,
+	)
+	fmt.Printf("--- %s: k6 (%s)\n", s.Name, strings.Join(s.Flows, ", "))
+	err = cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, nil
+	case ctx.Err() != nil:
+		return -1, fmt.Errorf("k6 did not finish in time: %w", ctx.Err())
+	case errors.As(err, &exit) && exit.ExitCode() == 99:
+		return 99, nil
+	case errors.As(err, &exit):
+		return exit.ExitCode(), fmt.Errorf("k6 exited %d; see %s", exit.ExitCode(), logFile.Name())
+	}
+	return -1, err
+}
+
+func mustAbs(p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return a
+}
+
+// k6Summary is the part of k6's handleSummary data the report reads.
+type k6Summary struct {
+	Metrics map[string]struct {
+		Values     map[string]float64 `json:"values"`
+		Thresholds map[string]struct {
+			OK bool `json:"ok"`
+		} `json:"thresholds"`
+	} `json:"metrics"`
+}
+
+func (r *result) readSummary(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("k6 summary: %w", err)
+	}
+	var s k6Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("k6 summary %s: %w", path, err)
+	}
+	val := func(metric, stat string) float64 { return s.Metrics[metric].Values[stat] }
+	trend := func(metric string) latency {
+		return latency{P50: val(metric, "p(50)"), P95: val(metric, "p(95)"), P99: val(metric, "p(99)"),
+			Max: val(metric, "max"), N: int64(val(metric, "count"))}
+	}
+	r.Sold = int64(val("seckill_sold", "count"))
+	r.SoldOut = int64(val("seckill_sold_out", "count"))
+	r.Busy = int64(val("seckill_busy", "count"))
+	r.LastSaleMs = val("seckill_sold_at", "max")
+	if r.LastSaleMs > 0 {
+		r.OrdersPerSec = float64(r.Sold) / (r.LastSaleMs / 1000)
+	}
+	r.SoldLatency = trend("seckill_sold_latency")
+	r.SoldOutLat = trend("seckill_sold_out_latency")
+	r.Balance = trend("balance_latency")
+	r.Likes = trend("like_latency")
+	r.Orders = trend("orders_latency")
+	r.OrdersMade = int64(val("orders_created", "count"))
+	r.Replays = int64(val("orders_replayed", "count"))
+	r.InFlight = int64(val("orders_in_flight", "count"))
+	r.DupsSeen = int64(val("orders_duplicate_seen", "count"))
+	r.Dropped = int64(val("dropped_iterations", "count"))
+	r.FailedRate = val("http_req_failed", "rate")
+	r.Crossed = nil
+	for name, m := range s.Metrics {
+		for expr, t := range m.Thresholds {
+			if !t.OK {
+				r.Crossed = append(r.Crossed, name+" "+expr)
+			}
+		}
+	}
+	sort.Strings(r.Crossed)
+	return nil
+}
