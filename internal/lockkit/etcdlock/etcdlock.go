@@ -119,7 +119,7 @@ func FromClient(c *clientv3.Client, opts ...Option) (*Locker, error) {
 	defer cancel()
 	if _, err := l.currentSession(ctx); err != nil {
 		_ = l.Close()
-		return nil, err
+		return nil, fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 	}
 	return l, nil
 }
@@ -130,10 +130,13 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 		Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
+// Acquire queues for key and waits until every key ahead of ours is gone.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	return l.acquire(ctx, key, opts, true)
 }
 
+// TryAcquire queues for key and, if a key is ahead of ours, deletes ours
+// and returns ErrNotAcquired.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	return l.acquire(ctx, key, opts, false)
 }
@@ -145,6 +148,9 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 	// Escaped, so that no key's directory is a prefix of another's.
 	dir := l.prefix + url.PathEscape(key) + "/"
 	for {
+		if isClosed(l.closed) {
+			return nil, lockkit.ErrClosed
+		}
 		s, err := l.currentSession(waitCtx)
 		if err != nil {
 			return nil, l.fail(ctx, waitCtx, err)

@@ -122,7 +122,7 @@ func (l *Locker) onEvent(ev zk.Event) {
 	switch {
 	case ev.Type == zk.EventNodeDeleted:
 		if h := l.held[ev.Path]; h != nil {
-			closeOnce(h.gone) // deleted behind our back (our own deletes forget first)
+			closeOnce(h.gone) // deleted behind our back (or by our own release: harmless)
 		}
 	case ev.Type == zk.EventSession && ev.State == zk.StateHasSession:
 		closeOnce(l.ready)
@@ -158,10 +158,13 @@ func (l *Locker) Close() error {
 	return nil
 }
 
+// Acquire queues for key and waits until every node ahead of ours is gone.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	return l.acquire(ctx, key, opts, true)
 }
 
+// TryAcquire queues for key and, if a node is ahead of ours, deletes ours
+// and returns ErrNotAcquired.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	return l.acquire(ctx, key, opts, false)
 }
@@ -193,14 +196,14 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 // all the same, held by our live session and blocking the key for ever:
 // its GUID finds it again.
 func (l *Locker) create(dir string) (string, error) {
-	guid := rand.Text()
+	prefix := dir + "/" + protected + rand.Text() + "-lock-"
 	for attempt := 0; ; attempt++ {
-		node, err := l.conn.Create(dir+"/"+protected+guid+"-lock-", nil, zk.FlagEphemeral|zk.FlagSequence, l.acl)
+		node, err := l.conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, l.acl)
 		switch {
 		case err == nil:
 			return node, nil
 		case attempt == 3:
-			l.abandon(dir, guid, "")
+			l.abandon(prefix)
 			return "", l.fail(err)
 		case errors.Is(err, zk.ErrNoNode):
 			if err := l.mkdirs(dir); err != nil {
@@ -208,9 +211,9 @@ func (l *Locker) create(dir string) (string, error) {
 			}
 		case errors.Is(err, zk.ErrConnectionClosed):
 			// Sent, but the connection closed before the reply.
-			node, err := l.find(dir, guid)
+			node, err := l.find(prefix)
 			if err != nil {
-				l.abandon(dir, guid, "")
+				l.abandon(prefix)
 				return "", l.fail(err)
 			}
 			if node != "" {
@@ -224,14 +227,16 @@ func (l *Locker) create(dir string) (string, error) {
 	}
 }
 
-// find returns our node in dir by its GUID, "" if there is none.
-func (l *Locker) find(dir, guid string) (string, error) {
+// find returns the node whose path starts with prefix (its GUID makes it
+// unique), "" if there is none.
+func (l *Locker) find(prefix string) (string, error) {
+	dir := path.Dir(prefix)
 	children, _, err := l.conn.Children(dir)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return "", err
 	}
 	for _, c := range children {
-		if strings.HasPrefix(c, protected+guid+"-") {
+		if strings.HasPrefix(dir+"/"+c, prefix) {
 			return dir + "/" + c, nil
 		}
 	}
@@ -242,10 +247,12 @@ func (l *Locker) find(dir, guid string) (string, error) {
 func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, o lockkit.Options, watchdog, wait bool) (lockkit.Lease, error) {
 	dir, name := path.Dir(node), path.Base(node)
 	for {
-		epoch := l.currentEpoch()
+		l.mu.Lock()
+		epoch := l.epoch
+		l.mu.Unlock()
 		children, _, err := l.conn.Children(dir)
 		if err != nil {
-			l.abandon(dir, "", node)
+			l.abandon(node)
 			return nil, l.fail(err)
 		}
 		pred, found := predecessor(children, name)
@@ -255,7 +262,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, o lockkit
 		case pred == "":
 			return l.grant(key, node, epoch, o, watchdog)
 		case !wait:
-			l.abandon(dir, "", node)
+			l.abandon(node)
 			return nil, lockkit.ErrNotAcquired
 		}
 		// A data watch, not exists: on a node already gone it leaves no
@@ -266,24 +273,18 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, o lockkit
 			continue
 		}
 		if err != nil {
-			l.abandon(dir, "", node)
+			l.abandon(node)
 			return nil, l.fail(err)
 		}
 		select {
 		case <-deleted:
 		case <-waitCtx.Done():
-			l.abandon(dir, "", node)
+			l.abandon(node)
 			return nil, lockkit.WaitErr(ctx, waitCtx)
 		case <-l.closed:
 			return nil, lockkit.ErrClosed
 		}
 	}
-}
-
-func (l *Locker) currentEpoch() uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.epoch
 }
 
 // grant turns our first-in-line node into a lease. epoch is from before we
@@ -305,7 +306,7 @@ func (l *Locker) grant(key, node string, epoch uint64, o lockkit.Options, watchd
 		if errors.Is(err, zk.ErrNoNode) {
 			return nil, errVanished
 		}
-		l.abandon(path.Dir(node), "", node)
+		l.abandon(node)
 		return nil, l.fail(err)
 	}
 	l.mu.Lock()
@@ -362,7 +363,7 @@ func (l *Locker) release(node string, h *held) error {
 	case errors.Is(err, zk.ErrNoNode), l.conn.SessionID() != h.session:
 		return lockkit.ErrNotHeld // its session expired, and the node with it
 	default:
-		l.bury(path.Dir(node), "", node)
+		l.bury(node)
 		return l.fail(err)
 	}
 }
@@ -376,7 +377,7 @@ func (l *Locker) expire(node string, h *held) {
 	l.mu.Unlock()
 	<-lost // closes at this same deadline: never free a node its holder still trusts
 	l.forget(node)
-	l.abandon(path.Dir(node), "", node)
+	l.abandon(node)
 }
 
 func (l *Locker) forget(node string) {
@@ -385,32 +386,31 @@ func (l *Locker) forget(node string) {
 	l.mu.Unlock()
 }
 
-// abandon deletes a node we no longer want, given by path or, when a lost
-// reply left us without its path, by GUID. A failed deletion is retried in
-// the background, so that a live session never keeps an orphan.
-func (l *Locker) abandon(dir, guid, node string) {
-	if !l.remove(dir, guid, node) {
-		l.bury(dir, guid, node)
+// abandon deletes a node we no longer want. ref is its path or, when a
+// lost reply left us without one, the path up to the sequence number. A
+// failed deletion is retried in the background: a live session must never
+// keep an orphan, which would block the key for as long as we live.
+func (l *Locker) abandon(ref string) {
+	if !l.remove(ref) {
+		l.bury(ref)
 	}
 }
 
-func (l *Locker) remove(dir, guid, node string) bool {
-	if node == "" {
+func (l *Locker) remove(ref string) bool {
+	node := ref
+	if strings.HasSuffix(ref, "-lock-") {
 		var err error
-		if node, err = l.find(dir, guid); err != nil {
-			return false
-		}
-		if node == "" {
-			return true
+		if node, err = l.find(ref); err != nil || node == "" {
+			return err == nil
 		}
 	}
 	err := l.conn.Delete(node, -1)
-	return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrClosing)
+	return err == nil || errors.Is(err, zk.ErrNoNode)
 }
 
 // bury retries remove until it succeeds or the Locker closes; an expired
 // session ends it too, as the node is then gone (ErrNoNode).
-func (l *Locker) bury(dir, guid, node string) {
+func (l *Locker) bury(ref string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closing {
@@ -425,7 +425,7 @@ func (l *Locker) bury(dir, guid, node string) {
 				return
 			case <-time.After(retryDelay):
 			}
-			if l.remove(dir, guid, node) {
+			if l.remove(ref) {
 				return
 			}
 		}
