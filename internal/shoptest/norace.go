@@ -1,0 +1,5 @@
+//go:build !race
+
+package shoptest
+
+const raceEnabled = false
