@@ -1,0 +1,12 @@
+# The Docker stack (docker-compose.yml); included by the Makefile.
+# SHOP_LOCK_BACKEND picks the lock backend of all three instances:
+#   SHOP_LOCK_BACKEND=zookeeper make up
+COMPOSE ?= docker compose
+
+.PHONY: up down
+
+up: ## Build and start the Docker stack: 3 shop instances behind nginx on :8080, every backend, Prometheus :9090, Grafana :3000
+	$(COMPOSE) up -d --build
+
+down: ## Stop the Docker stack and delete its volumes (the MySQL data)
+	$(COMPOSE) --profile loadtest down -v --remove-orphans
