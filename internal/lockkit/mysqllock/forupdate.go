@@ -7,6 +7,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -33,12 +34,23 @@ const (
 	// connection may idle in the pool again.
 	forUpdateRelease = "UPDATE {table} SET holder = NULL WHERE name = ?; COMMIT; SET SESSION wait_timeout = DEFAULT"
 	forUpdateExtend  = "SET SESSION wait_timeout = ?"
-	// innodb_lock_wait_timeout's maximum (34 years): waits end when the
-	// caller's context does, through KILL, not at the server's 50 s.
-	maxLockWait = "1073741824"
 	// killTimeout bounds the KILL sent for a cancelled waiter.
 	killTimeout = 2 * time.Second
 )
+
+// sessionLimits are set on every connection of a ForUpdateLocker's pool,
+// whatever the server's globals say, so that only the caller's context ends
+// a wait and only wait_timeout, which the lease sets to its TTL, ends a
+// quiet lease. An idle-transaction timeout shorter than the TTL would end
+// leases while their holders still trust them.
+var sessionLimits = map[string]string{
+	// Its maximum (34 years), not the default 50 s: waits end through KILL.
+	"innodb_lock_wait_timeout":          "1073741824",
+	"max_statement_time":                "0",
+	"idle_transaction_timeout":          "0",
+	"idle_write_transaction_timeout":    "0",
+	"idle_readonly_transaction_timeout": "0",
+}
 
 // ForUpdateLocker is the "mysql-forupdate" backend: a lease is the row lock
 // of a transaction held open, on a connection of its own, until Release
@@ -92,7 +104,7 @@ func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
 	if cfg.Params == nil {
 		cfg.Params = make(map[string]string)
 	}
-	cfg.Params["innodb_lock_wait_timeout"] = maxLockWait
+	maps.Copy(cfg.Params, sessionLimits)
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("mysqllock: %w", err)
@@ -108,7 +120,7 @@ func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
 		_ = pool.Close()
 		return nil, err
 	}
-	grant := c.sql(forUpdateGrant)
+	grant := c.sql(withoutComments(forUpdateGrant))
 	done, stop := context.WithCancel(context.Background())
 	return &ForUpdateLocker{
 		pool: pool, ctl: ctl, done: done, stop: stop,
@@ -298,6 +310,18 @@ func (h *held) exec(ctx context.Context, last bool, query string, args ...any) e
 func discard(conn *sql.Conn) {
 	_ = conn.Raw(func(any) error { return badConn })
 	_ = conn.Close()
+}
+
+// withoutComments drops whole-line comments from a statement that is sent
+// as text with every grant: they are for readers of the .sql file.
+func withoutComments(query string) string {
+	var b strings.Builder
+	for line := range strings.Lines(query) {
+		if !strings.HasPrefix(line, "--") {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
 }
 
 // seconds is ttl as a wait_timeout: whole seconds, rounded up, so that the

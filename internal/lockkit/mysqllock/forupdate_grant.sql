@@ -1,7 +1,6 @@
 -- Grant, sent as one multi-statement round trip on the lease's own
--- connection. Parameters: name, name, wait_timeout in seconds, name.
--- (The driver interpolates parameters by counting question marks, so none
--- may appear in these comments.)
+-- connection, with these whole-line comments stripped. Parameters: name,
+-- name, wait_timeout in seconds, name, interpolated by the driver.
 --
 -- The first result names this session, and is read before the wait: a
 -- waiter whose Acquire is cancelled is KILLed from another connection,
