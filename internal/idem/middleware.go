@@ -30,7 +30,14 @@ const maxStoredBody = 1 << 20
 // from the request: a response sent must be stored even if the client left.
 const finishTimeout = 5 * time.Second
 
-const noStoreKey = "idem.nostore"
+const (
+	noStoreKey = "idem.nostore"
+	tokenKey   = "idem.token"
+)
+
+// Key is the idempotency token of a request the middleware let through, for
+// handlers that record it (an order row keeps it, unique per user).
+func Key(c *gin.Context) string { return c.GetString(tokenKey) }
 
 // DoNotStore marks the response being written as one a retry must not get
 // again: e.g. "an earlier attempt is still in progress". The token is freed.
@@ -136,6 +143,7 @@ func (m *Idem) Middleware() gin.HandlerFunc {
 			problem.Write(c, unknown()) // expired since the read
 			return
 		}
+		c.Set(tokenKey, token)
 		m.run(c, lease, user, token, fp)
 	}
 }
