@@ -36,6 +36,8 @@ bench: ## Benchmarks of every backend beside its peers and its server's raw roun
 	$(WITH_SERVERS) bash -c 'SHOP_BENCH_DURATION=$(BENCH_DURATION) $(GO) test -run "^$$" -bench "Uncontended" -benchtime=2s ./internal/lockkit/lockbench/ | tee /tmp/shop-bench-uncontended.txt && SHOP_BENCH_DURATION=$(BENCH_DURATION) $(GO) test -run "^$$" -bench "Contended" -benchtime=1x -timeout 30m ./internal/lockkit/lockbench/ | tee /tmp/shop-bench-contended.txt' 
 	@awk -f scripts/benchtable.awk /tmp/shop-bench-uncontended.txt /tmp/shop-bench-contended.txt
 
+-include loadtest.mk compose.mk faults.mk
+
 servers-up: ## Start the test servers and leave them running (source /tmp/shop-testenv/env to use them)
 	scripts/testenv.sh up --with-sentinel
 
