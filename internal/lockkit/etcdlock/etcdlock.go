@@ -345,9 +345,10 @@ func (l *Locker) remove(ctx context.Context, me string, rev int64) (deleted bool
 }
 
 // abandon deletes a key we no longer want; a failed deletion is retried in
-// the background, so that a live session never keeps an orphan.
+// the background, so that a live session never keeps an orphan. The first
+// try is brief: a cancelled Acquire must return promptly even in an outage.
 func (l *Locker) abandon(me string, rev int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if _, err := l.remove(ctx, me, rev); err != nil {
 		l.bury(me, rev)
