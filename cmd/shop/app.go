@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -19,9 +20,12 @@ import (
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
+	"github.com/lockbench/shop/internal/like"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/order"
 	"github.com/lockbench/shop/internal/storage"
 )
 
@@ -36,7 +40,7 @@ type domain interface {
 
 // models are every table, for migrations. Add a domain's here.
 func models() []any {
-	return append(account.Models(), inventory.Models()...)
+	return slices.Concat(account.Models(), inventory.Models(), order.Models())
 }
 
 // app is one shop process's wiring: open it, serve its handler, close it.
@@ -125,9 +129,24 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		return nil, err
 	}
 
+	likes, err := like.New(rdb, like.Options{Locker: locker, LockOptions: lockOpts, Prefix: cfg.KeyPrefix,
+		CriticalSectionDelay: cfg.CriticalSectionDelay})
+	if err != nil {
+		return nil, err
+	}
+	// The in-flight marker keeps the watchdog lease (renewed while the order
+	// runs, gone 30 s after a crash) whatever SHOP_LOCK_TTL says.
+	tokens, err := idem.New(rdb, idem.Options{Locker: locker, Prefix: cfg.KeyPrefix})
+	if err != nil {
+		return nil, err
+	}
+	orderStore := order.NewStore(db.DB)
+
 	domains := []domain{
 		accounts,
 		&inventory.Domain{Service: products, Store: productStore},
+		&like.Domain{Service: likes},
+		&order.Domain{Service: order.NewService(orderStore, products, accounts.Service), Store: orderStore, Idem: tokens},
 	}
 
 	var checks []audit.Check

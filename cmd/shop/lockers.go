@@ -83,10 +83,9 @@ func prefixPath(prefix string) string {
 	return "/" + prefix
 }
 
-// needsRedis reports whether the main Redis client is used.
-func needsRedis(cfg config.Config) bool {
-	return cfg.LockBackend == "redis" || cfg.StockStrategy == config.StockAtomicRedis
-}
+// needsRedis reports whether the main Redis client is used: always, since
+// likes and idempotency tokens live in Redis whatever the lock backend.
+func needsRedis(config.Config) bool { return true }
 
 // closingLocker closes the clients a backend was built on with it.
 type closingLocker struct {
