@@ -50,8 +50,9 @@ type Locker interface {
 	// TryAcquire makes one attempt and returns ErrNotAcquired at once if
 	// the key is held.
 	TryAcquire(ctx context.Context, key string, opts ...Option) (Lease, error)
-	// Close stops background work (watchdogs, subscriptions) and releases
-	// nothing: leases still held expire by their TTL.
+	// Close stops background work (watchdogs, subscriptions). Leases still
+	// held end by their TTL on TTL backends, and at once on session
+	// backends (ZooKeeper, etcd), whose session Close ends.
 	Close() error
 }
 
