@@ -55,24 +55,26 @@ func stored(c *gin.Context, status int) bool {
 	return status < 500
 }
 
+func titled(e *problem.Error, title string) *problem.Error { e.Title = title; return e }
+
 func missing() error {
-	return problem.New(http.StatusBadRequest, "idempotency-key-missing",
-		"send an Idempotency-Key header with a token from POST /api/v1/idempotency-tokens")
+	return titled(problem.New(http.StatusBadRequest, "idempotency-key-missing",
+		"send an Idempotency-Key header with a token from POST /api/v1/idempotency-tokens"), "Idempotency-Key missing")
 }
 
 func unknown() error {
-	return problem.New(http.StatusUnprocessableEntity, "idempotency-key-unknown",
-		"the Idempotency-Key was not issued to you or has expired; get a new one from POST /api/v1/idempotency-tokens")
+	return titled(problem.New(http.StatusUnprocessableEntity, "idempotency-key-unknown",
+		"the Idempotency-Key was not issued to you or has expired; get a new one from POST /api/v1/idempotency-tokens"), "Idempotency-Key unknown")
 }
 
 func reused() error {
-	return problem.New(http.StatusUnprocessableEntity, "idempotency-key-reused",
-		"the Idempotency-Key was used for a different request (method, path or body); use a new token for a new request")
+	return titled(problem.New(http.StatusUnprocessableEntity, "idempotency-key-reused",
+		"the Idempotency-Key was used for a different request (method, path or body); use a new token for a new request"), "Idempotency-Key reused")
 }
 
 func inUse() error {
-	e := problem.New(http.StatusConflict, "idempotency-key-in-use",
-		"a request with this Idempotency-Key is still running; retry later to get its response")
+	e := titled(problem.New(http.StatusConflict, "idempotency-key-in-use",
+		"a request with this Idempotency-Key is still running; retry later to get its response"), "Idempotency-Key in use")
 	e.RetryAfter = 1
 	return e
 }

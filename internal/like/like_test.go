@@ -376,3 +376,39 @@ func TestReset(t *testing.T) {
 		t.Fatal("reset to an unknown fixture succeeded")
 	}
 }
+
+// BenchmarkLike compares one like+unlike pair under each strategy on the
+// cluster: the lock strategy pays the lock's round trips on top of its
+// three commands; the hashtag strategy is one script.
+func BenchmarkLike(b *testing.B) {
+	for _, strategy := range []string{StrategyLock, StrategyHashTag} {
+		b.Run(strategy, func(b *testing.B) {
+			addrs := os.Getenv("SHOP_TEST_REDIS_CLUSTER_ADDRS")
+			if addrs == "" {
+				b.Skip("SHOP_TEST_REDIS_CLUSTER_ADDRS not set")
+			}
+			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+			defer client.Close()
+			locker := redislock.New(client, redislock.WithPrefix("like_bench:"))
+			defer locker.Close()
+			s, err := New(client, Options{Strategy: strategy, Locker: locker, Prefix: "like_bench:"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			defer s.clearAll(ctx)
+			e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 1}
+			if _, err := s.Register(ctx, e); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := s.Like(ctx, 1, e.Ref); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.Unlike(ctx, 1, e.Ref); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
