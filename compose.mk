@@ -3,10 +3,13 @@
 #   SHOP_LOCK_BACKEND=zookeeper make up
 COMPOSE ?= docker compose
 
-.PHONY: up down
+.PHONY: up down compose-loadtest
 
 up: ## Build and start the Docker stack: 3 shop instances behind nginx on :8080, every backend, Prometheus :9090, Grafana :3000
 	$(COMPOSE) up -d --build
 
 down: ## Stop the Docker stack and delete its volumes (the MySQL data)
 	$(COMPOSE) --profile loadtest down -v --remove-orphans
+
+compose-loadtest: ## Run the k6 flows through the Docker stack's load balancer and print the audit (after make up)
+	deploy/loadtest.sh
