@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 COMPOSE="${COMPOSE:-docker compose}"
 LB="http://127.0.0.1:${LB_PORT:-8080}"
 ADMIN="${SHOP_ADMIN_TOKEN:-shop-dev-admin-token}"
-USERS="${USERS:-200}"
+# The flows draw users up to 300 (orders use 100..300); the runner mints 500.
+USERS="${USERS:-500}"
 STOCK="${STOCK:-200}"
 RATE="${RATE:-100}"
 DURATION="${DURATION:-15}"
@@ -44,7 +45,8 @@ admin POST /admin/v1/products '{"sku":"lt-order","name":"Load test order item","
 
 echo "minting $USERS user tokens"
 mkdir -p "$out"
-seq 1 "$USERS" | xargs -P 8 -n 1 "$0" --token >"$out/tokens.jsonl"
+# The scripts find user n at index n-1: put the parallel output in order.
+seq 1 "$USERS" | xargs -P 8 -n 1 "$0" --token | sort -t: -k2,2n >"$out/tokens.jsonl"
 {
 	printf '['
 	paste -sd, "$out/tokens.jsonl"
