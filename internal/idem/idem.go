@@ -62,8 +62,8 @@ const (
 	ReplayedHeader = "Idempotent-Replayed"
 )
 
-// DefaultTTL is how long a token lives from its issue, used or not
-// (config SHOP_IDEM_TTL). A retry later than that gets 422
+// DefaultTTL is how long a token lives from its issue, used or not, unless
+// Options.TTL says otherwise. A retry later than that gets 422
 // idempotency-key-unknown and must look the outcome up instead.
 const DefaultTTL = 24 * time.Hour
 
