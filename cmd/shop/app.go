@@ -149,6 +149,20 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		&order.Domain{Service: order.NewService(orderStore, products, accounts.Service), Store: orderStore, Idem: tokens},
 	}
 
+	// The embedded Redis starts empty, fence counters included, so its
+	// tokens start over at 1 and the fences an earlier run left in a kept
+	// SQLite file would refuse every write. No other process can hold a
+	// lock on an in-process server, so forgetting them is safe.
+	if cfg.EmbeddedRedis() && cfg.LockBackend == "redis" {
+		for _, d := range domains {
+			if f, ok := d.(interface{ ForgetFences(context.Context) error }); ok {
+				if err := f.ForgetFences(ctx); err != nil {
+					return nil, fmt.Errorf("forget fences: %w", err)
+				}
+			}
+		}
+	}
+
 	var checks []audit.Check
 	var resetters []audit.Resetter
 	for _, d := range domains {
