@@ -28,8 +28,8 @@ func BenchmarkRawRoundTrip(b *testing.B) {
 // so this, not SELECT 1, is the floor a database lock stands on.
 func BenchmarkRawWrite(b *testing.B) {
 	dsn := testDSN(b)
-	exec(b, dsn, "CREATE TABLE IF NOT EXISTS mysqllock_test_bench (id INT PRIMARY KEY, n BIGINT NOT NULL)")
-	exec(b, dsn, "INSERT IGNORE INTO mysqllock_test_bench VALUES (1, 0)")
+	execSQL(b, dsn, "CREATE TABLE IF NOT EXISTS mysqllock_test_bench (id INT PRIMARY KEY, n BIGINT NOT NULL)")
+	execSQL(b, dsn, "INSERT IGNORE INTO mysqllock_test_bench VALUES (1, 0)")
 	_, sqlDB := openDB(b, dsn)
 	defer sqlDB.Close()
 	stmt, err := sqlDB.Prepare("UPDATE mysqllock_test_bench SET n = n + 1 WHERE id = 1")

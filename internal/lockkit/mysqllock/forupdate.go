@@ -65,6 +65,8 @@ var sessionLimits = map[string]string{
 // rolled back as soon as its socket closes. A lease whose connection fails
 // is over: Extend (the watchdog's too) reports ErrNotHeld and Lost closes.
 // Cancelling the context of an Extend or Release ends the lease as well.
+// Once Lost closes (the TTL ran out unrenewed, the connection failed, the
+// Locker closed) the connection is dropped, so the row is free at once.
 // Grants are not fair.
 //
 // It needs MariaDB 10.3 or later (sequences, SET STATEMENT), and the right
@@ -212,14 +214,35 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 			return nil, unavailable(err)
 		}
 	}
-	return lockkit.NewLease(lockkit.Grant{
+	lease := lockkit.NewLease(lockkit.Grant{
 		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			return h.exec(ctx, false, forUpdateExtend, seconds(ttl))
 		},
 		Release: func(ctx context.Context) error { return h.exec(ctx, true, l.releaseSQL, []byte(key)) },
 		Closed:  l.done.Done(),
-	}), nil
+	})
+	// Lost closes by Release, or once the lease can no longer be trusted:
+	// from then on nobody should hold the row.
+	go func() {
+		<-lease.Lost()
+		h.abandon()
+	}()
+	return forUpdateLease{lease, h}, nil
+}
+
+// forUpdateLease tells its connection that a Release is coming, because
+// Lost closes before the release's COMMIT is sent.
+type forUpdateLease struct {
+	lockkit.Lease
+	h *held
+}
+
+func (l forUpdateLease) Release(ctx context.Context) error {
+	l.h.mu.Lock()
+	l.h.releasing = true
+	l.h.mu.Unlock()
+	return l.Lease.Release(ctx)
 }
 
 // lock runs the grant statements on conn and returns the fence.
@@ -280,8 +303,22 @@ func (l *ForUpdateLocker) Close() error {
 
 // held is a lease's connection, inside the lock transaction.
 type held struct {
-	mu   sync.Mutex
-	conn *sql.Conn // nil once the lease is over
+	mu        sync.Mutex
+	conn      *sql.Conn // nil once the lease is over
+	releasing bool
+}
+
+// abandon ends a lease that was lost, not released: its connection is
+// dropped, and the server rolls the transaction back at once rather than
+// when wait_timeout runs out. The pool slot is freed even if the holder
+// never calls Release.
+func (h *held) abandon() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn != nil && !h.releasing {
+		discard(h.conn)
+		h.conn = nil
+	}
 }
 
 // exec runs query on the lease's connection, and gives the connection

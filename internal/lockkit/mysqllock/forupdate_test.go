@@ -1,9 +1,14 @@
 package mysqllock_test
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,10 +37,9 @@ func TestForUpdateFenceOutlivesKilledHolder(t *testing.T) {
 	}
 }
 
-// A holder that stays connected but silent (SIGSTOPped, partitioned, or
-// just never renewing) keeps its row lock only until the server's
-// wait_timeout, the TTL rounded up to whole seconds, ends its session.
-func TestForUpdateQuietHolderEndedByServer(t *testing.T) {
+// A lease that runs out unrenewed frees its row at once: its connection is
+// dropped when Lost closes, without waiting for the server's wait_timeout.
+func TestForUpdateExpiredLeaseFreesRow(t *testing.T) {
 	dsn := testDSN(t)
 	a, b := newRowLocker(t, dsn), newRowLocker(t, dsn)
 	defer a.Close()
@@ -43,11 +47,67 @@ func TestForUpdateQuietHolderEndedByServer(t *testing.T) {
 	ctx, key := context.Background(), "mysqllock:"+t.Name()
 
 	la := mustTry(t, a, key, lockkit.WithTTL(ttl)) // never extended, never released
-	lb := mustAcquire(t, b, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
-	defer lb.Release(ctx)
+	<-la.Lost()
+	waitUntil(t, "the expired lease's row to be free", func() bool {
+		lb, err := b.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
+		if err == nil {
+			defer lb.Release(ctx)
+		}
+		return err == nil
+	})
 	if err := la.Release(ctx); !errors.Is(err, lockkit.ErrNotHeld) {
-		t.Fatalf("release by the holder the server cut off = %v, want ErrNotHeld", err)
+		t.Fatalf("release of the expired lease = %v, want ErrNotHeld", err)
 	}
+}
+
+// A paused holder (SIGSTOP: the process is frozen, its TCP connection stays
+// open, nothing of its own can run) keeps its row lock only until the
+// server's wait_timeout, the TTL rounded up to whole seconds, ends its
+// session.
+func TestForUpdatePausedHolderEndedByServer(t *testing.T) {
+	dsn := testDSN(t)
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+	if os.Getenv(holdEnv) != "" {
+		holdForever(t, newRowLocker(t, dsn), key)
+	}
+	holder := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
+	holder.Env = append(os.Environ(), holdEnv+"=1")
+	holder.Stderr = os.Stderr
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = holder.Process.Kill()
+		_ = holder.Wait()
+	}()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "held\n" {
+		t.Fatalf("holder process did not report holding the key: %q %v", line, err)
+	}
+	if err := holder.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+
+	b := newRowLocker(t, dsn)
+	defer b.Close()
+	lb := mustAcquire(t, b, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
+	_ = lb.Release(ctx)
+}
+
+// holdEnv makes a test binary run as the holder process of a test.
+const holdEnv = "MYSQLLOCK_TEST_HOLDER"
+
+// holdForever is the holder process: it takes key with a short explicit
+// TTL, says so, and waits to be stopped and killed.
+func holdForever(t *testing.T, l lockkit.Locker, key string) {
+	if _, err := l.TryAcquire(context.Background(), key, lockkit.WithTTL(ttl)); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	fmt.Println("held")
+	select {}
 }
 
 // A cancelled waiter must not stay queued on the row lock in the server,

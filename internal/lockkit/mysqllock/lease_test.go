@@ -36,7 +36,7 @@ func TestLeaseRowTimedOnDatabaseClock(t *testing.T) {
 		t.Fatalf("TryAcquire of a held key = %v, want ErrNotAcquired", err)
 	}
 
-	exec(t, dsn, "UPDATE "+leaseTable+" SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE name = ?", key)
+	execSQL(t, dsn, "UPDATE "+leaseTable+" SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE name = ?", key)
 	lb := mustTry(t, b, key, lockkit.WithTTL(time.Minute))
 	defer lb.Release(ctx)
 	if lb.Fence() != la.Fence()+1 {

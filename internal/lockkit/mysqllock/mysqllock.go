@@ -57,14 +57,16 @@ func WithPoll(min, max time.Duration) Option {
 }
 
 // WithMaxConns caps the connections a NewForUpdate Locker opens (default
-// 32). Each lease and each waiter holds one for as long as it lasts; beyond
-// the cap, Acquire and TryAcquire wait for one to be returned. New ignores it.
+// 16). Each lease and each waiter holds one for as long as it lasts; beyond
+// the cap, Acquire and TryAcquire wait, within their context, for one to be
+// returned. Budget it in the server's max_connections (151 by default) with
+// the service's own pool, for every instance. New ignores it.
 func WithMaxConns(n int) Option { return func(c *config) { c.maxConns = n } }
 
 var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,50}$`)
 
 func configure(opts []Option, table string) (config, error) {
-	c := config{table: table, minPoll: 2 * time.Millisecond, maxPoll: 50 * time.Millisecond, maxConns: 32}
+	c := config{table: table, minPoll: 2 * time.Millisecond, maxPoll: 50 * time.Millisecond, maxConns: 16}
 	for _, opt := range opts {
 		opt(&c)
 	}

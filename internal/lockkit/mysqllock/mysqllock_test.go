@@ -114,7 +114,7 @@ func TestConformanceLeaseRow(t *testing.T) {
 		New: func(t testing.TB) lockkit.Locker { return newLeaseLocker(t, dsn) },
 		// An operator freeing the row; the holder's next renewal finds it.
 		Steal: func(t testing.TB, key string) {
-			exec(t, dsn, "UPDATE "+leaseTable+" SET owner = NULL, expires_at = NULL WHERE name = ?", key)
+			execSQL(t, dsn, "UPDATE "+leaseTable+" SET owner = NULL, expires_at = NULL WHERE name = ?", key)
 		},
 		TTL: ttl,
 	})
@@ -132,7 +132,7 @@ func TestConformanceForUpdate(t *testing.T) {
 	})
 }
 
-func exec(t testing.TB, dsn, query string, args ...any) sql.Result {
+func execSQL(t testing.TB, dsn, query string, args ...any) sql.Result {
 	t.Helper()
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
