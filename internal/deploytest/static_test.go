@@ -11,9 +11,10 @@ import (
 
 // TestBinaryIsStatic builds cmd/shop with the environment and flags of the
 // Dockerfile's build line, read from the Dockerfile itself so that the two
-// cannot drift (go test puts its own toolchain first in PATH), and checks the ELF asks for no dynamic loader and no
+// cannot drift, and checks the ELF asks for no dynamic loader and no
 // shared library: the distroless/static image has neither, and a dynamic
-// binary there fails with a baffling "no such file or directory".
+// binary there fails with a baffling "no such file or directory". "go" is
+// the toolchain running the test: go test puts it first in PATH.
 func TestBinaryIsStatic(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the image is linux; an ELF check elsewhere proves nothing")
