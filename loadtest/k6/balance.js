@@ -6,7 +6,7 @@
 import http from 'k6/http';
 import { check } from 'k6';
 import { Counter, Trend } from 'k6/metrics';
-import { int, params, url, userByID } from './lib.js';
+import { count503, int, params, url, userByID } from './lib.js';
 
 // SHOP_HOT_ACCOUNTS accounts 1..n take all the traffic.
 const hot = int('SHOP_HOT_ACCOUNTS', 3);
@@ -50,5 +50,6 @@ export function storm() {
   } else if (res.status === 422) {
     insufficient.add(1);
   }
+  count503(res);
   check(res, { 'balance: changed (200) or refused (422)': (r) => r.status === 200 || r.status === 422 });
 }

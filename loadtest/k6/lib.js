@@ -4,6 +4,7 @@
 // script can also be run by hand against instances you started yourself.
 import exec from 'k6/execution';
 import { SharedArray } from 'k6/data';
+import { Counter } from 'k6/metrics';
 
 // SHOP_URLS: comma-separated base URLs of the instances. Only loopback is
 // accepted: these scripts hammer a hot key on purpose and must never be
@@ -51,8 +52,9 @@ export function int(name, def) {
 // url spreads requests over the instances: each VU starts on another
 // instance and moves on at every iteration, so a hot key is contended from
 // every process at once, which is what a per-process lock cannot see.
-export function url(path) {
-  const i = (exec.vu.idInTest + exec.vu.iterationInScenario) % baseURLs.length;
+// shift sends a request of the same iteration to the next instance(s).
+export function url(path, shift) {
+  const i = (exec.vu.idInTest + exec.vu.iterationInScenario + (shift || 0)) % baseURLs.length;
   return baseURLs[i] + path;
 }
 
@@ -91,4 +93,28 @@ export function params(u, name, expected, extraHeaders) {
 // sinceStart is the time since this scenario began, in milliseconds.
 export function sinceStart() {
   return Date.now() - exec.scenario.startTime;
+}
+
+// A 503 is either a lock that stayed busy for the whole wait (lock-busy) or
+// a write the store refused because a later lock holder had written first
+// (fenced): the second is a broken lock caught by its fence, which is worth
+// counting apart. Both changed nothing.
+const fenced = new Counter('refused_fenced');
+const lockBusy = new Counter('refused_lock_busy');
+
+export function count503(res) {
+  if (res.status !== 503) {
+    return;
+  }
+  let type = '';
+  try {
+    type = String(res.json('type') || '');
+  } catch (_) {
+    type = '';
+  }
+  if (type.endsWith('fenced')) {
+    fenced.add(1);
+  } else if (type.endsWith('lock-busy')) {
+    lockBusy.add(1);
+  }
 }

@@ -8,7 +8,7 @@
 import http from 'k6/http';
 import { check } from 'k6';
 import { Counter, Trend } from 'k6/metrics';
-import { int, params, url, user } from './lib.js';
+import { count503, int, params, url, user } from './lib.js';
 
 export const orderSKU = __ENV.SHOP_ORDER_SKU || 'lt-order';
 const firstBuyer = int('SHOP_FIRST_ORDER_BUYER', 101);
@@ -18,6 +18,11 @@ const replayHeader = __ENV.SHOP_REPLAY_HEADER || 'Idempotent-Replayed';
 const created = new Counter('orders_created');
 const replayed = new Counter('orders_replayed');
 const inFlight = new Counter('orders_in_flight');
+// Which guard answered the racing duplicate: the idempotency layer's
+// in-flight lock (idempotency-key-in-use), or, when that lock let both
+// through, the order's unique (user, key) row (order-in-progress).
+const inFlightLock = new Counter('orders_409_lock');
+const inFlightRow = new Counter('orders_409_unique_row');
 // orders_duplicate_seen counts orders beyond the first that one key
 // produced, as the client sees them (different order ids for one key).
 const duplicates = new Counter('orders_duplicate_seen');
@@ -45,6 +50,14 @@ function orderID(res) {
   }
 }
 
+function problemType(res) {
+  try {
+    return String(res.json('type') || '');
+  } catch (_) {
+    return '';
+  }
+}
+
 function isReplay(res) {
   return (res.headers[replayHeader] || '').toLowerCase() === 'true';
 }
@@ -64,17 +77,25 @@ export function order() {
   }
   const body = JSON.stringify({ sku: orderSKU, quantity: 1 });
   const p = params(u, 'order', expected, { 'Idempotency-Key': key });
+  // Each copy goes to another instance, as behind a load balancer.
   const first = http.batch([
     ['POST', url('/api/v1/orders'), body, p],
-    ['POST', url('/api/v1/orders'), body, p],
+    ['POST', url('/api/v1/orders', 1), body, p],
   ]);
-  const retry = http.post(url('/api/v1/orders'), body, p);
+  const retry = http.post(url('/api/v1/orders', 2), body, p);
 
   const ids = new Set();
   for (const res of [...first, retry]) {
     latency.add(res.timings.duration);
+    count503(res);
     if (res.status === 409) {
       inFlight.add(1);
+      const type = problemType(res);
+      if (type.endsWith('idempotency-key-in-use')) {
+        inFlightLock.add(1);
+      } else if (type.endsWith('order-in-progress')) {
+        inFlightRow.add(1);
+      }
       continue;
     }
     if (res.status !== 200 && res.status !== 201) {

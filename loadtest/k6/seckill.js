@@ -6,7 +6,7 @@
 import http from 'k6/http';
 import { check } from 'k6';
 import { Counter, Trend } from 'k6/metrics';
-import { int, params, sinceStart, url, user } from './lib.js';
+import { count503, int, params, sinceStart, url, user } from './lib.js';
 
 export const sku = __ENV.SHOP_SKU || 'lt-hot';
 // SHOP_STOCK is the stock the runner gave the SKU; the client-side count
@@ -55,5 +55,6 @@ export function purchase() {
   } else if (res.status === 503) {
     busy.add(1);
   }
+  count503(res);
   check(res, { 'purchase: sold (201) or sold out (409)': (r) => r.status === 201 || r.status === 409 });
 }

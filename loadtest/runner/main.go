@@ -98,6 +98,9 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 1
 	}
+	if err := env.sweep(ctx); err != nil {
+		log.Warn("could not drop the databases of earlier, interrupted runs", "err", err)
+	}
 	machine := describeMachine(ctx, o.k6)
 	var results []result
 	for _, name := range rows {
@@ -122,7 +125,7 @@ func run() int {
 		}
 	}
 
-	rep := report{Options: o, Machine: machine, Results: results, Command: strings.Join(os.Args, " "), At: time.Now().UTC()}
+	rep := report{Options: o, Machine: machine, Results: results, Command: command(os.Args[1:]), At: time.Now().UTC()}
 	if err := rep.write(o.out); err != nil {
 		fmt.Fprintf(os.Stderr, "runner: write report: %v\n", err)
 		return 1
@@ -143,6 +146,18 @@ func run() int {
 	}
 	fmt.Println("PASS: every lock row shows zero damage and every unsafe row shows some")
 	return 0
+}
+
+// command is how to repeat this run, for the report.
+func command(args []string) string {
+	parts := []string{"go run ./loadtest/runner"}
+	for _, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t'\"$") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
 }
 
 func parseRows(s string) ([]string, error) {

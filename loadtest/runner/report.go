@@ -187,20 +187,20 @@ func (r report) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", res.Spec.Name, res.Spec.Backend, res.Spec.Strategy, res.Spec.Expect, v, res.Spec.Why)
 	}
 
-	b.WriteString("\n## Details\n\n| row | sold | sold out | 503 busy | last sale | sold-out p50 / p99 | balance p50 / p99 | like p50 / p99 | order p50 / p99 | orders created / replayed / 409 | stock drift | failed req | dropped | thresholds crossed |\n")
-	b.WriteString("|" + strings.Repeat("---|", 14) + "\n")
+	b.WriteString("\n## Details\n\n| row | sold | sold out | 503 busy | last sale | sold-out p50 / p99 | balance p50 / p99 | like p50 / p99 | order p50 / p99 | orders created / replayed | racing retry 409: lock / unique row | stock drift | fenced 503 | lock-busy 503 | failed req | dropped | thresholds crossed |\n")
+	b.WriteString("|" + strings.Repeat("---|", 17) + "\n")
 	for _, res := range r.Results {
 		if res.Err != "" {
-			fmt.Fprintf(&b, "| %s | did not run: %s |||||||||||||\n", res.Spec.Name, res.Err)
+			fmt.Fprintf(&b, "| %s | did not run: %s ||||||||||||||||\n", res.Spec.Name, res.Err)
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %s / %s | %s / %s | %s / %s | %s / %s | %d / %d / %d | %s | %.2f%% | %d | %s |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %s / %s | %s / %s | %s / %s | %s / %s | %d / %d | %d / %d | %s | %d | %d | %.2f%% | %d | %s |\n",
 			res.Spec.Name, res.Sold, res.SoldOut, res.Busy, ms(res.LastSaleMs),
 			ms(res.SoldOutLat.P50), ms(res.SoldOutLat.P99),
 			ms(res.Balance.P50), ms(res.Balance.P99), ms(res.Likes.P50), ms(res.Likes.P99),
 			ms(res.Orders.P50), ms(res.Orders.P99),
-			res.OrdersMade, res.Replays, res.InFlight,
-			res.auditCell("stock_drift", "seckill"),
+			res.OrdersMade, res.Replays, res.InFlightLock, res.InFlightRow,
+			res.auditCell("stock_drift", "seckill"), res.Fenced, res.LockBusy,
 			100*res.FailedRate, res.Dropped, orNone(strings.Join(res.Crossed, "; ")))
 	}
 	return b.String()
@@ -242,16 +242,16 @@ func (r report) html(w *bytes.Buffer) error {
 		{"like drift", "#8e44ad", likes}, {"duplicate orders", "#2c3e50", dups}}
 	var damageCharts []template.HTML
 	for _, s := range damage {
-		damageCharts = append(damageCharts, hbars(s.name, "", names, []series{s}, 290))
+		damageCharts = append(damageCharts, hbars(s.name, "", names, []series{s}, 255))
 	}
 	return reportHTML.Execute(w, map[string]any{
 		"R":        r,
 		"Settings": r.settings(),
 		"Columns":  columns,
 		"Throughput": hbars("Seckill: units sold per second while stock lasted", "/s", names,
-			[]series{{"orders/s", "#2874a6", rate}}, 560),
+			[]series{{"orders/s", "#2874a6", rate}}, 520),
 		"Latency": hbars("Seckill: latency of a successful purchase", "ms", names,
-			[]series{{"p50", "#76b7b2", p50}, {"p95", "#f28e2b", p95}, {"p99", "#e15759", p99}}, 560),
+			[]series{{"p50", "#76b7b2", p50}, {"p95", "#f28e2b", p95}, {"p99", "#e15759", p99}}, 520),
 		"Damage": damageCharts,
 	})
 }

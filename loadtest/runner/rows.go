@@ -25,8 +25,10 @@ const (
 	// atomic strategy: every audit total must be zero.
 	expectClean expectation = "clean"
 	// expectDamage: no lock (none) or one that only excludes within a
-	// process (local across several instances): the audit must find
-	// damage, or the load was too light to show anything.
+	// process (local across several instances). The audit must find
+	// damage, or the fenced stores must have refused stale writes (a
+	// broken lock caught by its fence, which is what local's per-process
+	// tokens run into); otherwise the load was too light to show anything.
 	expectDamage expectation = "damage"
 )
 
@@ -110,7 +112,11 @@ type result struct {
 	OrdersMade   int64            `json:"orders_created"`
 	Replays      int64            `json:"orders_replayed"`
 	InFlight     int64            `json:"orders_in_flight"`
+	InFlightLock int64            `json:"orders_409_lock"`
+	InFlightRow  int64            `json:"orders_409_unique_row"`
 	DupsSeen     int64            `json:"orders_duplicate_seen"`
+	Fenced       int64            `json:"refused_fenced"`
+	LockBusy     int64            `json:"refused_lock_busy"`
 	Dropped      int64            `json:"dropped_iterations"`
 	FailedRate   float64          `json:"http_req_failed_rate"`
 	K6Exit       int              `json:"k6_exit"`
@@ -176,13 +182,16 @@ func (r *result) judge() {
 			r.Verdict = "BROKEN"
 		}
 	case expectDamage:
-		if r.Audit != nil && r.damage() == 0 {
-			r.Problems = append(r.Problems, "no damage found: raise -rate or -delay until the unsafe row races")
+		if r.Audit != nil && r.damage() == 0 && r.Fenced == 0 {
+			r.Problems = append(r.Problems, "no damage found and no write fenced: raise -rate or -delay until the unsafe row races")
 		}
-		if len(r.Problems) == 0 {
-			r.Verdict = "unsafe, as expected: damage found"
-		} else {
+		switch {
+		case len(r.Problems) > 0:
 			r.Verdict = "INCONCLUSIVE"
+		case r.damage() > 0:
+			r.Verdict = "unsafe, as expected: damage found"
+		default:
+			r.Verdict = fmt.Sprintf("unsafe lock, caught by the fences: %d stale writes refused", r.Fenced)
 		}
 	}
 }

@@ -268,7 +268,11 @@ func (r *result) readSummary(path string) error {
 	r.OrdersMade = int64(val("orders_created", "count"))
 	r.Replays = int64(val("orders_replayed", "count"))
 	r.InFlight = int64(val("orders_in_flight", "count"))
+	r.InFlightLock = int64(val("orders_409_lock", "count"))
+	r.InFlightRow = int64(val("orders_409_unique_row", "count"))
 	r.DupsSeen = int64(val("orders_duplicate_seen", "count"))
+	r.Fenced = int64(val("refused_fenced", "count"))
+	r.LockBusy = int64(val("refused_lock_busy", "count"))
 	r.Dropped = int64(val("dropped_iterations", "count"))
 	r.FailedRate = val("http_req_failed", "rate")
 	r.Crossed = nil
