@@ -15,6 +15,7 @@ package problem
 
 import (
 	"context"
+	"encoding/json"
 	"database/sql/driver"
 	"errors"
 	"log/slog"
@@ -239,9 +240,25 @@ func Write(c *gin.Context, err error) {
 func Render(c *gin.Context, d Details) {
 	d.Instance = c.Request.URL.Path
 	d.RequestID = c.Writer.Header().Get(RequestIDHeader)
-	c.Header("Content-Type", ContentType)
 	c.Header("Cache-Control", "no-store")
-	c.AbortWithStatusJSON(d.Status, d)
+	// PureJSON: a detail such as "send Authorization: Bearer <token>" is
+	// meant to be read, and this body is never embedded in HTML.
+	c.Abort()
+	c.Render(d.Status, problemJSON{d})
+}
+
+// problemJSON renders like gin's PureJSON, with the problem media type.
+type problemJSON struct{ d Details }
+
+func (p problemJSON) Render(w http.ResponseWriter) error {
+	p.WriteContentType(w)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(p.d)
+}
+
+func (problemJSON) WriteContentType(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", ContentType)
 }
 
 // NoRoute answers 404 for paths no route matches.
