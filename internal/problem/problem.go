@@ -15,8 +15,8 @@ package problem
 
 import (
 	"context"
-	"encoding/json"
 	"database/sql/driver"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
