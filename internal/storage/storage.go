@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/glebarez/sqlite"
+	driver "github.com/go-sql-driver/mysql"
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -44,7 +45,16 @@ func Open(ctx context.Context, o Options) (*DB, error) {
 	var dial gorm.Dialector
 	if o.MySQLDSN != "" {
 		db.Dialect = "mysql"
-		dial = mysql.Open(o.MySQLDSN)
+		cfg, err := driver.ParseDSN(o.MySQLDSN)
+		if err != nil {
+			return nil, fmt.Errorf("storage: %w", err)
+		}
+		// parseTime: DATETIME columns scan into time.Time. clientFoundRows:
+		// RowsAffected counts the rows the WHERE matched, not those whose
+		// values changed; an unfenced write of the value a row already has
+		// is still a write, and 0 would read as "refused".
+		cfg.ParseTime, cfg.ClientFoundRows = true, true
+		dial = mysql.Open(cfg.FormatDSN())
 	} else {
 		db.Dialect = "sqlite"
 		path := o.SQLitePath

@@ -1,0 +1,214 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/local"
+	"github.com/lockbench/shop/internal/shoptest"
+	"github.com/lockbench/shop/internal/storage"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// database/sql's connection opener lives as long as a *sql.DB; the
+		// tests close theirs, but the driver's goroutine ends asynchronously.
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		// miniredis (the embedded Redis) closes its listener asynchronously.
+		goleak.IgnoreAnyFunction("github.com/alicebob/miniredis/v2/server.(*Server).servePeer"),
+	)
+}
+
+// databases are the SQL stores every strategy is proven on: SQLite always,
+// MariaDB when SHOP_TEST_MYSQL_DSN is set (required in CI).
+func databases(t *testing.T) map[string]func(t *testing.T) *storage.DB {
+	dbs := map[string]func(t *testing.T) *storage.DB{
+		"sqlite": func(t *testing.T) *storage.DB { return open(t, storage.Options{SQLitePath: t.TempDir() + "/inv.db"}) },
+	}
+	if os.Getenv("SHOP_TEST_MYSQL_DSN") != "" || os.Getenv("CI") == "true" {
+		dbs["mysql"] = func(t *testing.T) *storage.DB {
+			return open(t, storage.Options{MySQLDSN: shoptest.MySQL(t), MaxConns: 20})
+		}
+	}
+	return dbs
+}
+
+func open(t *testing.T, o storage.Options) *storage.DB {
+	t.Helper()
+	db, err := storage.Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.Migrate(context.Background(), Models()...); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func mirror(t *testing.T) *Mirror {
+	t.Helper()
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return NewMirror(c, "inventory-test:")
+}
+
+// buyAll sends n purchases of one unit at once (one channel releases them
+// all) and counts the outcomes.
+func buyAll(t *testing.T, svc Service, sku string, n int, user func(i int) int64) (sold, soldOut, limited int) {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := svc.Purchase(context.Background(), user(i), sku, 1)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				sold++
+			case errors.Is(err, ErrSoldOut):
+				soldOut++
+			case errors.Is(err, ErrLimitExceeded):
+				limited++
+			default:
+				t.Errorf("purchase: %v", err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return sold, soldOut, limited
+}
+
+// TestStrategiesSellExactlyTheStock: 60 concurrent buyers, stock 20. Each
+// safe strategy sells exactly 20 and the audit finds nothing; the per-user
+// limit holds when one user races with himself.
+func TestStrategiesSellExactlyTheStock(t *testing.T) {
+	for dbName, newDB := range databases(t) {
+		for _, strategy := range []string{StrategyLock, StrategyAtomicSQL, StrategyAtomicRedis} {
+			t.Run(dbName+"/"+strategy, func(t *testing.T) {
+				ctx := context.Background()
+				db := newDB(t)
+				var m *Mirror
+				if strategy == StrategyAtomicRedis {
+					m = mirror(t)
+				}
+				store := NewStore(db.DB, m)
+				locker := local.New()
+				defer locker.Close()
+				svc, err := NewService(store, Options{Strategy: strategy, Locker: locker, Mirror: m,
+					CriticalSectionDelay: time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := store.Put(ctx, Product{SKU: "hot", Name: "hot", Stock: 20, PriceCents: 1}); err != nil {
+					t.Fatal(err)
+				}
+				sold, soldOut, _ := buyAll(t, svc, "hot", 60, func(i int) int64 { return int64(i + 1) })
+				if sold != 20 || soldOut != 40 {
+					t.Errorf("sold %d, sold out %d; want 20 and 40", sold, soldOut)
+				}
+				p, err := store.Get(ctx, "hot")
+				if err != nil || p.Stock != 0 {
+					t.Errorf("stock %d (%v), want 0", p.Stock, err)
+				}
+				assertNoDrift(t, store)
+
+				if _, err := store.Put(ctx, Product{SKU: "lim", Name: "lim", Stock: 100, PriceCents: 1, PerUserLimit: 3}); err != nil {
+					t.Fatal(err)
+				}
+				sold, _, limited := buyAll(t, svc, "lim", 12, func(int) int64 { return 7 })
+				if sold != 3 || limited != 9 {
+					t.Errorf("one user, limit 3: sold %d, limited %d; want 3 and 9", sold, limited)
+				}
+				assertNoDrift(t, store)
+			})
+		}
+	}
+}
+
+// TestNoLockOversells is the baseline: read-check-write with lockkit.None
+// and a 5 ms critical section sells more than the stock, and the audit
+// counts exactly the excess.
+func TestNoLockOversells(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, storage.Options{SQLitePath: t.TempDir() + "/inv.db"})
+	store := NewStore(db.DB, nil)
+	svc, err := NewService(store, Options{Strategy: StrategyLock, Locker: lockkit.None(), CriticalSectionDelay: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Put(ctx, Product{SKU: "hot", Name: "hot", Stock: 20, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	sold, _, _ := buyAll(t, svc, "hot", 60, func(i int) int64 { return int64(i + 1) })
+	over, err := store.Oversold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("without a lock: %d sold of 20, oversold %v", sold, over)
+	if sold <= 20 || over["hot"] != int64(sold-20) {
+		t.Errorf("sold %d, oversold %v; want more than 20 sold and the excess counted", sold, over)
+	}
+}
+
+// TestStaleFenceIsRefused: a write whose token is not above the row's is
+// refused and changes nothing, including a replay under the same token.
+func TestStaleFenceIsRefused(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, storage.Options{SQLitePath: t.TempDir() + "/inv.db"})
+	store := NewStore(db.DB, nil)
+	if _, err := store.Put(ctx, Product{SKU: "f", Name: "f", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	take := func(fence uint64) error {
+		p := Purchase{SKU: "f", UserID: 1, Quantity: 1, Strategy: StrategyLock, Fence: fence}
+		return store.Update(ctx, &p, func(_ context.Context, prod *Product) error { prod.Stock--; return nil })
+	}
+	if err := take(5); err != nil {
+		t.Fatal(err)
+	}
+	for _, stale := range []uint64{4, 5} {
+		if err := take(stale); !errors.Is(err, lockkit.ErrFenced) {
+			t.Errorf("token %d after 5: %v, want ErrFenced", stale, err)
+		}
+	}
+	if err := take(6); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := store.Get(ctx, "f")
+	if p.Stock != 8 {
+		t.Errorf("stock %d, want 8", p.Stock)
+	}
+	assertNoDrift(t, store)
+}
+
+func assertNoDrift(t *testing.T, store *Store) {
+	t.Helper()
+	ctx := context.Background()
+	for name, check := range map[string]func(context.Context) (map[string]int64, error){
+		"oversold": store.Oversold, "stock drift": store.StockDrift,
+	} {
+		d, err := check(ctx)
+		if err != nil || len(d) != 0 {
+			t.Errorf("%s: %v (%v), want none", name, d, err)
+		}
+	}
+}
