@@ -65,8 +65,8 @@ var sessionLimits = map[string]string{
 // rolled back as soon as its socket closes. A lease whose connection fails
 // is over: Extend (the watchdog's too) reports ErrNotHeld and Lost closes.
 // Cancelling the context of an Extend or Release ends the lease as well.
-// Once Lost closes (the TTL ran out unrenewed, the connection failed, the
-// Locker closed) the connection is dropped, so the row is free at once.
+// Once the TTL has run out unrenewed, or the connection failed, the
+// connection is dropped, so the row is free as soon as Lost closes.
 // Grants are not fair.
 //
 // It needs MariaDB 10.3 or later (sequences, SET STATEMENT), and the right
@@ -214,35 +214,16 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 			return nil, unavailable(err)
 		}
 	}
-	lease := lockkit.NewLease(lockkit.Grant{
+	// The lease closes Lost at sent+ttl unless renewed; from then on nobody
+	// should hold the row. A timer, not a goroutine: an uncontended grant
+	// costs its round trips and nothing else.
+	h.expiry = time.AfterFunc(time.Until(sent.Add(ttl)), h.drop)
+	return lockkit.NewLease(lockkit.Grant{
 		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent,
-		Extend: func(ctx context.Context, ttl time.Duration) error {
-			return h.exec(ctx, false, forUpdateExtend, seconds(ttl))
-		},
+		Extend:  h.extend,
 		Release: func(ctx context.Context) error { return h.exec(ctx, true, l.releaseSQL, []byte(key)) },
 		Closed:  l.done.Done(),
-	})
-	// Lost closes by Release, or once the lease can no longer be trusted:
-	// from then on nobody should hold the row.
-	go func() {
-		<-lease.Lost()
-		h.abandon()
-	}()
-	return forUpdateLease{lease, h}, nil
-}
-
-// forUpdateLease tells its connection that a Release is coming, because
-// Lost closes before the release's COMMIT is sent.
-type forUpdateLease struct {
-	lockkit.Lease
-	h *held
-}
-
-func (l forUpdateLease) Release(ctx context.Context) error {
-	l.h.mu.Lock()
-	l.h.releasing = true
-	l.h.mu.Unlock()
-	return l.Lease.Release(ctx)
+	}), nil
 }
 
 // lock runs the grant statements on conn and returns the fence.
@@ -294,8 +275,8 @@ func (l *ForUpdateLocker) kill(id uint64) {
 }
 
 // Close stops every lease's watchdog, ends waits with ErrClosed and closes
-// the Locker's pool. It releases nothing: held connections stay open until
-// their leases are released, or the server ends them after their TTL.
+// the Locker's pool. It releases nothing: a held lease keeps its connection
+// until it is released or its TTL, no longer renewed, runs out.
 func (l *ForUpdateLocker) Close() error {
 	l.stop()
 	return l.pool.Close()
@@ -303,28 +284,15 @@ func (l *ForUpdateLocker) Close() error {
 
 // held is a lease's connection, inside the lock transaction.
 type held struct {
-	mu        sync.Mutex
-	conn      *sql.Conn // nil once the lease is over
-	releasing bool
+	mu     sync.Mutex
+	conn   *sql.Conn   // nil once the lease is over
+	expiry *time.Timer // runs drop when the lease's TTL has run out unrenewed
 }
 
-// abandon ends a lease that was lost, not released: its connection is
-// dropped, and the server rolls the transaction back at once rather than
-// when wait_timeout runs out. The pool slot is freed even if the holder
-// never calls Release.
-func (h *held) abandon() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.conn != nil && !h.releasing {
-		discard(h.conn)
-		h.conn = nil
-	}
-}
-
-// exec runs query on the lease's connection, and gives the connection
-// back to the pool after it when last is set. Any failure ends the lease:
-// the driver drops a connection that failed or whose context ended, and
-// the server rolls the transaction back.
+// exec runs query on the lease's connection, and gives the connection back
+// to the pool after it when last is set. Any failure ends the lease: the
+// driver drops a connection that failed or whose context ended, and the
+// server rolls the transaction back.
 func (h *held) exec(ctx context.Context, last bool, query string, args ...any) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -337,10 +305,39 @@ func (h *held) exec(ctx context.Context, last bool, query string, args ...any) e
 		return fmt.Errorf("%w: the lock connection failed: %w", lockkit.ErrNotHeld, err)
 	}
 	if last {
+		h.expiry.Stop()
 		_ = h.conn.Close()
 		h.conn = nil
 	}
 	return nil
+}
+
+func (h *held) extend(ctx context.Context, ttl time.Duration) error {
+	// Measured after the lease measured its own start of the new TTL, so
+	// the connection is never dropped before the lease is lost.
+	sent := time.Now()
+	if err := h.exec(ctx, false, forUpdateExtend, seconds(ttl)); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn != nil {
+		h.expiry.Reset(time.Until(sent.Add(ttl)))
+	}
+	return nil
+}
+
+// drop ends a lease whose TTL ran out unrenewed: its connection is closed,
+// and the server rolls the transaction back at once rather than when
+// wait_timeout runs out. The pool slot is freed even if the holder never
+// calls Release.
+func (h *held) drop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn != nil {
+		discard(h.conn)
+		h.conn = nil
+	}
 }
 
 // discard closes conn instead of pooling it: its session state is unknown.
