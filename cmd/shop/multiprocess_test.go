@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"sync"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/shoptest"
 )
@@ -13,6 +16,16 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	shoptest.Cleanup()
+	// Every in-process app was closed: nothing it started may still run.
+	if code == 0 {
+		if err := goleak.Find(
+			goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+			goleak.IgnoreAnyFunction("github.com/alicebob/miniredis/v2/server.(*Server).servePeer"),
+		); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

@@ -1,0 +1,90 @@
+package config
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestDefaultsRunWithOnlyGo(t *testing.T) {
+	c, err := Load(env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTPAddr != ":8080" || c.LockBackend != "redis" || !c.EmbeddedRedis() || c.MySQLDSN != "" ||
+		c.StockStrategy != StockLock || c.LogFormat != "text" || c.LockWaitTimeout != 10*time.Second ||
+		c.JWTSecret != DevJWTSecret || c.AdminToken != DevAdminToken || !c.Dev() {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+func TestInvalidValuesAreAllReported(t *testing.T) {
+	_, err := Load(env(map[string]string{
+		"SHOP_LOCK_BACKEND":           "zookeper",
+		"SHOP_LOCK_TTL":               "10",
+		"SHOP_CRITICAL_SECTION_DELAY": "-5ms",
+		"SHOP_STOCK_STRATEGY":         "optimistic",
+		"SHOP_REDIS_ADDRS":            "localhost",
+		"SHOP_DB_MAX_CONNS":           "0",
+		"SHOP_MYSQL_DSN":              "not a dsn",
+	}))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, name := range []string{"SHOP_LOCK_BACKEND", "SHOP_LOCK_TTL", "SHOP_CRITICAL_SECTION_DELAY",
+		"SHOP_STOCK_STRATEGY", "SHOP_REDIS_ADDRS", "SHOP_DB_MAX_CONNS", "SHOP_MYSQL_DSN"} {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("error does not name %s:\n%v", name, err)
+		}
+	}
+}
+
+func TestProductionRefusesDevSecrets(t *testing.T) {
+	for name, vars := range map[string]map[string]string{
+		"unset":       {"SHOP_ENV": "production"},
+		"dev secrets": {"SHOP_ENV": "production", "SHOP_JWT_SECRET": DevJWTSecret, "SHOP_ADMIN_TOKEN": DevAdminToken},
+		"short":       {"SHOP_ENV": "production", "SHOP_JWT_SECRET": "short", "SHOP_ADMIN_TOKEN": "x"},
+	} {
+		if _, err := Load(env(vars)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	c, err := Load(env(map[string]string{"SHOP_ENV": "production",
+		"SHOP_JWT_SECRET": strings.Repeat("s", 32), "SHOP_ADMIN_TOKEN": "admin"}))
+	if err != nil || c.LogFormat != "json" || c.Dev() {
+		t.Errorf("production: %+v, %v", c, err)
+	}
+}
+
+func TestBackendNeedsItsServers(t *testing.T) {
+	for _, b := range []string{"redlock", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached"} {
+		if _, err := Load(env(map[string]string{"SHOP_LOCK_BACKEND": b})); err == nil {
+			t.Errorf("%s without servers: accepted", b)
+		}
+	}
+}
+
+func TestLogValueMasksSecrets(t *testing.T) {
+	c, err := Load(env(map[string]string{
+		"SHOP_JWT_SECRET":  "jwt-secret-value-0123456789abcdefgh",
+		"SHOP_ADMIN_TOKEN": "admin-token-value",
+		"SHOP_MYSQL_DSN":   "shop:dsn-password@tcp(127.0.0.1:3306)/shop",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	slog.New(slog.NewTextHandler(&b, nil)).Info("config", "config", c)
+	out := b.String()
+	for _, secret := range []string{"jwt-secret-value", "admin-token-value", "dsn-password"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("log shows %q:\n%s", secret, out)
+		}
+	}
+	if !strings.Contains(out, "shop:********@tcp(127.0.0.1:3306)/shop") {
+		t.Errorf("masked DSN missing:\n%s", out)
+	}
+}

@@ -1,0 +1,111 @@
+package lockmetrics_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/local"
+	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestClass(t *testing.T) {
+	for key, want := range map[string]string{
+		"lock:account:42": "account", "lock:stock:phone-x": "stock", "test:lock:like:post:7": "like",
+		"lock:idem:abc": "idem", "lock:weird:1": "other", "account:1": "other",
+	} {
+		if got := lockmetrics.Class(key); got != want {
+			t.Errorf("Class(%q) = %q, want %q", key, got, want)
+		}
+	}
+}
+
+// value sums the series of one family whose labels include want.
+func value(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue next
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+func TestRecords(t *testing.T) {
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	m := lockmetrics.New(reg, "local")
+	inner := local.New()
+	defer inner.Close()
+	l := m.Wrap(inner)
+	acct := map[string]string{"backend": "local", "class": "account"}
+
+	lease, err := l.Acquire(ctx, "lock:account:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(ctx, "lock:account:1"); !errors.Is(err, lockkit.ErrNotAcquired) {
+		t.Fatalf("second holder: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, reg, "shop_lock_wait_seconds", acct); got != 1 {
+		t.Errorf("wait observations %v, want 1", got)
+	}
+	if got := value(t, reg, "shop_lock_hold_seconds", acct); got != 1 {
+		t.Errorf("hold observations %v, want 1", got)
+	}
+	if got := value(t, reg, "shop_lock_acquire_failures_total", map[string]string{"reason": "busy"}); got != 1 {
+		t.Errorf("busy failures %v, want 1", got)
+	}
+	if got := value(t, reg, "shop_lock_lost_total", nil); got != 0 {
+		t.Errorf("lost %v after a clean release, want 0", got)
+	}
+
+	// A lease that runs out before its holder releases it is lost.
+	lease, err = l.Acquire(ctx, "lock:stock:x", lockkit.WithTTL(30*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-lease.Lost()
+	_ = lease.Release(ctx)
+	if got := value(t, reg, "shop_lock_lost_total", map[string]string{"class": "stock"}); got != 1 {
+		t.Errorf("lost %v, want 1", got)
+	}
+
+	m.Fenced("account")
+	if got := value(t, reg, "shop_fenced_writes_total", acct); got != 1 {
+		t.Errorf("fenced %v, want 1", got)
+	}
+}
