@@ -431,3 +431,24 @@ func shoptestToken(t *testing.T, user int64) string {
 	}
 	return s
 }
+
+// TestLockServerDown: with Redis unreachable, a locked write answers 503
+// problem+json (nothing changed, retry later) and /readyz names redis.
+func TestLockServerDown(t *testing.T) {
+	srv, _ := newTestServer(t, map[string]string{
+		"SHOP_REDIS_ADDRS": "127.0.0.1:1", "SHOP_LOCK_WAIT_TIMEOUT": "2s", "SHOP_STOCK_STRATEGY": "atomic-sql",
+	})
+	c := newContract(t, srv.URL)
+	c.run(t, srv, apiCase{name: "reset-503", method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 503, detail: "unreachable"})
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/accounts", token: testAdmin, body: `{"id":5000,"balance_cents":100}`, status: 201})
+	c.run(t, srv, apiCase{name: "withdraw-503", method: "POST", path: "/api/v1/accounts/5000/withdraw", token: shoptestToken(t, 5000),
+		body: `{"amount_cents":5}`, status: 503, detail: "unreachable"})
+	c.run(t, srv, apiCase{name: "readyz-503", method: "GET", path: "/readyz", status: 503, detail: "redis"})
+	var a struct {
+		Balance int64 `json:"balance_cents"`
+	}
+	_ = json.Unmarshal(c.run(t, srv, apiCase{name: "account-unchanged", method: "GET", path: "/api/v1/accounts/5000", token: shoptestToken(t, 5000), status: 200}), &a)
+	if a.Balance != 100 {
+		t.Errorf("balance %d after a refused withdrawal, want 100", a.Balance)
+	}
+}
