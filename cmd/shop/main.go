@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/config"
 	"github.com/lockbench/shop/internal/storage"
@@ -50,6 +52,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	log := newLogger(cfg, stdout)
 	slog.SetDefault(log)
+	// go-redis prints its own plain lines to stderr, which would break a
+	// JSON log stream; route them through slog.
+	redis.SetLogger(redisLogger{log})
 
 	switch args[0] {
 	case "serve":
@@ -83,6 +88,12 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+type redisLogger struct{ log *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
 // serve runs until ctx ends (SIGTERM/SIGINT), then stops accepting, lets
