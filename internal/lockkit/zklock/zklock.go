@@ -185,7 +185,15 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if err != nil {
 			return nil, err
 		}
-		lease, err := l.queue(ctx, waitCtx, key, node, o, watchdog, wait)
+		// The fence and the watch on our own node are fetched while we
+		// queue, so that a waiter's grant costs no round trip after its
+		// predecessor goes.
+		own := make(chan ownNode, 1)
+		go func() {
+			_, stat, fired, err := l.conn.GetW(node)
+			own <- ownNode{stat, fired, err}
+		}()
+		lease, err := l.queue(ctx, waitCtx, key, node, own, o, watchdog, wait)
 		if !errors.Is(err, errVanished) {
 			return lease, err
 		}
@@ -243,8 +251,16 @@ func (l *Locker) find(prefix string) (string, error) {
 	return "", nil
 }
 
+// ownNode is our node's stat (its czxid is the fence) and the data watch
+// that fires when it is deleted.
+type ownNode struct {
+	stat  *zk.Stat
+	fired <-chan zk.Event
+	err   error
+}
+
 // queue waits until node is the lowest in its directory and grants it.
-func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, o lockkit.Options, watchdog, wait bool) (lockkit.Lease, error) {
+func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, own <-chan ownNode, o lockkit.Options, watchdog, wait bool) (lockkit.Lease, error) {
 	dir, name := path.Dir(node), path.Base(node)
 	for {
 		l.mu.Lock()
@@ -260,7 +276,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, o lockkit
 		case !found:
 			return nil, errVanished
 		case pred == "":
-			return l.grant(key, node, epoch, o, watchdog)
+			return l.grant(key, node, epoch, <-own, o, watchdog)
 		case !wait:
 			l.abandon(node)
 			return nil, lockkit.ErrNotAcquired
@@ -290,28 +306,35 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, o lockkit
 // grant turns our first-in-line node into a lease. epoch is from before we
 // saw the node first: if the connection dropped since, the lease is born
 // lost, as it would have been lost had it been granted a moment earlier.
-func (l *Locker) grant(key, node string, epoch uint64, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
+func (l *Locker) grant(key, node string, epoch uint64, own ownNode, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
+	sent := time.Now()
+	if own.err != nil {
+		if errors.Is(own.err, zk.ErrNoNode) {
+			return nil, errVanished
+		}
+		l.abandon(node)
+		return nil, l.fail(own.err)
+	}
 	h := &held{gone: make(chan struct{})}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.held[node] = h
 	if l.epoch != epoch {
 		close(h.gone)
 	}
-	l.mu.Unlock()
-	sent := time.Now()
-	// The fence, and a watch whose firing closes Lost at once.
-	_, stat, _, err := l.conn.GetW(node)
-	if err != nil {
-		l.forget(node)
-		if errors.Is(err, zk.ErrNoNode) {
-			return nil, errVanished
-		}
-		l.abandon(node)
-		return nil, l.fail(err)
+	// From here on the event callback closes h.gone when the node goes;
+	// an event that fired before we registered is on own.fired. It may
+	// also be a dropped connection's, with the node still there: delete
+	// it all the same, an orphan of a live session blocks the key.
+	select {
+	case <-own.fired:
+		delete(l.held, node)
+		go l.abandon(node)
+		return nil, errVanished
+	default:
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	// Under mu: expire and extend must see both the timer and the lease.
+	stat := own.stat
 	h.session = stat.EphemeralOwner
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, h) })
 	h.lease = lockkit.NewLease(lockkit.Grant{
