@@ -28,11 +28,9 @@ var (
 
 const (
 	noWait = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR"
-	// Committed rows say holder NULL, so holder is set exactly while a
-	// transaction holds the row (a rolled-back grant reverts to NULL too).
 	// wait_timeout goes back to DEFAULT (the global value) so that the
 	// connection may idle in the pool again.
-	forUpdateRelease = "UPDATE {table} SET holder = NULL WHERE name = ?; COMMIT; SET SESSION wait_timeout = DEFAULT"
+	forUpdateRelease = "DO RELEASE_LOCK(SHA1(?)); COMMIT; SET SESSION wait_timeout = DEFAULT"
 	forUpdateExtend  = "SET SESSION wait_timeout = ?"
 	// killTimeout bounds the KILL sent for a cancelled waiter.
 	killTimeout = 2 * time.Second
@@ -57,9 +55,10 @@ var sessionLimits = map[string]string{
 // commits it.
 //
 // Waiters block on the row lock itself and are granted it as soon as the
-// holder commits: no polling. The fence comes from a sequence drawn after
-// the lock is granted, so it survives a holder whose transaction is rolled
-// back. The server enforces the TTL: the held session's wait_timeout is
+// holder commits: no polling. Nothing is written to the row, so a commit
+// flushes nothing. The fence comes from a sequence drawn after the lock is
+// granted, so it survives a holder whose transaction is rolled back.
+// IS_USED_LOCK(SHA1(key)) names the holder's session, for an operator. The server enforces the TTL: the held session's wait_timeout is
 // the TTL rounded up to whole seconds, so a holder that goes quiet (paused,
 // partitioned) is disconnected and rolled back; a holder that dies is
 // rolled back as soon as its socket closes. A lease whose connection fails
@@ -136,14 +135,20 @@ func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
 // transaction that drew from the sequence, that is for every lease held,
 // and stalls all new grants behind it meanwhile.
 func createForUpdate(ctx context.Context, pool *sql.DB, c config) error {
-	var n int
-	err := pool.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES "+
-		"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?)", c.table, c.table+"_fence").Scan(&n)
-	if err == nil && n < 2 {
+	var columns sql.NullString
+	var sequences int
+	err := pool.QueryRowContext(ctx, "SELECT (SELECT GROUP_CONCAT(COLUMN_NAME) FROM information_schema.COLUMNS "+
+		"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?), (SELECT COUNT(*) FROM information_schema.TABLES "+
+		"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?)", c.table, c.table+"_fence").Scan(&columns, &sequences)
+	if err == nil && (!columns.Valid || sequences == 0) {
 		_, err = pool.ExecContext(ctx, c.sql(forUpdateSchema))
 	}
 	if err != nil {
 		return fmt.Errorf("mysqllock: create %s and its sequence (MariaDB 10.3+ needed): %w", c.table, unavailable(err))
+	}
+	if columns.Valid && columns.String != "name" {
+		return fmt.Errorf("mysqllock: table %s has columns %s, want only name: it holds nothing but key names, so drop it to have it recreated",
+			c.table, columns.String)
 	}
 	return nil
 }
@@ -171,11 +176,7 @@ func (l *ForUpdateLocker) Acquire(ctx context.Context, key string, opts ...lockk
 
 func (l *ForUpdateLocker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
-	lease, err := l.grant(ctx, key, o.TTL, watchdog, l.trySQL)
-	if isCode(err, 1205) { // lock wait timeout, here 0: the row is held
-		return nil, lockkit.ErrNotAcquired
-	}
-	return lease, err
+	return l.grant(ctx, key, o.TTL, watchdog, l.trySQL)
 }
 
 func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Duration, watchdog bool, query string) (lockkit.Lease, error) {
@@ -191,16 +192,16 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 	}
 	sent := time.Now()
 	fence, err := l.lock(ctx, conn, []byte(key), ttl, query)
-	if err != nil {
-		var refused *mysql.MySQLError
-		if errors.As(err, &refused) && ctx.Err() == nil {
-			// The server refused a statement: the session is sound, but
-			// its transaction is still open.
-			if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil {
-				_ = conn.Close()
-				return nil, fmt.Errorf("mysqllock: %w", refused)
-			}
+	if isCode(err, 1205) && ctx.Err() == nil {
+		// TryAcquire on a held row: the session is sound, and its empty
+		// transaction is still open.
+		if _, rbErr := conn.ExecContext(ctx, "ROLLBACK"); rbErr == nil {
+			_ = conn.Close()
+			return nil, lockkit.ErrNotAcquired
 		}
+	}
+	if err != nil {
+		// Whatever else failed, the session's state is unknown.
 		discard(conn)
 		return nil, unavailable(err)
 	}
@@ -234,7 +235,7 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	// session before hanging up.
 	stmtCtx, hangUp := context.WithCancel(context.WithoutCancel(ctx))
 	defer hangUp()
-	rows, err := conn.QueryContext(stmtCtx, query, name, name, seconds(ttl), name)
+	rows, err := conn.QueryContext(stmtCtx, query, name, name, seconds(ttl))
 	if err != nil {
 		return 0, err
 	}

@@ -1,6 +1,6 @@
 -- Grant, sent as one multi-statement round trip on the lease's own
 -- connection, with these whole-line comments stripped. Parameters: name,
--- name, wait_timeout in seconds, name, interpolated by the driver.
+-- name, wait_timeout in seconds, interpolated by the driver.
 --
 -- The first result names this session, and is read before the wait: a
 -- waiter whose Acquire is cancelled is KILLed from another connection,
@@ -8,19 +8,23 @@
 -- is even granted it, until the server next writes to it.
 SELECT CONNECTION_ID();
 START TRANSACTION;
--- The row lock, taken on a new row or an existing one. It waits while
--- another transaction holds the row; the pool sets innodb_lock_wait_timeout
--- to its maximum, so only the caller's context (through KILL) ends the
--- wait. TryAcquire's copy replaces the marker with SET STATEMENT
--- innodb_lock_wait_timeout = 0 FOR: error 1205 at once instead of a wait.
-/*{nowait}*/ INSERT INTO {table} (name, fence) VALUES (?, 0) ON DUPLICATE KEY UPDATE name = name;
--- Drawn after the row lock is granted, fences follow grant order. Drawn
--- from a sequence rather than as fence + 1, a grant whose transaction dies
--- (killed, timed out) keeps its number, so the next grant's is greater:
--- fence + 1 would be rolled back and handed out twice.
-UPDATE {table} SET fence = NEXT VALUE FOR {seq}, holder = CONNECTION_ID() WHERE name = ?;
+-- The row lock, on a new row or an existing one, which it leaves unchanged.
+-- It waits while another transaction holds the row; the pool sets
+-- innodb_lock_wait_timeout to its maximum, so only the caller's context
+-- (through KILL) ends the wait. TryAcquire's copy replaces the marker with
+-- SET STATEMENT innodb_lock_wait_timeout = 0 FOR: error 1205 at once
+-- instead of a wait.
+/*{nowait}*/ INSERT INTO {table} (name) VALUES (?) ON DUPLICATE KEY UPDATE name = name;
+-- A label, not a lock: IS_USED_LOCK(SHA1(name)) tells an operator which
+-- session to KILL. (Lock names are limited to 64 characters.)
+DO GET_LOCK(SHA1(?), 0);
 -- From here on the server ends the lease by itself: a session idle for
 -- this many seconds is closed and its transaction rolled back. Each
 -- Extend sets it again, which also restarts the idle clock.
 SET SESSION wait_timeout = ?;
-SELECT fence FROM {table} WHERE name = ?
+-- The fence. Drawn after the row lock is granted, fences follow grant
+-- order. Drawn from a sequence rather than from a counter in the row, a
+-- grant whose transaction dies (killed, timed out) keeps its number, so
+-- the next grant's is greater: a counter's bump would be rolled back and
+-- handed out twice.
+SELECT NEXT VALUE FOR {seq}

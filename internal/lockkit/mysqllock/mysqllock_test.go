@@ -25,7 +25,7 @@ const database = "shop_test_mysqllock"
 
 const (
 	leaseTable = "mysqllock_test_leases"
-	rowTable   = "mysqllock_test_rows"
+	rowTable   = "mysqllock_test_rowlocks"
 	ttl        = 300 * time.Millisecond
 )
 
@@ -147,7 +147,7 @@ func execSQL(t testing.TB, dsn, query string, args ...any) sql.Result {
 }
 
 // killHolder KILLs the session holding key's row lock, found as an operator
-// would: the holder column, read uncommitted.
+// would: by the label the grant puts on its session.
 func killHolder(t testing.TB, dsn, key string) {
 	t.Helper()
 	db, err := sql.Open("mysql", dsn)
@@ -155,18 +155,11 @@ func killHolder(t testing.TB, dsn, key string) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	ctx := context.Background()
-	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadUncommitted})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var holder sql.NullInt64
-	err = tx.QueryRowContext(ctx, "SELECT holder FROM "+rowTable+" WHERE name = ?", key).Scan(&holder)
-	_ = tx.Rollback()
-	if err != nil || !holder.Valid {
+	if err := db.QueryRow("SELECT IS_USED_LOCK(SHA1(?))", []byte(key)).Scan(&holder); err != nil || !holder.Valid {
 		t.Fatalf("no holder of %s to kill: %v", key, err)
 	}
-	if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL %d", holder.Int64)); err != nil {
+	if _, err := db.Exec(fmt.Sprintf("KILL %d", holder.Int64)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -218,11 +211,17 @@ func TestKeyTooLong(t *testing.T) {
 	}
 }
 
-func TestBadTableName(t *testing.T) {
+func TestBadTable(t *testing.T) {
 	dsn := testDSN(t)
 	db, sqlDB := openDB(t, dsn)
 	defer sqlDB.Close()
 	if _, err := mysqllock.New(db, mysqllock.WithTable("locks; DROP TABLE x")); err == nil {
 		t.Fatal("New accepted a table name that is not an identifier")
+	}
+	// A table of the same name made for something else must be refused,
+	// not found out at the first grant.
+	execSQL(t, dsn, "CREATE TABLE IF NOT EXISTS mysqllock_test_other (name VARBINARY(255) PRIMARY KEY, n INT NOT NULL)")
+	if _, err := mysqllock.NewForUpdate(db, mysqllock.WithTable("mysqllock_test_other")); err == nil {
+		t.Fatal("NewForUpdate accepted a table with columns it does not fill")
 	}
 }
