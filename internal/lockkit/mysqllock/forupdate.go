@@ -158,6 +158,10 @@ func (l *ForUpdateLocker) Capabilities() lockkit.Capabilities {
 	return lockkit.Capabilities{Fencing: true, WaitNoPoll: true, LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
+// Acquire waits on key's row lock until it is granted, ctx ends
+// (ctx.Err()), the wait timeout runs out (lockkit.ErrNotAcquired) or the
+// Locker closes (lockkit.ErrClosed); in each of the last three cases the
+// waiting session is KILLed, so nothing stays queued in the server.
 func (l *ForUpdateLocker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
 	waitCtx, cancel := o.WaitContext(ctx)
@@ -174,6 +178,8 @@ func (l *ForUpdateLocker) Acquire(ctx context.Context, key string, opts ...lockk
 	return lease, err
 }
 
+// TryAcquire makes one attempt and returns lockkit.ErrNotAcquired at once
+// if another transaction holds key's row.
 func (l *ForUpdateLocker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
 	return l.grant(ctx, key, o.TTL, watchdog, l.trySQL)

@@ -94,6 +94,9 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 	return lockkit.Capabilities{Fencing: true, LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
+// Acquire waits for key, polling as the Locker's doc says, until it is
+// granted, ctx ends (ctx.Err()), the wait timeout runs out
+// (lockkit.ErrNotAcquired) or the Locker closes (lockkit.ErrClosed).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
 	waitCtx, cancel := o.WaitContext(ctx)
@@ -110,26 +113,29 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 			}
 			return lease, err
 		}
-		// Full jitter over the upper half keeps waiters that started
-		// together from polling together.
+		// A random point in the upper half of the interval keeps waiters
+		// that started together from polling together.
 		timer := time.NewTimer(poll/2 + mrand.N(poll/2+1))
+		var stop error
 		select {
 		case <-released:
 		case <-timer.C:
 		case <-l.closed:
-			err = lockkit.ErrClosed
+			stop = lockkit.ErrClosed
 		case <-waitCtx.Done():
-			err = lockkit.WaitErr(ctx, waitCtx)
+			stop = lockkit.WaitErr(ctx, waitCtx)
 		}
 		timer.Stop()
 		unwatch()
-		if !errors.Is(err, lockkit.ErrNotAcquired) {
-			return nil, err
+		if stop != nil {
+			return nil, stop
 		}
 		poll = min(2*poll, l.maxPoll)
 	}
 }
 
+// TryAcquire makes one attempt, one round trip, and returns
+// lockkit.ErrNotAcquired if the key is held and unexpired.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
 	return l.try(ctx, key, o.TTL, watchdog)
