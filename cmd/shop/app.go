@@ -129,14 +129,14 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		return nil, err
 	}
 
-	likes, err := like.New(rdb, like.Options{Locker: locker, LockOptions: lockOpts, Prefix: cfg.KeyPrefix,
-		CriticalSectionDelay: cfg.CriticalSectionDelay})
+	likes, err := like.New(rdb, like.Options{Strategy: cfg.LikeStrategy, Locker: locker, LockOptions: lockOpts,
+		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay})
 	if err != nil {
 		return nil, err
 	}
 	// The in-flight marker keeps the watchdog lease (renewed while the order
 	// runs, gone 30 s after a crash) whatever SHOP_LOCK_TTL says.
-	tokens, err := idem.New(rdb, idem.Options{Locker: locker, Prefix: cfg.KeyPrefix})
+	tokens, err := idem.New(rdb, idem.Options{Locker: locker, TTL: cfg.IdemTTL, Prefix: cfg.KeyPrefix})
 	if err != nil {
 		return nil, err
 	}

@@ -33,6 +33,18 @@ const (
 	StockAtomicRedis = "atomic-redis"
 )
 
+// Like strategies SHOP_LIKE_STRATEGY accepts; they are the names
+// like.Options.Strategy takes (config stays a leaf package, so a test checks
+// that the two agree).
+const (
+	// LikeLock writes an entity's set and its owner's counter under
+	// lock:like:<type>:<id>.
+	LikeLock = "lock"
+	// LikeHashTag puts an owner's keys in one hash slot and updates them in
+	// one Lua script, without a lock.
+	LikeHashTag = "hashtag"
+)
+
 // Environments SHOP_ENV accepts.
 const (
 	// EnvDev allows the public dev secrets and logs text by default.
@@ -110,6 +122,12 @@ type Config struct {
 	// StockStrategy is SHOP_STOCK_STRATEGY: lock (default), atomic-sql or
 	// atomic-redis.
 	StockStrategy string
+	// LikeStrategy is SHOP_LIKE_STRATEGY: lock (default) or hashtag.
+	LikeStrategy string
+	// IdemTTL is SHOP_IDEM_TTL (default 24h, always above 0): how long an
+	// idempotency token lives from its issue. A retry after that gets 422
+	// and must look the order up instead.
+	IdemTTL time.Duration
 	// CriticalSectionDelay is SHOP_CRITICAL_SECTION_DELAY (default 0): a
 	// sleep between the read and the write of every read-modify-write,
 	// standing in for business work. It widens the race window that the
@@ -155,6 +173,8 @@ func Load(getenv func(string) string) (Config, error) {
 		LockTTL:              p.duration("SHOP_LOCK_TTL", 0),
 		LockWaitTimeout:      p.duration("SHOP_LOCK_WAIT_TIMEOUT", 10*time.Second),
 		StockStrategy:        p.oneOf("SHOP_STOCK_STRATEGY", StockLock, []string{StockLock, StockAtomicSQL, StockAtomicRedis}),
+		LikeStrategy:         p.oneOf("SHOP_LIKE_STRATEGY", LikeLock, []string{LikeLock, LikeHashTag}),
+		IdemTTL:              p.positiveDuration("SHOP_IDEM_TTL", 24*time.Hour),
 		CriticalSectionDelay: p.duration("SHOP_CRITICAL_SECTION_DELAY", 0),
 		JWTSecret:            p.str("SHOP_JWT_SECRET", ""),
 		AdminToken:           p.str("SHOP_ADMIN_TOKEN", ""),
@@ -211,6 +231,8 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("lock_ttl", c.LockTTL),
 		slog.Duration("lock_wait_timeout", c.LockWaitTimeout),
 		slog.String("stock_strategy", c.StockStrategy),
+		slog.String("like_strategy", c.LikeStrategy),
+		slog.Duration("idem_ttl", c.IdemTTL),
 		slog.Duration("critical_section_delay", c.CriticalSectionDelay),
 		slog.String("jwt_secret", mask(c.JWTSecret)),
 		slog.String("admin_token", mask(c.AdminToken)),
@@ -347,6 +369,21 @@ func (p *parser) duration(name string, def time.Duration) time.Duration {
 	d, err := time.ParseDuration(v)
 	if err != nil || d < 0 {
 		p.fail(name, "is %q; want a non-negative Go duration such as 500ms or 10s", v)
+		return def
+	}
+	return d
+}
+
+// positiveDuration is duration for a lifetime, where 0 would not mean
+// "off" but "expired at once".
+func (p *parser) positiveDuration(name string, def time.Duration) time.Duration {
+	v := p.str(name, "")
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		p.fail(name, "is %q; want a positive Go duration such as 1h or 24h", v)
 		return def
 	}
 	return d

@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockbench/shop/internal/inventory"
+	"github.com/lockbench/shop/internal/like"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -15,7 +18,7 @@ func TestDefaultsRunWithOnlyGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.HTTPAddr != ":8080" || c.LockBackend != "redis" || !c.EmbeddedRedis() || c.MySQLDSN != "" ||
-		c.StockStrategy != StockLock || c.LogFormat != "text" || c.LockWaitTimeout != 10*time.Second ||
+		c.StockStrategy != StockLock || c.LikeStrategy != LikeLock || c.IdemTTL != 24*time.Hour || c.LogFormat != "text" || c.LockWaitTimeout != 10*time.Second ||
 		c.JWTSecret != DevJWTSecret || c.AdminToken != DevAdminToken || !c.Dev() {
 		t.Errorf("defaults: %+v", c)
 	}
@@ -30,12 +33,15 @@ func TestInvalidValuesAreAllReported(t *testing.T) {
 		"SHOP_REDIS_ADDRS":            "localhost",
 		"SHOP_DB_MAX_CONNS":           "0",
 		"SHOP_MYSQL_DSN":              "not a dsn",
+		"SHOP_LIKE_STRATEGY":          "optimistic",
+		"SHOP_IDEM_TTL":               "1 day",
 	}))
 	if err == nil {
 		t.Fatal("no error")
 	}
 	for _, name := range []string{"SHOP_LOCK_BACKEND", "SHOP_LOCK_TTL", "SHOP_CRITICAL_SECTION_DELAY",
-		"SHOP_STOCK_STRATEGY", "SHOP_REDIS_ADDRS", "SHOP_DB_MAX_CONNS", "SHOP_MYSQL_DSN"} {
+		"SHOP_STOCK_STRATEGY", "SHOP_REDIS_ADDRS", "SHOP_DB_MAX_CONNS", "SHOP_MYSQL_DSN",
+		"SHOP_LIKE_STRATEGY", "SHOP_IDEM_TTL"} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s:\n%v", name, err)
 		}
@@ -86,5 +92,35 @@ func TestLogValueMasksSecrets(t *testing.T) {
 	}
 	if !strings.Contains(out, "shop:********@tcp(127.0.0.1:3306)/shop") {
 		t.Errorf("masked DSN missing:\n%s", out)
+	}
+}
+
+// An idempotency token that expires as it is issued would turn every retry
+// into 422, so 0 is refused rather than read as "off".
+func TestIdemTTLMustBePositive(t *testing.T) {
+	for _, v := range []string{"0", "0s", "-1h", "24"} {
+		_, err := Load(env(map[string]string{"SHOP_IDEM_TTL": v}))
+		if err == nil || !strings.Contains(err.Error(), "SHOP_IDEM_TTL") {
+			t.Errorf("SHOP_IDEM_TTL=%s: %v", v, err)
+		}
+	}
+	c, err := Load(env(map[string]string{"SHOP_IDEM_TTL": "90m", "SHOP_LIKE_STRATEGY": "hashtag"}))
+	if err != nil || c.IdemTTL != 90*time.Minute || c.LikeStrategy != LikeHashTag {
+		t.Errorf("valid values: %+v, %v", c, err)
+	}
+}
+
+// The strategy names are passed through to the domain packages unchanged.
+func TestStrategyNamesMatchTheDomains(t *testing.T) {
+	for _, pair := range [][2]string{
+		{StockLock, inventory.StrategyLock},
+		{StockAtomicSQL, inventory.StrategyAtomicSQL},
+		{StockAtomicRedis, inventory.StrategyAtomicRedis},
+		{LikeLock, like.StrategyLock},
+		{LikeHashTag, like.StrategyHashTag},
+	} {
+		if pair[0] != pair[1] {
+			t.Errorf("config says %q, the domain %q", pair[0], pair[1])
+		}
 	}
 }
