@@ -7,6 +7,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"strings"
 	"sync"
@@ -106,6 +107,7 @@ func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
 		cfg.Params = make(map[string]string)
 	}
 	maps.Copy(cfg.Params, sessionLimits)
+	cfg.Logger = driverLog{}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("mysqllock: %w", err)
@@ -345,6 +347,15 @@ func (h *held) drop() {
 		discard(h.conn)
 		h.conn = nil
 	}
+}
+
+// driverLog sends the driver's complaints to slog at debug level. On this
+// pool they are mostly about sessions ended on purpose (a KILLed waiter, a
+// dropped lease), which the driver would print to stderr as errors.
+type driverLog struct{}
+
+func (driverLog) Print(v ...any) {
+	slog.Debug("mysql driver", "backend", "mysql-forupdate", "msg", fmt.Sprint(v...))
 }
 
 // discard closes conn instead of pooling it: its session state is unknown.
