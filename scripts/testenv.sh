@@ -358,6 +358,11 @@ ensure_mariadb() {
 		port_busy 3306 || wait_for "mariadb $H:3306" "$logf" mysql_tcp_ok
 		mysql_tcp_ok || die "something listens on $H:3306 but \`mariadb -uroot -h$H -e 'select 1'\` fails; allow root with an empty password over TCP or set SHOP_TEST_MYSQL_DSN"
 	fi
+	# Three shop processes, each with its pool and a mysql-forupdate pool
+	# of held connections, plus parallel test packages, pass the default
+	# 151 connections; the setting lasts until the server restarts.
+	timeout 10 mariadb -uroot -h"$H" -P3306 -e 'SET GLOBAL max_connections = GREATEST(@@max_connections, 1000)' >/dev/null 2>&1 ||
+		log "could not raise max_connections on $H:3306 (continuing)"
 	((started)) && record "$name" "$H:3306" /run/mysqld/mysqld.pid - mariadbd
 	return 0
 }
