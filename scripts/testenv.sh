@@ -322,6 +322,14 @@ ensure_sentinel() { # ensure_sentinel PORT MASTERPORT
 	record "$name" "$H:$p" "$d/redis.pid" "$d" ":$p"
 }
 
+# Three shop processes, each with its pool and a mysql-forupdate pool of
+# held connections, plus parallel test packages, pass the default 151
+# connections; the setting lasts until the server restarts.
+raise_mysql_connections() {
+	timeout 10 mariadb -uroot -h"$H" -P3306 -e 'SET GLOBAL max_connections = GREATEST(@@max_connections, 1000)' >/dev/null 2>&1 ||
+		log "could not raise max_connections on $H:3306 (continuing)"
+}
+
 ensure_mariadb() {
 	local name=mariadb logf=$DIR/mariadb.log started=0
 	if mysql_tcp_ok; then
@@ -358,11 +366,6 @@ ensure_mariadb() {
 		port_busy 3306 || wait_for "mariadb $H:3306" "$logf" mysql_tcp_ok
 		mysql_tcp_ok || die "something listens on $H:3306 but \`mariadb -uroot -h$H -e 'select 1'\` fails; allow root with an empty password over TCP or set SHOP_TEST_MYSQL_DSN"
 	fi
-	# Three shop processes, each with its pool and a mysql-forupdate pool
-	# of held connections, plus parallel test packages, pass the default
-	# 151 connections; the setting lasts until the server restarts.
-	timeout 10 mariadb -uroot -h"$H" -P3306 -e 'SET GLOBAL max_connections = GREATEST(@@max_connections, 1000)' >/dev/null 2>&1 ||
-		log "could not raise max_connections on $H:3306 (continuing)"
 	((started)) && record "$name" "$H:3306" /run/mysqld/mysqld.pid - mariadbd
 	return 0
 }
@@ -546,7 +549,10 @@ cmd_up() {
 	((use_mc)) && pk+=(memcached:memcached)
 	ensure_packages "${pk[@]}"
 
-	((use_mysql)) && ensure_mariadb
+	if ((use_mysql)); then
+		ensure_mariadb
+		raise_mysql_connections
+	fi
 	if ((use_redis)); then
 		if redis_ok 6379; then
 			note_reused redis-6379 "$H:6379"
