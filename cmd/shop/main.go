@@ -3,12 +3,14 @@
 //	shop serve                    run the HTTP service (config from SHOP_* variables)
 //	shop migrate                  create or extend the database tables, then exit
 //	shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
+//	shop healthcheck              exit 0 if this host's shop answers /readyz with 200, else 1
 //
 // docs/config.md lists the variables, docs/api.md the routes.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,6 +36,7 @@ const usage = `usage:
   shop serve                    run the HTTP service (config: SHOP_* variables, docs/config.md)
   shop migrate                  create or extend the database tables, then exit
   shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
+  shop healthcheck              exit 0 if the shop at SHOP_HTTP_ADDR on this host is ready, else 1
 `
 
 func main() {
@@ -44,6 +48,15 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
+	}
+	// Before config.Load: the probe needs one variable, and must answer 0 or
+	// 1 only (Docker reserves 2), whatever else the environment holds.
+	if args[0] == "healthcheck" {
+		if err := healthcheck(getenv("SHOP_HTTP_ADDR"), healthcheckTimeout); err != nil {
+			fmt.Fprintf(stderr, "shop healthcheck: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	cfg, err := config.Load(getenv)
 	if err != nil {
@@ -187,4 +200,62 @@ func token(cfg config.Config, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, tok)
 	return 0
+}
+
+// healthcheckTimeout stays under the compose healthcheck's 3 s timeout, so
+// that a hung shop is reported by this probe, with a reason, rather than
+// killed by Docker without one.
+const healthcheckTimeout = 2 * time.Second
+
+// healthcheck is the container's probe (the distroless image has no shell
+// or curl): GET /readyz of the shop listening on addr, on this host.
+// It returns nil on 200 and otherwise an error of one line saying why.
+func healthcheck(addr string, timeout time.Duration) error {
+	target, err := probeURL(addr)
+	if err != nil {
+		return err
+	}
+	client := &http.Client{
+		Timeout: timeout,
+		// A loopback probe must not go through HTTP_PROXY.
+		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true},
+	}
+	res, err := client.Get(target)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	if res.StatusCode == http.StatusOK {
+		return nil
+	}
+	// /readyz names the dependencies that are down in its problem detail.
+	var p struct {
+		Detail string `json:"detail"`
+	}
+	_ = json.NewDecoder(io.LimitReader(res.Body, 4<<10)).Decode(&p)
+	if p.Detail == "" {
+		return fmt.Errorf("GET %s: %s", target, res.Status)
+	}
+	return fmt.Errorf("GET %s: %s: %s", target, res.Status, strings.ReplaceAll(p.Detail, "\n", " "))
+}
+
+// probeURL is the /readyz URL of a shop listening on addr (SHOP_HTTP_ADDR,
+// empty for the default). A wildcard or empty host is reached on
+// 127.0.0.1: the probe runs inside the container, which "[::]" also covers,
+// since Go listens on both families there.
+func probeURL(addr string) (string, error) {
+	if addr = strings.TrimSpace(addr); addr == "" {
+		addr = config.DefaultHTTPAddr
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("SHOP_HTTP_ADDR is %q; want host:port or :port", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		return "", fmt.Errorf("SHOP_HTTP_ADDR is %q: port %q cannot be probed (0 picks a port the probe cannot know)", addr, port)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/readyz", nil
 }

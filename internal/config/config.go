@@ -45,6 +45,9 @@ const (
 	LikeHashTag = "hashtag"
 )
 
+// DefaultHTTPAddr is SHOP_HTTP_ADDR's default.
+const DefaultHTTPAddr = ":8080"
+
 // Environments SHOP_ENV accepts.
 const (
 	// EnvDev allows the public dev secrets and logs text by default.
@@ -158,7 +161,7 @@ func Load(getenv func(string) string) (Config, error) {
 	p := parser{getenv: getenv}
 	c := Config{
 		Env:                  p.oneOf("SHOP_ENV", EnvDev, []string{EnvDev, EnvProduction}),
-		HTTPAddr:             p.addr("SHOP_HTTP_ADDR", ":8080"),
+		HTTPAddr:             p.addr("SHOP_HTTP_ADDR", DefaultHTTPAddr),
 		LockBackend:          p.oneOf("SHOP_LOCK_BACKEND", "redis", Backends),
 		RedisAddrs:           p.addrs("SHOP_REDIS_ADDRS"),
 		RedisSentinelMaster:  p.str("SHOP_REDIS_SENTINEL_MASTER", ""),
