@@ -37,7 +37,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	mathrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -94,37 +93,8 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // running.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
-	defer cancel()
-	down := 0 // consecutive attempts that could not reach the servers
-	for {
-		if waitCtx.Err() != nil {
-			return nil, lockkit.WaitErr(ctx, waitCtx)
-		}
-		lease, err := l.try(key, o.TTL, watchdog)
-		switch {
-		case errors.Is(err, lockkit.ErrNotAcquired):
-			down = 0
-		case errors.Is(err, lockkit.ErrUnavailable):
-			// One timeout on a loaded network is weather; the same
-			// failure several attempts running is an outage to report.
-			if down++; down == outage {
-				return nil, err
-			}
-		default:
-			return lease, err
-		}
-		timer := time.NewTimer(l.minDelay + mathrand.N(l.maxDelay-l.minDelay+1))
-		select {
-		case <-timer.C:
-		case <-l.closed:
-			timer.Stop()
-			return nil, lockkit.ErrClosed
-		case <-waitCtx.Done():
-			timer.Stop()
-			return nil, lockkit.WaitErr(ctx, waitCtx)
-		}
-	}
+	poller := lockkit.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
+	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) { return l.try(key, o.TTL, watchdog) })
 }
 
 // TryAcquire makes one add.

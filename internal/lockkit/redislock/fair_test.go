@@ -38,7 +38,7 @@ func TestFairQueueSkipsDeadWaiter(t *testing.T) {
 		deadResult <- err
 	}()
 	time.Sleep(100 * time.Millisecond) // the doomed waiter is queued first
-	_ = dead.Close()                    // and dies without leaving the queue
+	_ = dead.Close()                   // and dies without leaving the queue
 	if err := <-deadResult; !errors.Is(err, lockkit.ErrClosed) {
 		t.Fatalf("dead waiter: %v", err)
 	}

@@ -26,7 +26,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -101,40 +100,11 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // majority of the masters.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
-	defer cancel()
-	down := 0 // consecutive attempts that could not reach the servers
-	for {
-		if waitCtx.Err() != nil {
-			return nil, lockkit.WaitErr(ctx, waitCtx)
-		}
-		lease, err := l.try(ctx, key, o.TTL, watchdog)
-		switch {
-		case errors.Is(err, lockkit.ErrNotAcquired):
-			down = 0
-		case errors.Is(err, lockkit.ErrUnavailable):
-			// One timeout on a loaded network is weather; the same
-			// failure several attempts running is an outage to report.
-			if down++; down == outage {
-				return nil, err
-			}
-		default:
-			return lease, err
-		}
-		// redsync's own retry loop answers ErrFailed when ctx ends and
-		// cancels its attempts' clean-up with it; this loop returns
-		// ctx.Err() and lets every attempt finish.
-		timer := time.NewTimer(l.minDelay + rand.N(l.maxDelay-l.minDelay+1))
-		select {
-		case <-timer.C:
-		case <-l.closed:
-			timer.Stop()
-			return nil, lockkit.ErrClosed
-		case <-waitCtx.Done():
-			timer.Stop()
-			return nil, lockkit.WaitErr(ctx, waitCtx)
-		}
-	}
+	// Not redsync's own retry loop: it answers ErrFailed when ctx ends and
+	// cancels its attempts' clean-up with it; the poller returns ctx.Err()
+	// and lets every attempt finish.
+	poller := lockkit.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
+	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) { return l.try(ctx, key, o.TTL, watchdog) })
 }
 
 // TryAcquire makes one attempt on every master.

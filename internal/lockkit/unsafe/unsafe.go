@@ -22,9 +22,7 @@ package unsafe
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -79,27 +77,8 @@ func (c *closer) tryOnce(ctx context.Context, key string, opts []lockkit.Option,
 // or the wait ends.
 func (c *closer) poll(ctx context.Context, key string, opts []lockkit.Option, try attempt) (lockkit.Lease, error) {
 	o, _ := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
-	defer cancel()
-	for {
-		if waitCtx.Err() != nil {
-			return nil, lockkit.WaitErr(ctx, waitCtx)
-		}
-		lease, err := c.tryOnce(ctx, key, opts, try)
-		if !errors.Is(err, lockkit.ErrNotAcquired) {
-			return lease, err
-		}
-		timer := time.NewTimer(retryDelay/2 + rand.N(retryDelay))
-		select {
-		case <-timer.C:
-		case <-c.closed:
-			timer.Stop()
-			return nil, lockkit.ErrClosed
-		case <-waitCtx.Done():
-			timer.Stop()
-			return nil, lockkit.WaitErr(ctx, waitCtx)
-		}
-	}
+	poller := lockkit.Poller{MinDelay: retryDelay / 2, MaxDelay: retryDelay*3/2 - 1, Outage: 1, Closed: c.closed}
+	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) { return c.tryOnce(ctx, key, opts, try) })
 }
 
 func unavailable(err error) error { return fmt.Errorf("%w: %w", lockkit.ErrUnavailable, err) }

@@ -1,0 +1,56 @@
+package lockkit
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// Poller waits for a key by trying again after a jittered delay. It is for
+// stores that cannot tell a waiter when a key is freed (Redlock, memcached):
+// every waiter asks again and again, and the jitter keeps them from asking
+// in step. Stores that can wake a waiter should.
+type Poller struct {
+	MinDelay, MaxDelay time.Duration
+	// Outage is how many attempts running that could not reach the store
+	// (ErrUnavailable) end the wait with that error: one timeout on a
+	// loaded network is weather, several running are an outage.
+	Outage int
+	// Closed ends the wait with ErrClosed.
+	Closed <-chan struct{}
+}
+
+// Acquire calls try until it grants, fails with something other than
+// ErrNotAcquired, or the wait (ctx and o's wait timeout) ends.
+func (p Poller) Acquire(ctx context.Context, o Options, try func() (Lease, error)) (Lease, error) {
+	waitCtx, cancel := o.WaitContext(ctx)
+	defer cancel()
+	down := 0
+	for {
+		if waitCtx.Err() != nil {
+			return nil, WaitErr(ctx, waitCtx)
+		}
+		lease, err := try()
+		switch {
+		case errors.Is(err, ErrNotAcquired):
+			down = 0
+		case errors.Is(err, ErrUnavailable):
+			if down++; down >= p.Outage {
+				return nil, err
+			}
+		default:
+			return lease, err
+		}
+		timer := time.NewTimer(p.MinDelay + rand.N(p.MaxDelay-p.MinDelay+1))
+		select {
+		case <-timer.C:
+		case <-p.Closed:
+			timer.Stop()
+			return nil, ErrClosed
+		case <-waitCtx.Done():
+			timer.Stop()
+			return nil, WaitErr(ctx, waitCtx)
+		}
+	}
+}
