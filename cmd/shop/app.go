@@ -169,11 +169,13 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		checks = append(checks, d.Checks()...)
 		resetters = append(resetters, d)
 	}
+	auditor := audit.New(checks, resetters)
+	auditor.RegisterMetrics(reg)
 	a.handler = newRouter(routerDeps{
 		cfg:     cfg,
 		log:     log,
 		auth:    auth.New([]byte(cfg.JWTSecret), cfg.AdminToken),
-		auditor: audit.New(checks, resetters),
+		auditor: auditor,
 		domains: domains,
 		reg:     reg,
 		ready:   a.readiness,

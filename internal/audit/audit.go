@@ -7,6 +7,9 @@
 // row (stock, balance) has insert-only records beside it (purchases, ledger
 // entries) that races cannot lose, so a check can count what the mutable
 // rows lost.
+//
+// RegisterMetrics also exports each audit's result to Prometheus, so that a
+// dashboard shows the drift a load test left beside the latencies it paid.
 package audit
 
 import (
@@ -19,6 +22,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockbench/shop/internal/problem"
 )
@@ -81,12 +85,65 @@ func (r Report) MarshalJSON() ([]byte, error) {
 type Auditor struct {
 	checks    []Check
 	resetters []Resetter
+	metrics   *metrics // nil until RegisterMetrics
 }
 
 // New returns an Auditor over the given checks and resetters. Resetters run
 // in order; put a domain that refers to another's rows first.
 func New(checks []Check, resetters []Resetter) *Auditor {
 	return &Auditor{checks: checks, resetters: resetters}
+}
+
+// metrics are the last audit's result. The three are vectors, even the two
+// without a label, so that nothing is exported before the first audit: a
+// fresh process would otherwise report shop_audit_ok 0, "drifted", about
+// data it never looked at.
+type metrics struct {
+	drift     *prometheus.GaugeVec
+	ok        *prometheus.GaugeVec
+	checkedAt *prometheus.GaugeVec
+}
+
+// RegisterMetrics registers on reg, from the next audit on:
+//   - shop_audit_drift{check}: the Total of each check (oversold_units,
+//     balance_drift, like_drift, duplicate_orders, ...);
+//   - shop_audit_ok: 1 when every drift was zero, else 0;
+//   - shop_audit_checked_timestamp_seconds: when that audit ran.
+//
+// Every successful Audit (GET /admin/v1/audit) sets them; a failed one
+// leaves them as they were, and the timestamp shows their age. With several
+// instances only the one that answered the audit is current: select it by
+// the newest timestamp. Call RegisterMetrics once, before the Auditor
+// serves; it panics if reg already holds these metrics.
+func (a *Auditor) RegisterMetrics(reg prometheus.Registerer) {
+	m := &metrics{
+		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shop_audit_drift",
+			Help: "Total drift each audit check found in the last audit (0: the invariant holds).",
+		}, []string{"check"}),
+		ok: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shop_audit_ok",
+			Help: "1 if the last audit found no drift at all, 0 if any check drifted.",
+		}, nil),
+		checkedAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shop_audit_checked_timestamp_seconds",
+			Help: "Unix time of the last successful audit of this instance.",
+		}, nil),
+	}
+	reg.MustRegister(m.drift, m.ok, m.checkedAt)
+	a.metrics = m
+}
+
+func (m *metrics) set(r Report) {
+	for name, d := range r.Drifts {
+		m.drift.WithLabelValues(name).Set(float64(d.Total))
+	}
+	ok := 0.0
+	if r.OK {
+		ok = 1
+	}
+	m.ok.WithLabelValues().Set(ok)
+	m.checkedAt.WithLabelValues().Set(float64(r.CheckedAt.UnixNano()) / 1e9)
 }
 
 // Audit runs every check.
@@ -110,6 +167,9 @@ func (a *Auditor) Audit(ctx context.Context) (Report, error) {
 		}
 		r.Drifts[c.Name] = d
 		r.by[c.Name] = c.By
+	}
+	if a.metrics != nil {
+		a.metrics.set(r)
 	}
 	return r, nil
 }
