@@ -24,10 +24,14 @@ func hbars(title, unit string, labels []string, ss []series, width int) template
 	const (
 		labelW = 118
 		valueW = 74
-		barH   = 11
-		gap    = 9
-		top    = 40
+		gap    = 6
 	)
+	// Grouped bars are thinner, so that eleven rows of three still fit
+	// on one screen next to the table.
+	barH, top := 12, 26
+	if len(ss) > 1 {
+		barH, top = 11, 40
+	}
 	groupH := len(ss)*barH + gap
 	height := top + len(labels)*groupH + 8
 	plotW := float64(width - labelW - valueW)

@@ -178,6 +178,19 @@ func (r report) markdown() string {
 		"p50/p95/p99: how long a buyer who got a unit waited. Damage columns: totals of GET /admin/v1/audit " +
 		"(— = flow not run in that row). See docs/loadtest.md.\n\n")
 
+	if rows := r.costs(); len(rows) > 0 {
+		b.WriteString("## Cost per sale on the hot key\n\n")
+		fmt.Fprintf(&b, "A lock on one hot key serializes the sales: while buyers queue, each sale takes the business work "+
+			"(read, %s of work, write) plus the lock's own acquire, hand-over and release. Time per sale = 1000 / orders/s; "+
+			"the business work alone is %s (p50 of a sale in the %s row, where nothing serializes it).\n\n",
+			r.Options.Delay, ms(r.reference().P50), r.reference().Name)
+		b.WriteString("| row | time per sale | lock overhead per sale |\n|---|---|---|\n")
+		for _, c := range rows {
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", c.Name, c.PerSale, c.Overhead)
+		}
+		b.WriteString("\n")
+	}
+
 	b.WriteString("## Verdicts\n\n| row | backend | stock strategy | expected | verdict | why |\n|---|---|---|---|---|---|\n")
 	for _, res := range r.Results {
 		v := res.Verdict
@@ -204,6 +217,56 @@ func (r report) markdown() string {
 			100*res.FailedRate, res.Dropped, orNone(strings.Join(res.Crossed, "; ")))
 	}
 	return b.String()
+}
+
+// ref is the row whose sales nothing serializes: atomic-sql if it ran,
+// else none.
+type ref struct {
+	Name string
+	P50  float64
+}
+
+func (r report) reference() ref {
+	for _, name := range []string{"atomic-sql", "atomic-redis", "none"} {
+		for _, res := range r.Results {
+			if res.Spec.Name == name && res.Err == "" && res.SoldLatency.P50 > 0 {
+				return ref{Name: name, P50: res.SoldLatency.P50}
+			}
+		}
+	}
+	return ref{Name: "none"}
+}
+
+type cost struct {
+	Name, PerSale, Overhead string
+}
+
+// costs is the lock rows' serialized time per sale. A row that sold as fast
+// as buyers arrived was never saturated, so its time per sale is the
+// arrival interval, and the lock's cost is hidden: it says so instead.
+func (r report) costs() []cost {
+	ref := r.reference()
+	if ref.P50 == 0 {
+		return nil
+	}
+	var out []cost
+	for _, res := range r.Results {
+		if res.Err != "" || res.OrdersPerSec == 0 || res.Spec.Strategy != "lock" || res.Spec.Backend == "none" {
+			continue
+		}
+		per := 1000 / res.OrdersPerSec
+		c := cost{Name: res.Spec.Name, PerSale: ms(per)}
+		switch {
+		case res.OrdersPerSec >= 0.95*float64(r.Options.Rate):
+			c.Overhead = "hidden: sold as fast as buyers arrived (raise -rate)"
+		case res.Spec.Expect == expectDamage:
+			c.Overhead = "not a lock across processes"
+		default:
+			c.Overhead = ms(per - ref.P50)
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 func orNone(s string) string {
@@ -242,7 +305,7 @@ func (r report) html(w *bytes.Buffer) error {
 		{"like drift", "#8e44ad", likes}, {"duplicate orders", "#2c3e50", dups}}
 	var damageCharts []template.HTML
 	for _, s := range damage {
-		damageCharts = append(damageCharts, hbars(s.name, "", names, []series{s}, 255))
+		damageCharts = append(damageCharts, hbars(s.name, "", names, []series{s}, 262))
 	}
 	return reportHTML.Execute(w, map[string]any{
 		"R":        r,
@@ -253,6 +316,8 @@ func (r report) html(w *bytes.Buffer) error {
 		"Latency": hbars("Seckill: latency of a successful purchase", "ms", names,
 			[]series{{"p50", "#76b7b2", p50}, {"p95", "#f28e2b", p95}, {"p99", "#e15759", p99}}, 520),
 		"Damage": damageCharts,
+		"Costs":  r.costs(),
+		"Ref":    r.reference(),
 	})
 }
 

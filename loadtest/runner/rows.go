@@ -189,9 +189,9 @@ func (r *result) judge() {
 		case len(r.Problems) > 0:
 			r.Verdict = "INCONCLUSIVE"
 		case r.damage() > 0:
-			r.Verdict = "unsafe, as expected: damage found"
+			r.Verdict = "unsafe (expected): damage found"
 		default:
-			r.Verdict = fmt.Sprintf("unsafe lock, caught by the fences: %d stale writes refused", r.Fenced)
+			r.Verdict = fmt.Sprintf("unsafe (expected), caught by the fences: %d stale writes refused", r.Fenced)
 		}
 	}
 }
