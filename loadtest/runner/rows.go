@@ -169,6 +169,12 @@ func (r *result) judge() {
 		if r.Audit != nil && !r.AuditOK {
 			r.Problems = append(r.Problems, "audit ok = false")
 		}
+		// Nothing here pauses a holder past its lease (the watchdog renews
+		// it), so a refused stale write means two holders overlapped: the
+		// fence saved the data, but the lock is broken.
+		if r.Fenced > 0 {
+			r.Problems = append(r.Problems, fmt.Sprintf("%d writes refused as stale (fenced): two holders overlapped", r.Fenced))
+		}
 		for _, c := range r.Crossed {
 			for _, m := range safetyMetrics {
 				if strings.HasPrefix(c, m+" ") {
