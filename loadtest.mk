@@ -18,7 +18,7 @@ INSTANCES ?= 3
 DURATION ?= 15s
 RATE ?= 100
 DELAY ?= 10ms
-STOCK ?= 200
+STOCK ?= 300
 
 LOADTEST := $(GO) run ./loadtest/runner -shop $(BIN)/shop -k6 $(K6) -instances $(INSTANCES) -rate $(RATE) -delay $(DELAY) -stock $(STOCK)
 
@@ -37,4 +37,4 @@ loadtest: k6 loadtest-shop ## k6 against INSTANCES shops per backend (BACKENDS=a
 	$(WITH_SERVERS) $(LOADTEST) -backends "$(BACKENDS)" -duration $(DURATION)
 
 loadtest-smoke: k6 loadtest-shop ## ~30 s: fails unless `none` shows damage and `redis` shows none
-	$(WITH_SERVERS) $(LOADTEST) -backends "none redis" -duration 5s
+	$(WITH_SERVERS) $(LOADTEST) -backends "none redis" -duration 5s -stock 200 -out loadtest/results/smoke

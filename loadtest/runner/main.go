@@ -69,7 +69,7 @@ func run() int {
 	flag.StringVar(&o.shop, "shop", "bin/shop", "shop binary (make loadtest builds it)")
 	flag.StringVar(&o.k6, "k6", "bin/k6", "k6 binary (make k6 builds it)")
 	flag.StringVar(&o.script, "script", "loadtest/k6/shop.js", "k6 script")
-	flag.StringVar(&o.out, "out", "loadtest/results", "directory for results, logs and the report")
+	flag.StringVar(&o.out, "out", "loadtest/results", "directory for results, logs and the report (created if missing)")
 	flag.BoolVar(&o.keep, "keep", false, "keep each row's database (shop_lt_*) for inspection")
 	render := flag.String("render", "", "run nothing: render report.md and report.html again from this results.json")
 	flag.Parse()
