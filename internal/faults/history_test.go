@@ -102,6 +102,7 @@ func (h *history) open(id, balance int64) {
 type outcome struct {
 	Status       int
 	Type         string // the problem type's slug, for error answers
+	ContentType  string
 	Balance      int64
 	Err          error // transport error
 	Call, Return time.Time
@@ -146,7 +147,7 @@ func (h *history) do(ctx context.Context, c *shoptest.Client, url, token string,
 	o := outcome{Call: time.Now()}
 	res, err := c.Do(ctx, method, url+path, token, body)
 	o.Return = time.Now()
-	o.Status, o.Err = res.Status, err
+	o.Status, o.Err, o.ContentType = res.Status, err, res.Header.Get("Content-Type")
 	if err == nil {
 		if res.Status == http.StatusOK {
 			var a struct {

@@ -1,0 +1,238 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockbench/shop/internal/problem"
+)
+
+// restartKinds maps each backend to the private server fault 3 restarts.
+// The mysql backends keep their locks in the shop's own database, so their
+// shop processes use the private MariaDB for everything.
+var restartKinds = map[string]string{
+	"redis": "redis", "zookeeper": "zookeeper", "etcd": "etcd", "memcached": "memcached",
+	"mysql": "mariadb", "mysql-forupdate": "mariadb",
+}
+
+// TestLockServerRestart is fault 3: under a steady load of deposits from two
+// shop processes, the lock server is stopped, left down for a while and
+// started again. The short form restarts Redis; SHOP_FAULTS=full every kind.
+func TestLockServerRestart(t *testing.T) {
+	for _, backend := range []string{"redis", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached"} {
+		t.Run(backend, func(t *testing.T) {
+			if backend != "redis" {
+				needFull(t)
+			}
+			t.Parallel()
+			restartFault(t, backend, restartKinds[backend])
+		})
+	}
+	// Redis without persistence forgets the fence counters: the rows
+	// remember higher tokens than the restarted server hands out, so the
+	// fenced stores refuse every write until the counter has climbed past
+	// them again. Safety holds; liveness is what is measured.
+	t.Run("redis-volatile", func(t *testing.T) {
+		needFull(t)
+		t.Parallel()
+		restartFault(t, "redis", "redis-volatile")
+	})
+}
+
+// restartDown is how long the server stays down: longer than the lock wait
+// timeout, so that requests cannot simply wait the outage out.
+const restartDown = 4 * time.Second
+
+func restartFault(t *testing.T, backend, kind string) {
+	srv := newServer(t, kind, "127.0.0.1")
+	env := map[string]string{
+		"SHOP_LOCK_BACKEND": backend,
+		// A request waits at most this long for a lock before 503, so
+		// that a request cannot outwait the outage and hide it.
+		"SHOP_LOCK_WAIT_TIMEOUT":      "1s",
+		"SHOP_LOCK_TTL":               holderTTL.String(),
+		"SHOP_CRITICAL_SECTION_DELAY": "20ms",
+	}
+	switch kind {
+	case "redis", "redis-volatile":
+		env["SHOP_REDIS_ADDRS"] = srv.addr
+	case "zookeeper":
+		env["SHOP_ZK_ADDRS"] = srv.addr
+	case "etcd":
+		env["SHOP_ETCD_ENDPOINTS"] = srv.addr
+	case "memcached":
+		env["SHOP_MEMCACHED_ADDRS"] = srv.addr
+	case "mariadb":
+		root, err := sqlOpen(srv.dsn(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = root.Exec("CREATE DATABASE shop_faults")
+		root.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		env["SHOP_MYSQL_DSN"] = srv.dsn("shop_faults")
+	}
+	r := newRig(t, env)
+	a, b := r.start(), r.start()
+	const id = 1
+	r.account(a.URL, id, opening)
+	tok := r.token(id)
+
+	type result struct {
+		outcome
+		write bool
+	}
+	var (
+		mu       sync.Mutex
+		outcomes []result
+		stopLoad = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	for w := range 4 {
+		url := []string{a.URL, b.URL}[w%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stopLoad:
+					return
+				default:
+				}
+				in := accInput{Kind: "deposit", Amount: int64(w + 1)}
+				if i%5 == 4 {
+					in = accInput{Kind: "get"}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				o := r.hist.do(ctx, r.client, url, tok, id, in)
+				cancel()
+				mu.Lock()
+				outcomes = append(outcomes, result{o, in.Kind != "get"})
+				mu.Unlock()
+				if o.Status != http.StatusOK {
+					time.Sleep(50 * time.Millisecond) // a client backing off, not spinning
+				}
+			}
+		}()
+	}
+	stopAll := func() {
+		select {
+		case <-stopLoad:
+		default:
+			close(stopLoad)
+			wg.Wait()
+		}
+	}
+	t.Cleanup(stopAll)
+
+	time.Sleep(1500 * time.Millisecond)
+	downAt := time.Now()
+	srv.stop(syscall.SIGTERM)
+	stopped := time.Now()
+	time.Sleep(restartDown)
+	restarting := time.Now()
+	srv.start()
+	upAt := time.Now()
+
+	// Load continues until the service has answered 200 again for a while.
+	var recovered time.Time
+	deadline := upAt.Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		for _, o := range outcomes {
+			if o.write && o.Status == http.StatusOK && o.Call.After(upAt) && (recovered.IsZero() || o.Return.Before(recovered)) {
+				recovered = o.Return
+			}
+		}
+		mu.Unlock()
+		if !recovered.IsZero() && time.Since(recovered) > time.Second {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopAll()
+	r.hist.do(context.Background(), r.client, a.URL, tok, id, accInput{Kind: "get"})
+
+	var okDuring, ok, bad int
+	refused := map[string]int{}
+	var bads []string
+	for _, o := range outcomes {
+		switch {
+		case o.Err == nil && o.Status == http.StatusOK:
+			ok++
+			// Reads take no lock; a write must not succeed without one.
+			if o.write && o.Call.After(stopped) && o.Return.Before(restarting) {
+				okDuring++
+			}
+		case o.Err == nil && o.Status == http.StatusServiceUnavailable && o.refused() &&
+			strings.HasPrefix(o.ContentType, problem.ContentType):
+			refused[o.Type]++
+		default:
+			bad++
+			if len(bads) < 5 {
+				bads = append(bads, o.String())
+			}
+		}
+	}
+	audit := r.audit(a.URL)
+	lin, verdict := r.hist.check(id)
+	lost := audit.BalanceDrift.ByAccount["1"]
+	res := row{Fault: "3 restart (" + kind + ")", Backend: backend, LostCents: lost, Linearizable: verdict, Fenced: refused["fenced"],
+		Stale: fmt.Sprintf("%d ok, 503: %s, other: %d", ok, counts(refused), bad)}
+	if !recovered.IsZero() {
+		res.Recovery = recovered.Sub(upAt)
+	}
+	report(res)
+	t.Logf("%+v (down %v, stop took %v)", res, upAt.Sub(downAt).Round(time.Millisecond), stopped.Sub(downAt).Round(time.Millisecond))
+
+	if kind == "redis-volatile" {
+		if refused["fenced"] == 0 || lost != 0 || !lin {
+			t.Errorf("a fence counter reset by the restart: want writes refused (fenced) and nothing lost; got %s, drift %d, linearizable %s",
+				counts(refused), lost, verdict)
+		}
+		return
+	}
+	if recovered.IsZero() {
+		t.Errorf("no request succeeded within 90s of the %s restart: the service did not recover by itself", kind)
+	}
+	if okDuring != 0 {
+		t.Errorf("%d requests succeeded while %s was down: they ran without the lock", okDuring, kind)
+	}
+	if len(refused) == 0 {
+		t.Errorf("no request was refused while %s was down; the outage went unseen", kind)
+	}
+	if bad != 0 {
+		t.Errorf("%d answers were neither 200 nor a 503 problem+json that changed nothing, e.g. %s", bad, strings.Join(bads, "; "))
+	}
+	if fenceBackends[backend] && (lost != 0 || !lin) {
+		t.Errorf("restart lost updates: drift %d, linearizable %s\n%s", lost, verdict, r.hist.describe(id))
+	}
+	if (lost == 0) != lin {
+		t.Errorf("audit drift %d and history check %s disagree", lost, verdict)
+	}
+}
+
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
