@@ -24,7 +24,7 @@ LOADTEST := $(GO) run ./loadtest/runner -shop $(BIN)/shop -k6 $(K6) -instances $
 
 .PHONY: k6 loadtest loadtest-smoke loadtest-shop
 
-k6: ## Build k6 $(K6_VERSION) into bin/ (only if missing or another version)
+k6: ## Build the pinned k6 (v1.8.1) into bin/ (only if missing or another version)
 	@if [ "$$($(K6) version 2>/dev/null | awk '{print $$2}')" != "$(K6_VERSION)" ]; then \
 		echo "go install go.k6.io/k6@$(K6_VERSION) into $(BIN)"; \
 		GOBIN=$(BIN) $(GO) install go.k6.io/k6@$(K6_VERSION); \
