@@ -1,0 +1,141 @@
+package idem
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/problem"
+)
+
+// FuzzMiddleware sends arbitrary Idempotency-Key values and bodies through
+// the middleware, on the real Redis. Whatever the input: no 5xx, every
+// refusal is problem+json, the handler runs only under the token this user
+// was issued, and a retry of a request that ran gets the same answer
+// without running the handler again.
+func FuzzMiddleware(f *testing.F) {
+	addr := os.Getenv("SHOP_TEST_REDIS_ADDR")
+	if addr == "" {
+		if os.Getenv("CI") == "true" {
+			f.Fatal("SHOP_TEST_REDIS_ADDR is not set: CI must run this test against a real server")
+		}
+		f.Skip("SHOP_TEST_REDIS_ADDR not set; run scripts/testenv.sh up and source /tmp/shop-testenv/env")
+	}
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	prefix := "idem_fuzz:" + strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "") + ":"
+	locker := redislock.New(client, redislock.WithPrefix(prefix))
+	f.Cleanup(func() {
+		ctx := context.Background()
+		for _, pattern := range []string{prefix + "*", "{" + prefix + "*"} {
+			it := client.Scan(ctx, 0, pattern, 500).Iterator()
+			for it.Next(ctx) {
+				client.Del(ctx, it.Val())
+			}
+		}
+		locker.Close()
+		client.Close()
+	})
+	m, err := New(client, Options{Locker: locker, Prefix: prefix, TTL: time.Minute,
+		LockOptions: []lockkit.Option{lockkit.WithTTL(5 * time.Second)}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	a := auth.New([]byte(testSecret), "admin")
+	var calls atomic.Int64
+	gin.SetMode(gin.TestMode)
+	r := gin.New()
+	r.Use(problem.Recover(), problem.LimitBody(4096))
+	api := r.Group("/api/v1", a.User())
+	m.Register(api)
+	api.POST("/things", m.Middleware(), func(c *gin.Context) {
+		var body map[string]any
+		if err := problem.DecodeJSON(c, &body); err != nil {
+			problem.Write(c, err)
+			return
+		}
+		calls.Add(1)
+		c.JSON(http.StatusCreated, gin.H{"key": Key(c), "got": body})
+	})
+	bearer, _ := a.Token(1, time.Hour, time.Now())
+	do := func(key, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/api/v1/things", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+bearer)
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set(KeyHeader, key)
+		}
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		return w
+	}
+	issue := func(t *testing.T) string {
+		req := httptest.NewRequest("POST", "/api/v1/idempotency-tokens", nil)
+		req.Header.Set("Authorization", "Bearer "+bearer)
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("issue: %d %s", w.Code, w.Body)
+		}
+		_, rest, _ := strings.Cut(w.Body.String(), `"key":"`)
+		key, _, _ := strings.Cut(rest, `"`)
+		return key
+	}
+
+	// useIssued: "" sends the fuzzed key as is; otherwise the key is a
+	// fresh token, the fuzzed key is appended to it (quoted or not).
+	for _, s := range []struct {
+		key, body string
+		issued    bool
+	}{
+		{"", `{"a":1}`, true},
+		{"", `{"a":1}`, false},
+		{"not-a-token", `{}`, false},
+		{`"quoted"`, `{"a":1}`, false},
+		{`""`, `{}`, true},
+		{"", `{"a":`, true},
+		{"", `[]`, true},
+		{"\x00\xff", `{}`, false},
+		{strings.Repeat("k", 300), `{}`, false},
+		{" ", `{"b":"c"}`, true},
+	} {
+		f.Add(s.key, s.body, s.issued)
+	}
+	f.Fuzz(func(t *testing.T, key, body string, issued bool) {
+		token := ""
+		if issued {
+			token = issue(t)
+			key = token + key
+		}
+		before := calls.Load()
+		w := do(key, body)
+		ran := calls.Load() - before
+		if w.Code >= 500 {
+			t.Fatalf("key %q body %q: %d %s", key, body, w.Code, w.Body)
+		}
+		if w.Code >= 400 && !strings.HasPrefix(w.Header().Get("Content-Type"), problem.ContentType) {
+			t.Fatalf("refusal %d is not problem+json: %q", w.Code, w.Header().Get("Content-Type"))
+		}
+		if ran != 0 && (token == "" || parseKey(key) != token) {
+			t.Fatalf("the handler ran for key %q, which is not the token issued (%q)", key, token)
+		}
+		if ran == 0 {
+			return
+		}
+		again := do(key, body)
+		if calls.Load()-before != ran || again.Code != w.Code || again.Body.String() != w.Body.String() {
+			t.Fatalf("retry of a request that ran: %d %s, first %d %s; handler runs %d",
+				again.Code, again.Body, w.Code, w.Body, calls.Load()-before)
+		}
+	})
+}
