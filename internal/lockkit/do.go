@@ -7,7 +7,8 @@ import (
 
 // releaseTimeout bounds the release Do makes after fn, which runs on a
 // context detached from the caller's: a cancelled request must still free
-// its lock rather than leave it to expire.
+// its lock rather than leave it to expire. After a lost lease the release
+// runs in the background, ended by this same bound.
 const releaseTimeout = 5 * time.Second
 
 // Do runs fn while holding key. fn's context is cancelled with cause
@@ -36,9 +37,19 @@ func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, 
 	cancel(nil)
 	<-watchDone
 
-	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer relCancel()
-	_ = lease.Release(relCtx)
+	release := func() {
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer relCancel()
+		_ = lease.Release(relCtx)
+	}
+	select {
+	case <-lease.Lost():
+		// The release may not get through (a partition is a common reason
+		// to lose a lease); the caller's answer must not wait for it.
+		go release()
+	default:
+		release()
+	}
 	return err
 }
 
