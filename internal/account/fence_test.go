@@ -3,9 +3,11 @@ package account
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,4 +148,155 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// databases are the SQL stores the fence is proven on: SQLite always,
+// MariaDB when SHOP_TEST_MYSQL_DSN is set (required in CI), each test on a
+// fresh database.
+func databases() map[string]func(t *testing.T) *storage.DB {
+	return map[string]func(t *testing.T) *storage.DB{
+		"sqlite": func(t *testing.T) *storage.DB {
+			return openDB(t, storage.Options{SQLitePath: t.TempDir() + "/acct.db"})
+		},
+		"mysql": func(t *testing.T) *storage.DB {
+			return openDB(t, storage.Options{MySQLDSN: shoptest.MySQL(t), MaxConns: 5})
+		},
+	}
+}
+
+func openDB(t *testing.T, o storage.Options) *storage.DB {
+	t.Helper()
+	db, err := storage.Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.Migrate(context.Background(), Models()...); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// gate stops a store's Update between its decision and its write, where a
+// paused process sits when its lease runs out, until released.
+type gate struct {
+	paused, wake chan struct{}
+	release      func()
+}
+
+func pauseBeforeWrite(t *testing.T, s *Store) *gate {
+	g := &gate{paused: make(chan struct{}), wake: make(chan struct{})}
+	var once sync.Once
+	g.release = func() { once.Do(func() { close(g.wake) }) }
+	t.Cleanup(g.release) // a failed test must not strand the goroutine
+	s.beforeWrite = func(context.Context) {
+		close(g.paused)
+		<-g.wake
+	}
+	return g
+}
+
+// update is one Update under fixed tokens that adds delta[i] to the i-th
+// account; seen receives the balances it read.
+type update struct {
+	kind   string
+	ids    []int64
+	fences map[int64]uint64
+	delta  []int64
+}
+
+func (u update) start(ctx context.Context, s *Store, seen *[]int64) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Update(ctx, u.kind, u.ids, u.fences, func(_ context.Context, accts []*Account) error {
+			for i, a := range accts {
+				*seen = append(*seen, a.Balance)
+				a.Balance += u.delta[i]
+			}
+			return nil
+		})
+	}()
+	return done
+}
+
+// TestStaleWriteAfterNewerReadIsFenced is the lost update that a fence
+// checked only at write time lets through (docs/faults.md, found 5): A
+// (token 5) reads and decides, then stalls before its write past its lease;
+// B (token 6) reads the same balance and decides; A's write lands, then B's
+// overwrites it from its stale read. Every write beats the row's fence at
+// the time it lands, yet A's ledger row explains money that is not in the
+// balance. The store must refuse A's write: B has shown its token before
+// reading, so A finds a newer fence when it writes.
+func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a, b update
+	}{
+		{"withdraw-deposit",
+			update{"withdraw", []int64{1}, map[int64]uint64{1: 5}, []int64{-10}},
+			update{"deposit", []int64{1}, map[int64]uint64{1: 6}, []int64{10}}},
+		// A's transfer touches account 2, which B updates: A must claim both
+		// rows before reading either.
+		{"transfer-deposit",
+			update{"transfer", []int64{1, 2}, map[int64]uint64{1: 5, 2: 5}, []int64{-10, 10}},
+			update{"deposit", []int64{2}, map[int64]uint64{2: 6}, []int64{10}}},
+	} {
+		for dbName, open := range databases() {
+			t.Run(tc.name+"/"+dbName, func(t *testing.T) {
+				ctx := context.Background()
+				db := open(t)
+				a, b := NewStore(db.DB), NewStore(db.DB) // two shop instances
+				for id := int64(1); id <= 2; id++ {
+					if _, err := a.Put(ctx, id, 100); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// Token 4 wrote last.
+				if err := db.DB.Exec("UPDATE accounts SET fence = 4").Error; err != nil {
+					t.Fatal(err)
+				}
+				aGate, bGate := pauseBeforeWrite(t, a), pauseBeforeWrite(t, b)
+
+				var aSeen, bSeen []int64
+				aDone := tc.a.start(ctx, a, &aSeen)
+				select {
+				case <-aGate.paused:
+				case err := <-aDone:
+					t.Fatalf("A ended before its write: %v", err)
+				}
+				bDone := tc.b.start(ctx, b, &bSeen)
+				select {
+				case <-bGate.paused:
+				case err := <-bDone:
+					t.Fatalf("B ended before its write: %v", err)
+				}
+				if bSeen[0] != 100 {
+					t.Fatalf("B read %d, want 100: the interleaving is not the one under test", bSeen[0])
+				}
+				aGate.release()
+				aErr := <-aDone
+				bGate.release()
+				bErr := <-bDone
+
+				if !errors.Is(aErr, lockkit.ErrFenced) {
+					t.Errorf("A (token 5, stale): %v, want ErrFenced", aErr)
+				}
+				if bErr != nil {
+					t.Errorf("B (token 6): %v, want success", bErr)
+				}
+				drift, err := a.Drift(ctx)
+				if err != nil || len(drift) != 0 {
+					t.Errorf("drift %v (%v), want none: balance = opening + ledger", drift, err)
+				}
+				for id, want := range map[int64]int64{1: 100, 2: 100} {
+					if id == tc.b.ids[0] {
+						want += tc.b.delta[0]
+					}
+					if got, err := a.Get(ctx, id); err != nil || got.Balance != want {
+						t.Errorf("account %d: balance %d (%v), want %d: B's change only", id, got.Balance, err, want)
+					}
+				}
+			})
+		}
+	}
 }

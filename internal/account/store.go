@@ -43,19 +43,34 @@ func (s *Store) Get(ctx context.Context, id int64) (Account, error) {
 }
 
 // Update is the read-modify-write of the accounts ids (in that order in
-// accts). It reads them, lets fn change their balances, then writes every
-// change with its ledger row in one transaction. Each row is written only
-// if fences[id] beats the token that last wrote it; otherwise nothing is
-// written and Update returns lockkit.ErrFenced. A fence of 0 (a backend that
-// cannot fence, or none) writes unfenced, and says so by leaving the row's
-// fence as it was.
+// accts). It claims the rows with their fences, reads them, lets fn change
+// their balances, then writes every change with its ledger row in one
+// transaction. A fence of 0 (a backend that cannot fence, or none) skips
+// the claim and writes unfenced, leaving the row's fence as it was.
 //
-// The read is a plain SELECT, neither in the transaction nor FOR UPDATE: the
-// caller's lock is what serializes the read-modify-write, and the fence is
-// what catches a caller whose lock ran out. A row lock here would hide the
-// difference between a good lock and none at all.
+// With a fence, the write lands only if no newer token has claimed the row
+// since this Update claimed it; otherwise nothing is written and Update
+// returns lockkit.ErrFenced (also when a newer token had claimed it before:
+// then nothing is read). The claim comes before the read because a fence
+// checked only at write time lets a lost update through: a stale holder
+// that read and stalled, and a new holder that read the same row before
+// the stale write landed, would both pass "fence < token" in turn, and the
+// newer write would overwrite the stale one from a stale read. Claiming
+// first shows the store the newer token before its holder reads, so every
+// older write that lands later is refused, and every older write that
+// landed earlier is in what the newer holder reads.
+//
+// The claim is its own autocommit statement and the read is a plain
+// SELECT, neither in the write's transaction nor FOR UPDATE: no row lock is
+// held while fn runs. The caller's lock is what serializes the
+// read-modify-write, and the fence is what catches a caller whose lock ran
+// out. A row lock here would hide the difference between a good lock and
+// none at all.
 func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map[int64]uint64,
 	fn func(ctx context.Context, accts []*Account) error) error {
+	if err := s.claim(ctx, ids, fences); err != nil {
+		return err
+	}
 	accts := make([]*Account, len(ids))
 	before := make(map[int64]int64, len(ids))
 	for i, id := range ids {
@@ -104,16 +119,45 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 	})
 }
 
-// writeBalance is the fenced write. The check is fence < token, not <=: a
-// token writes a row at most once, so a write replayed under the same grant
-// (a retry after an ambiguous commit) is refused instead of applied twice.
+// claim raises each fenced row's fence to its token, in id order, before
+// Update reads the rows. It refuses a token that does not beat the row's
+// fence: an older holder's, or one that has claimed the row already. So a
+// token claims a row at most once, and as nothing retries the write inside
+// Update, it also writes a row at most once: a repeated Update under the
+// same grant is refused instead of applied twice.
+func (s *Store) claim(ctx context.Context, ids []int64, fences map[int64]uint64) error {
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	for _, id := range slices.Compact(sorted) {
+		fence := fences[id]
+		if fence == 0 {
+			continue
+		}
+		res := s.db.WithContext(ctx).Exec("UPDATE accounts SET fence = ? WHERE id = ? AND fence < ?", fence, id, fence)
+		if res.Error != nil {
+			return res.Error
+		}
+		if res.RowsAffected == 0 {
+			if _, err := s.Get(ctx, id); err != nil {
+				return err // ErrNotFound, or the database's error
+			}
+			return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, id, fence)
+		}
+	}
+	return nil
+}
+
+// writeBalance is the fenced write: it lands only while the row's fence is
+// still the token Update claimed it with (fence = token, not <: the claim
+// has raised it already), that is, while no newer holder has claimed the
+// row since this one read it.
 func writeBalance(tx *gorm.DB, id, balance int64, fence uint64) error {
 	var res *gorm.DB
 	if fence == 0 {
 		res = tx.Exec("UPDATE accounts SET balance = ?, updated_at = ? WHERE id = ?", balance, time.Now().UTC(), id)
 	} else {
-		res = tx.Exec("UPDATE accounts SET balance = ?, fence = ?, updated_at = ? WHERE id = ? AND fence < ?",
-			balance, fence, time.Now().UTC(), id, fence)
+		res = tx.Exec("UPDATE accounts SET balance = ?, updated_at = ? WHERE id = ? AND fence = ?",
+			balance, time.Now().UTC(), id, fence)
 	}
 	if res.Error != nil {
 		return res.Error

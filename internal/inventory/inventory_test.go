@@ -212,3 +212,77 @@ func assertNoDrift(t *testing.T, store *Store) {
 		}
 	}
 }
+
+// TestStaleWriteAfterNewerReadIsFenced is the lost decrement that a fence
+// checked only at write time lets through (docs/faults.md, found 5): A
+// (token 5) reads stock 10 and decides 9, then stalls before its write past
+// its lease; B (token 6) reads 10 and decides 9; A's write lands, then B's
+// overwrites it. Two units are sold and one is taken from the stock: the
+// other will be sold again. The store must refuse A's write: B has shown
+// its token before reading, so A finds a newer fence when it writes.
+func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
+	for dbName, newDB := range databases(t) {
+		t.Run(dbName, func(t *testing.T) {
+			ctx := context.Background()
+			db := newDB(t)
+			a, b := NewStore(db.DB, nil), NewStore(db.DB, nil) // two shop instances
+			if _, err := a.Put(ctx, Product{SKU: "race", Name: "race", Stock: 10, PriceCents: 1}); err != nil {
+				t.Fatal(err)
+			}
+			// Token 4 wrote last.
+			if err := db.DB.Exec("UPDATE products SET fence = 4").Error; err != nil {
+				t.Fatal(err)
+			}
+			type buyer struct {
+				paused, wake chan struct{}
+				release      func()
+				seen         int64
+				done         chan error
+			}
+			start := func(s *Store, user int64, fence uint64) *buyer {
+				by := &buyer{paused: make(chan struct{}), wake: make(chan struct{}), done: make(chan error, 1)}
+				var once sync.Once
+				by.release = func() { once.Do(func() { close(by.wake) }) }
+				t.Cleanup(by.release) // a failed test must not strand the goroutine
+				s.beforeWrite = func(context.Context) {
+					close(by.paused)
+					<-by.wake
+				}
+				go func() {
+					p := Purchase{SKU: "race", UserID: user, Quantity: 1, Strategy: StrategyLock, Fence: fence}
+					by.done <- s.Update(ctx, &p, func(_ context.Context, prod *Product) error {
+						by.seen = prod.Stock
+						prod.Stock--
+						return nil
+					})
+				}()
+				select {
+				case <-by.paused:
+				case err := <-by.done:
+					t.Fatalf("user %d ended before its write: %v", user, err)
+				}
+				return by
+			}
+			stale := start(a, 1, 5)
+			newer := start(b, 2, 6)
+			if newer.seen != 10 {
+				t.Fatalf("B read stock %d, want 10: the interleaving is not the one under test", newer.seen)
+			}
+			stale.release()
+			aErr := <-stale.done
+			newer.release()
+			bErr := <-newer.done
+
+			if !errors.Is(aErr, lockkit.ErrFenced) {
+				t.Errorf("A (token 5, stale): %v, want ErrFenced", aErr)
+			}
+			if bErr != nil {
+				t.Errorf("B (token 6): %v, want success", bErr)
+			}
+			if p, err := a.Get(ctx, "race"); err != nil || p.Stock != 9 {
+				t.Errorf("stock %d (%v), want 9: B's unit only", p.Stock, err)
+			}
+			assertNoDrift(t, a)
+		})
+	}
+}

@@ -22,6 +22,9 @@ type Store struct {
 	// mirror, when set, is told about products that change behind its back
 	// (admin puts and resets).
 	mirror *Mirror
+	// beforeWrite, when set by a test, runs between the decision and the
+	// write: the window a paused process sits in when its lease runs out.
+	beforeWrite func(ctx context.Context)
 }
 
 // NewStore returns a Store on db. Migrate must have run. mirror may be nil.
@@ -40,14 +43,25 @@ func (s *Store) Get(ctx context.Context, sku string) (Product, error) {
 	return p, err
 }
 
-// Update is the lock strategy's read-modify-write: it reads the product,
-// lets fn lower its stock, then in one transaction writes the stock (fenced
-// by p.Fence, as account.Store.Update does), counts the units against the
-// per-user limit and inserts the purchase p.
+// Update is the lock strategy's read-modify-write: it claims the product
+// with p.Fence, reads it, lets fn lower its stock, then in one transaction
+// writes the stock (fenced), counts the units against the per-user limit
+// and inserts the purchase p. A fence that does not beat the row's at the
+// claim, or that a newer token has replaced by the write, makes Update
+// return lockkit.ErrFenced with nothing written; a fence of 0 skips the
+// claim and writes unfenced.
 //
-// The read is a plain SELECT outside the transaction: the caller's lock
-// serializes, the fence catches a holder whose lock ran out.
+// The claim comes before the read for the reason account.Store.Update
+// gives: checked only at write time, a stale holder's decrement lands and
+// is then overwritten by a newer holder that read the stock before it
+// landed, and the unit is sold twice. The claim is its own autocommit
+// statement and the read a plain SELECT outside the transaction: no row
+// lock is held while fn runs; the caller's lock serializes, the fence
+// catches a holder whose lock ran out.
 func (s *Store) Update(ctx context.Context, p *Purchase, fn func(ctx context.Context, prod *Product) error) error {
+	if err := s.claim(ctx, p.SKU, p.Fence); err != nil {
+		return err
+	}
 	prod, err := s.Get(ctx, p.SKU)
 	if err != nil {
 		return err
@@ -57,6 +71,9 @@ func (s *Store) Update(ctx context.Context, p *Purchase, fn func(ctx context.Con
 	}
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite(ctx)
 	}
 	// The write finishes even if the request or the lease ends meanwhile: a
 	// transaction cut half-way leaves its outcome unknown to the client,
@@ -74,16 +91,39 @@ func (s *Store) Update(ctx context.Context, p *Purchase, fn func(ctx context.Con
 	})
 }
 
-// writeStock is the fenced write. fence < token, not <=: a token writes a
-// row once, so a replay under the same grant is refused, not applied twice.
+// claim raises the product's fence to the token before Update reads it,
+// refusing a token that does not beat the row's: an older holder's, or one
+// that has claimed the row already. So a token claims a row at most once,
+// and as nothing retries the write inside Update, it writes it at most
+// once: a replay under the same grant is refused, not applied twice.
+func (s *Store) claim(ctx context.Context, sku string, fence uint64) error {
+	if fence == 0 {
+		return nil
+	}
+	res := s.db.WithContext(ctx).Exec("UPDATE products SET fence = ? WHERE sku = ? AND fence < ?", fence, sku, fence)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		if _, err := s.Get(ctx, sku); err != nil {
+			return err // ErrNotFound, or the database's error
+		}
+		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, sku, fence)
+	}
+	return nil
+}
+
+// writeStock is the fenced write: it lands only while the row's fence is
+// still the token Update claimed it with, that is, while no newer holder
+// has claimed the row since this one read it.
 func writeStock(tx *gorm.DB, sku string, stock int64, fence uint64) error {
 	now := time.Now().UTC()
 	var res *gorm.DB
 	if fence == 0 {
 		res = tx.Exec("UPDATE products SET stock = ?, updated_at = ? WHERE sku = ?", stock, now, sku)
 	} else {
-		res = tx.Exec("UPDATE products SET stock = ?, fence = ?, updated_at = ? WHERE sku = ? AND fence < ?",
-			stock, fence, now, sku, fence)
+		res = tx.Exec("UPDATE products SET stock = ?, updated_at = ? WHERE sku = ? AND fence = ?",
+			stock, now, sku, fence)
 	}
 	if res.Error != nil {
 		return res.Error
