@@ -41,7 +41,8 @@ type Account struct {
 	// Opening is the balance the account was created with; the audit
 	// checks Balance == Opening + the sum of the ledger.
 	Opening int64 `gorm:"not null" json:"-"`
-	// Fence is the highest fencing token that wrote this row.
+	// Fence is the highest fencing token that claimed this row; only its
+	// holder may write the balance.
 	Fence     uint64    `gorm:"not null;default:0" json:"-"`
 	UpdatedAt time.Time `json:"-"`
 }
