@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,6 +20,10 @@ import (
 type waitRoom struct {
 	client redis.UniversalClient
 	closed <-chan struct{}
+
+	// waiting counts the keys with waiters here, so that the uncontended
+	// path (nobody waits) takes no mutex.
+	waiting atomic.Int64
 
 	mu     sync.Mutex
 	pubsub *redis.PubSub
@@ -49,6 +54,9 @@ func newWaitRoom(client redis.UniversalClient, closed <-chan struct{}) *waitRoom
 
 // busy reports whether anyone in this process waits for the key.
 func (r *waitRoom) busy(channel string) bool {
+	if r.waiting.Load() == 0 {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.rooms[channel] != nil
@@ -64,8 +72,10 @@ func (r *waitRoom) join(ctx context.Context, channel, owner string) (*waiter, er
 	if room == nil {
 		room = &keyRoom{subscribed: make(chan struct{})}
 		r.rooms[channel] = room
+		r.waiting.Add(1)
 		if err := r.subscribe(ctx, channel); err != nil {
 			delete(r.rooms, channel)
+			r.waiting.Add(-1)
 			r.mu.Unlock()
 			return nil, err
 		}
@@ -122,6 +132,7 @@ func (r *waitRoom) leave(w *waiter) {
 	room.queue = slices.Delete(room.queue, i, i+1)
 	if len(room.queue) == 0 {
 		delete(r.rooms, w.channel)
+		r.waiting.Add(-1)
 		if r.sent[w.channel] == r.seen[w.channel] {
 			delete(r.sent, w.channel)
 			delete(r.seen, w.channel)
@@ -139,6 +150,9 @@ func (r *waitRoom) leave(w *waiter) {
 // wake tells the head waiter of channel that the key was released. next is
 // the fair queue's head named by the release; a waiter not named sleeps on.
 func (r *waitRoom) wake(channel, next string) {
+	if r.waiting.Load() == 0 {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room := r.rooms[channel]
