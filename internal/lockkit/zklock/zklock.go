@@ -7,8 +7,8 @@
 // The ZooKeeper session is what keeps a node alive, so a crashed holder's
 // key is freed when its session times out. Lease TTLs are kept by this
 // client on top of that: when a lease runs out, Lost closes and the node is
-// deleted. The fence is the node's czxid. docs/backends-zk-etcd.md gives the
-// reasons.
+// deleted. The fence is the key directory's pzxid as read by the grant.
+// docs/backends-zk-etcd.md gives the reasons.
 package zklock
 
 import (
@@ -185,15 +185,8 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if err != nil {
 			return nil, err
 		}
-		// The fence and the watch on our own node are fetched while we
-		// queue, so that a waiter's grant costs no round trip after its
-		// predecessor goes.
-		own := make(chan ownNode, 1)
-		go func() {
-			_, stat, fired, err := l.conn.GetW(node)
-			own <- ownNode{stat, fired, err}
-		}()
-		lease, err := l.queue(ctx, waitCtx, key, node, own, o, watchdog, wait)
+		session := l.conn.SessionID()
+		lease, err := l.queue(ctx, waitCtx, key, node, session, o, watchdog, wait)
 		if !errors.Is(err, errVanished) {
 			return lease, err
 		}
@@ -251,22 +244,14 @@ func (l *Locker) find(prefix string) (string, error) {
 	return "", nil
 }
 
-// ownNode is our node's stat (its czxid is the fence) and the data watch
-// that fires when it is deleted.
-type ownNode struct {
-	stat  *zk.Stat
-	fired <-chan zk.Event
-	err   error
-}
-
 // queue waits until node is the lowest in its directory and grants it.
-func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, own <-chan ownNode, o lockkit.Options, watchdog, wait bool) (lockkit.Lease, error) {
+func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session int64, o lockkit.Options, watchdog, wait bool) (lockkit.Lease, error) {
 	dir, name := path.Dir(node), path.Base(node)
 	for {
 		l.mu.Lock()
 		epoch := l.epoch
 		l.mu.Unlock()
-		children, _, err := l.conn.Children(dir)
+		children, dirStat, err := l.conn.Children(dir)
 		if err != nil {
 			l.abandon(node)
 			return nil, l.fail(err)
@@ -276,7 +261,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, own <-cha
 		case !found:
 			return nil, errVanished
 		case pred == "":
-			return l.grant(key, node, epoch, <-own, o, watchdog)
+			return l.grant(key, node, epoch, session, uint64(dirStat.Pzxid), o, watchdog)
 		case !wait:
 			l.abandon(node)
 			return nil, lockkit.ErrNotAcquired
@@ -306,15 +291,17 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, own <-cha
 // grant turns our first-in-line node into a lease. epoch is from before we
 // saw the node first: if the connection dropped since, the lease is born
 // lost, as it would have been lost had it been granted a moment earlier.
-func (l *Locker) grant(key, node string, epoch uint64, own ownNode, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
+//
+// The fence is the directory's pzxid as read with the children list that
+// showed our node first: the zxid of the directory's last change of
+// children. Our turn came only after the previous holder's node was deleted,
+// a change of children that the previous holder's own reading preceded, so
+// every grant's token is above every earlier grant's. It costs no request
+// beyond the list we read anyway (a node's czxid would cost a read after the
+// grant); sequence numbers would not do: they restart if the directory is
+// ever recreated.
+func (l *Locker) grant(key, node string, epoch uint64, session int64, fence uint64, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
 	sent := time.Now()
-	if own.err != nil {
-		if errors.Is(own.err, zk.ErrNoNode) {
-			return nil, errVanished
-		}
-		l.abandon(node)
-		return nil, l.fail(own.err)
-	}
 	h := &held{gone: make(chan struct{})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -322,31 +309,30 @@ func (l *Locker) grant(key, node string, epoch uint64, own ownNode, o lockkit.Op
 	if l.epoch != epoch {
 		close(h.gone)
 	}
-	// From here on the event callback closes h.gone when the node goes;
-	// an event that fired before we registered is on own.fired. It may
-	// also be a dropped connection's, with the node still there: delete
-	// it all the same, an orphan of a live session blocks the key.
-	select {
-	case <-own.fired:
-		delete(l.held, node)
-		go l.abandon(node)
-		return nil, errVanished
-	default:
-	}
 	// Under mu: expire and extend must see both the timer and the lease.
-	stat := own.stat
-	h.session = stat.EphemeralOwner
+	h.session = session
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, h) })
 	h.lease = lockkit.NewLease(lockkit.Grant{
-		// czxid, not the sequence: zxids rise across the whole ensemble,
-		// sequences restart if the directory is ever recreated.
-		Key: key, Fence: uint64(stat.Czxid), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
+		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, h, ttl) },
 		Release: func(context.Context) error { return l.release(node, h) },
 		Gone:    h.gone,
 		Closed:  l.closed,
 	})
+	go l.watchOwn(node, h)
 	return h.lease, nil
+}
+
+// watchOwn sets a watch on our granted node, whose deletion (an operator,
+// an expired session) onEvent turns into Lost at once. It runs after the
+// grant, off the holder's path; a node already gone by then is lost now.
+func (l *Locker) watchOwn(node string, h *held) {
+	exists, _, _, err := l.conn.ExistsW(node)
+	if err == nil && !exists {
+		l.mu.Lock()
+		closeOnce(h.gone)
+		l.mu.Unlock()
+	}
 }
 
 // extend checks the node is still ours and moves its deletion to ttl from
