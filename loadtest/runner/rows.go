@@ -98,6 +98,7 @@ type result struct {
 
 	// Seckill, phase 1.
 	OrdersPerSec float64 `json:"orders_per_sec"` // units sold / time of the last sale
+	Stock        int64   `json:"stock"`          // units of the hot SKU on sale
 	Sold         int64   `json:"sold"`
 	SoldOut      int64   `json:"sold_out"`
 	Busy         int64   `json:"busy"`
@@ -168,6 +169,13 @@ func (r *result) judge() {
 		}
 		if r.Audit != nil && !r.AuditOK {
 			r.Problems = append(r.Problems, "audit ok = false")
+		}
+		// A lock must let the sale finish, not only keep it correct: a
+		// lock that is never freed (a broken release) sells one unit and
+		// then times out every buyer, with zero damage. Rate x duration is
+		// kept well above the stock, so every working lock sells out.
+		if r.Spec.runs("seckill") && r.Stock > 0 && r.Sold < r.Stock {
+			r.Problems = append(r.Problems, fmt.Sprintf("sold %d of %d units: the lock starved the sale", r.Sold, r.Stock))
 		}
 		// Nothing here pauses a holder past its lease (the watchdog renews
 		// it), so a refused stale write means two holders overlapped: the

@@ -31,7 +31,7 @@ const (
 // runRow runs one row from fresh database to stopped instances.
 func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spec) (res result, err error) {
 	started := time.Now()
-	res = result{Spec: s}
+	res = result{Spec: s, Stock: int64(o.Stock)}
 	runID := strconv.Itoa(os.Getpid())
 
 	dsn, drop, err := env.database(ctx, dbName(runID, s.Name))
