@@ -157,9 +157,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	}
 	defer l.room.leave(w)
 
-	timer := time.NewTimer(0)
+	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
+	// leave a stale tick behind, so no draining is needed.
+	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	<-timer.C
 	for {
 		lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, o.Fair)
 		if lease != nil {
@@ -174,9 +175,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		timer.Reset(max(pttl, time.Millisecond))
 		select {
 		case <-w.wake:
-			if !timer.Stop() {
-				<-timer.C
-			}
+			timer.Stop()
 		case <-timer.C:
 		case <-waitCtx.Done():
 			l.abandon(ks, owner)
