@@ -197,6 +197,10 @@ func (l *Locker) waitErr(ctx, waitCtx context.Context, err error) error {
 // holder's grant has left, or an error.
 func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog, queue bool) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
+	fairFlag := "0"
+	if o.Fair {
+		fairFlag = "1"
+	}
 	var res []int64
 	var err error
 	if o.Fair {
@@ -233,7 +237,7 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Release: func(ctx context.Context) error {
-			ok, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel).Int()
+			ok, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel, fairFlag).Int()
 			if err != nil {
 				return unavailable(ctx, err)
 			}
