@@ -11,6 +11,10 @@ import (
 // the key is released when the last nested lease is. Contexts without an
 // owner pass straight through. The hold count lives in this process, which
 // is where the owner's identity lives too.
+//
+// A nested lease is the same grant and carries the same fence. A store
+// that admits each token once (shop's claim-then-write) refuses a second
+// update under it: make one store update per grant, not one per nesting.
 func Reentrant(l Locker) Locker {
 	return &reentrant{inner: l, held: make(map[holdKey]*hold)}
 }
