@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/problem"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -45,14 +45,7 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, o Options) *fixture {
-	addr := os.Getenv("SHOP_TEST_REDIS_ADDR")
-	if addr == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("SHOP_TEST_REDIS_ADDR is not set: CI must run this test against a real server (make test starts one)")
-		}
-		t.Skip("SHOP_TEST_REDIS_ADDR not set; run the tests with make test, which starts the servers")
-	}
-	client := redis.NewClient(&redis.Options{Addr: addr})
+	client := redis.NewClient(&redis.Options{Addr: testenv.Require(t, "SHOP_TEST_REDIS_ADDR")})
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	prefix := "idem_test:" + hex.EncodeToString(b) + ":"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/problem"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 // FuzzMiddleware sends arbitrary Idempotency-Key values and bodies through
@@ -25,13 +25,7 @@ import (
 // was issued, and a retry of a request that ran gets the same answer
 // without running the handler again.
 func FuzzMiddleware(f *testing.F) {
-	addr := os.Getenv("SHOP_TEST_REDIS_ADDR")
-	if addr == "" {
-		if os.Getenv("CI") == "true" {
-			f.Fatal("SHOP_TEST_REDIS_ADDR is not set: CI must run this test against a real server")
-		}
-		f.Skip("SHOP_TEST_REDIS_ADDR not set; run scripts/testenv.sh up and source /tmp/shop-testenv/env")
-	}
+	addr := testenv.Require(f, "SHOP_TEST_REDIS_ADDR")
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	prefix := "idem_fuzz:" + strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "") + ":"
 	locker := redislock.New(client, redislock.WithPrefix(prefix))

@@ -17,23 +17,12 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// serverAddrs reads a test server's addresses; without them the test is
-// skipped, except in CI where a missing server is a failure.
-func serverAddrs(t *testing.T, env string) []string {
-	t.Helper()
-	v := os.Getenv(env)
-	if v == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set: CI must run this test against a real server (make test starts one)", env)
-		}
-		t.Skipf("%s not set; run the tests with make test, which starts the servers", env)
-	}
-	return strings.Split(v, ",")
-}
+func serverAddrs(t *testing.T, env string) []string { return testenv.RequireList(t, env) }
 
 func clusterClient(t *testing.T) redis.UniversalClient {
 	addrs := serverAddrs(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")

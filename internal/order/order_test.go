@@ -31,6 +31,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/problem"
 	"github.com/lockbench/shop/internal/storage"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -46,17 +47,7 @@ func random() string {
 	return hex.EncodeToString(b)
 }
 
-func env(t *testing.T, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set: CI must run this test against a real server (make test starts one)", name)
-		}
-		t.Skipf("%s not set; run the tests with make test, which starts the servers", name)
-	}
-	return v
-}
+func env(t *testing.T, name string) string { return testenv.Require(t, name) }
 
 // openDB opens a fresh database: on MariaDB when SHOP_TEST_MYSQL_DSN is set
 // (a database of its own, dropped at the end), else on SQLite.

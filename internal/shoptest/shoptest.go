@@ -32,21 +32,12 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 // Env returns the variable name, or skips the test (fails it under CI=true)
 // when it is unset.
-func Env(t testing.TB, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set; CI must run every test (scripts/testenv.sh up, then source /tmp/shop-testenv/env)", name)
-		}
-		t.Skipf("%s is not set: run scripts/testenv.sh up and source /tmp/shop-testenv/env", name)
-	}
-	return v
-}
+func Env(t testing.TB, name string) string { return testenv.Require(t, name) }
 
 // Random returns n random bytes as hex.
 func Random(n int) string {

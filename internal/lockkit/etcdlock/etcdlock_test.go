@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"net/url"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 const (
@@ -189,16 +188,7 @@ func BenchmarkUncontended(b *testing.B) {
 }
 
 func serverEndpoints(t testing.TB) []string {
-	t.Helper()
-	v := os.Getenv("SHOP_TEST_ETCD_ENDPOINTS")
-	if v == "" {
-		const why = "SHOP_TEST_ETCD_ENDPOINTS is unset (scripts/testenv.sh up; source /tmp/shop-testenv/env)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why)
-		}
-		t.Skip(why)
-	}
-	return strings.Split(v, ",")
+	return testenv.RequireList(t, "SHOP_TEST_ETCD_ENDPOINTS")
 }
 
 func open(t testing.TB, endpoints []string) *Locker {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 // The contended run of the issues: 32 goroutines, 1 ms critical section.
@@ -124,7 +124,7 @@ func lockkitAcquirer(l lockkit.Locker, opts ...lockkit.Option) Acquirer {
 func BenchmarkUncontended(b *testing.B) {
 	for _, g := range groups() {
 		b.Run(g.name, func(b *testing.B) {
-			requireEnv(b, g.env)
+			testenv.Require(b, g.env)
 			b.Run("raw-roundtrip", func(b *testing.B) {
 				rt := g.roundTrip(b)
 				ctx := context.Background()
@@ -166,7 +166,7 @@ func BenchmarkUncontended(b *testing.B) {
 func BenchmarkContended(b *testing.B) {
 	for _, g := range groups() {
 		b.Run(g.name, func(b *testing.B) {
-			requireEnv(b, g.env)
+			testenv.Require(b, g.env)
 			rt := measureRoundTrip(b, g.roundTrip(b))
 			for _, s := range g.subjects {
 				b.Run(s.name, func(b *testing.B) {
@@ -210,14 +210,6 @@ func measureRoundTrip(b *testing.B, rt func(context.Context) error) time.Duratio
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func requireEnv(b *testing.B, env string) {
-	for _, e := range strings.Fields(env) {
-		if os.Getenv(e) == "" {
-			b.Skipf("%s not set: run make bench, which starts the servers", e)
-		}
-	}
-}
 
 func envDuration(env string, def time.Duration) time.Duration {
 	if d, err := time.ParseDuration(os.Getenv(env)); err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/memcachedlock"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 // Every lease's keeper and every Locker's goroutines end by the time the
@@ -133,18 +133,7 @@ func TestServerDown(t *testing.T) {
 	}
 }
 
-func serverAddr(t testing.TB) string {
-	t.Helper()
-	addr := os.Getenv("SHOP_TEST_MEMCACHED_ADDR")
-	if addr == "" {
-		const why = "SHOP_TEST_MEMCACHED_ADDR is unset (scripts/testenv.sh up; source /tmp/shop-testenv/env)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why)
-		}
-		t.Skip(why)
-	}
-	return addr
-}
+func serverAddr(t testing.TB) string { return testenv.Require(t, "SHOP_TEST_MEMCACHED_ADDR") }
 
 func dial(t testing.TB, addr string) *memcache.Client {
 	mc := memcache.New(addr)

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/mysqllock"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 // Every table this package's tests touch lives in this database, so tests
@@ -34,14 +34,7 @@ const (
 // missing server is a failure.
 func testDSN(t testing.TB) string {
 	t.Helper()
-	raw := os.Getenv("SHOP_TEST_MYSQL_DSN")
-	if raw == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("SHOP_TEST_MYSQL_DSN is not set: CI must run this test against a real server (make test starts one)")
-		}
-		t.Skip("SHOP_TEST_MYSQL_DSN not set; run the tests with make test, which starts the servers")
-	}
-	cfg, err := mysql.ParseDSN(raw)
+	cfg, err := mysql.ParseDSN(testenv.Require(t, "SHOP_TEST_MYSQL_DSN"))
 	if err != nil {
 		t.Fatalf("SHOP_TEST_MYSQL_DSN: %v", err)
 	}

@@ -2,8 +2,6 @@ package redislock_test
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 func TestConformanceSingleNode(t *testing.T) {
@@ -57,16 +56,4 @@ func (c closer) Close() error {
 	return c.client.Close()
 }
 
-// serverAddrs reads a test server's addresses; without them the test is
-// skipped, except in CI where a missing server is a failure.
-func serverAddrs(t *testing.T, env string) []string {
-	t.Helper()
-	v := os.Getenv(env)
-	if v == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set: CI must run this test against a real server (make test starts one)", env)
-		}
-		t.Skipf("%s not set; run the tests with make test, which starts the servers", env)
-	}
-	return strings.Split(v, ",")
-}
+func serverAddrs(t *testing.T, env string) []string { return testenv.RequireList(t, env) }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redlock"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 // Every lease's keeper and every Locker's goroutines end by the time the
@@ -185,15 +184,7 @@ func TestOwnerCheckedAfterTakeover(t *testing.T) {
 
 func masterAddrs(t testing.TB) []string {
 	t.Helper()
-	v := os.Getenv("SHOP_TEST_REDLOCK_ADDRS")
-	if v == "" {
-		const why = "SHOP_TEST_REDLOCK_ADDRS is unset (scripts/testenv.sh up; source /tmp/shop-testenv/env)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why)
-		}
-		t.Skip(why)
-	}
-	addrs := strings.Split(v, ",")
+	addrs := testenv.RequireList(t, "SHOP_TEST_REDLOCK_ADDRS")
 	if len(addrs) < 3 {
 		t.Fatalf("SHOP_TEST_REDLOCK_ADDRS lists %d masters, the tests need 3", len(addrs))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -265,15 +265,7 @@ func testKey(t *testing.T, rdb redis.UniversalClient) string {
 
 func dial(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	addr := os.Getenv("SHOP_TEST_REDIS_ADDR")
-	if addr == "" {
-		const why = "SHOP_TEST_REDIS_ADDR is unset (scripts/testenv.sh up; source /tmp/shop-testenv/env)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why)
-		}
-		t.Skip(why)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.Require(t, "SHOP_TEST_REDIS_ADDR")})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }

@@ -9,9 +9,7 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 const (
@@ -231,18 +230,7 @@ func BenchmarkUncontended(b *testing.B) {
 	})
 }
 
-func serverAddrs(t testing.TB) []string {
-	t.Helper()
-	v := os.Getenv("SHOP_TEST_ZK_ADDRS")
-	if v == "" {
-		const why = "SHOP_TEST_ZK_ADDRS is unset (scripts/testenv.sh up; source /tmp/shop-testenv/env)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why)
-		}
-		t.Skip(why)
-	}
-	return strings.Split(v, ",")
-}
+func serverAddrs(t testing.TB) []string { return testenv.RequireList(t, "SHOP_TEST_ZK_ADDRS") }
 
 func open(t testing.TB, addrs []string, opts ...Option) *Locker {
 	t.Helper()

@@ -1,0 +1,33 @@
+// Package testenv gives tests the servers that scripts/testenv.sh starts,
+// named by SHOP_TEST_* variables (docs/testing.md). It holds the one rule
+// every such test follows: without its server a test is skipped on a
+// developer's machine, and fails in CI (CI=true), where nothing may skip.
+package testenv
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// Require returns the variable's value, or skips t (fails it in CI) when
+// the variable is unset.
+func Require(t testing.TB, name string) string {
+	t.Helper()
+	const how = "make test starts the servers; by hand: scripts/testenv.sh up, then source /tmp/shop-testenv/env"
+	v := os.Getenv(name)
+	switch {
+	case v != "":
+	case os.Getenv("CI") == "true":
+		t.Fatalf("%s is not set: CI must run this test against a real server (%s)", name, how)
+	default:
+		t.Skipf("%s is not set (%s)", name, how)
+	}
+	return v
+}
+
+// RequireList is Require for a comma-separated list of addresses.
+func RequireList(t testing.TB, name string) []string {
+	t.Helper()
+	return strings.Split(Require(t, name), ",")
+}
