@@ -107,8 +107,5 @@ func (c closingLocker) Close() error {
 
 // Capabilities passes the backend's declaration through the wrapper.
 func (c closingLocker) Capabilities() lockkit.Capabilities {
-	if d, ok := c.Locker.(lockkit.Describer); ok {
-		return d.Capabilities()
-	}
-	return lockkit.Capabilities{}
+	return lockkit.CapabilitiesOf(c.Locker)
 }

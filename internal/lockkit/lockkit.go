@@ -94,3 +94,13 @@ type Capabilities struct {
 type Describer interface {
 	Capabilities() Capabilities
 }
+
+// CapabilitiesOf returns what l declares; a Locker that declares nothing
+// promises nothing. Wrappers pass their inner Locker's declaration on
+// through it.
+func CapabilitiesOf(l Locker) Capabilities {
+	if d, ok := l.(Describer); ok {
+		return d.Capabilities()
+	}
+	return Capabilities{}
+}

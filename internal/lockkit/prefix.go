@@ -36,10 +36,7 @@ func (p prefixed) wrap(key string) func(Lease, error) (Lease, error) {
 
 // Capabilities passes the backend's declaration through.
 func (p prefixed) Capabilities() Capabilities {
-	if d, ok := p.Locker.(Describer); ok {
-		return d.Capabilities()
-	}
-	return Capabilities{}
+	return CapabilitiesOf(p.Locker)
 }
 
 type prefixedLease struct {

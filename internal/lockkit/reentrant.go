@@ -70,10 +70,7 @@ func (r *reentrant) Close() error { return r.inner.Close() }
 
 // Capabilities reports the inner backend's, plus reentrancy.
 func (r *reentrant) Capabilities() Capabilities {
-	var c Capabilities
-	if d, ok := r.inner.(Describer); ok {
-		c = d.Capabilities()
-	}
+	c := CapabilitiesOf(r.inner)
 	c.Reentrant = true
 	return c
 }

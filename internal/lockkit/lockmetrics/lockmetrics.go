@@ -134,10 +134,7 @@ func (l *locker) Close() error { return l.inner.Close() }
 
 // Capabilities reports the inner Locker's.
 func (l *locker) Capabilities() lockkit.Capabilities {
-	if d, ok := l.inner.(lockkit.Describer); ok {
-		return d.Capabilities()
-	}
-	return lockkit.Capabilities{}
+	return lockkit.CapabilitiesOf(l.inner)
 }
 
 // Unwrap returns the measured Locker.
