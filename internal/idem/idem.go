@@ -170,9 +170,36 @@ func (m *Idem) load(ctx context.Context, user int64, token string) (record, erro
 	if err != nil {
 		return record{}, fmt.Errorf("idem: read token: %w", err)
 	}
+	return parseRecord(h)
+}
+
+// claim binds the token to the request with fingerprint fp, in the same
+// step as it reads the record again under the token's lock (the first
+// request may have finished between the unlocked read and the grant). It
+// returns claimed, or the record that decides the answer instead.
+func (m *Idem) claim(ctx context.Context, user int64, token, fp string) (rec record, claimed bool, err error) {
+	res, err := claimScript.Run(ctx, m.client, []string{m.key(user, token)}, fp).StringSlice()
+	if err != nil {
+		return record{}, false, fmt.Errorf("idem: claim token: %w", err)
+	}
+	h := make(map[string]string, len(res)/2)
+	for i := 0; i+1 < len(res); i += 2 {
+		h[res[i]] = res[i+1]
+	}
+	if h["claimed"] == "1" {
+		return record{}, true, nil
+	}
+	rec, err = parseRecord(h)
+	return rec, false, err
+}
+
+// parseRecord reads a token's record from its hash; an empty hash is a
+// token that was never issued or has expired.
+func parseRecord(h map[string]string) (record, error) {
 	if len(h) == 0 {
 		return record{}, ErrUnknownKey
 	}
+	var err error
 	r := record{fp: h["fp"], header: h["header"], body: h["body"]}
 	if s := h["status"]; s != "" {
 		if r.status, err = strconv.Atoi(s); err != nil {

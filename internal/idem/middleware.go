@@ -126,23 +126,16 @@ func (m *Idem) Middleware() gin.HandlerFunc {
 			defer cancel()
 			_ = lease.Release(rctx) // if it expired meanwhile, there is nothing left to free
 		}()
-		// The first request may have finished between the read above and
-		// the grant: read again under the lock.
-		rec, err = m.load(ctx, user, token)
-		if m.answered(c, rec, fp, err) {
-			return
-		}
-		if rec.fp != "" && rec.fp != fp {
-			// An earlier request with another body ran and crashed or
-			// failed half-way: the token is its, not this request's.
-			problem.Write(c, reused())
-			return
-		}
-		if n, err := claimScript.Run(ctx, m.client, []string{m.key(user, token)}, fp).Int(); err != nil {
-			problem.Write(c, fmt.Errorf("idem: claim token: %w", err))
-			return
-		} else if n == 0 {
-			problem.Write(c, unknown()) // expired since the read
+		// One round trip under the lock: the record is read again (the first
+		// request may have finished between the read above and the grant)
+		// and, if nothing decides the answer, bound to this request.
+		rec, claimed, err := m.claim(ctx, user, token, fp)
+		if !claimed {
+			if !m.answered(c, rec, fp, err) {
+				// An earlier request with another body ran and crashed or
+				// failed half-way: the token is its, not this request's.
+				problem.Write(c, reused())
+			}
 			return
 		}
 		c.Set(tokenKey, token)
