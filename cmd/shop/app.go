@@ -140,13 +140,16 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err != nil {
 		return nil, err
 	}
-	orderStore := order.NewStore(db.DB)
+	orderStore := order.NewStore(db.DB, productStore, accountStore)
+	orders := order.NewService(orderStore, order.Options{Locker: locker, LockOptions: lockOpts,
+		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, Metrics: lockMetrics,
+		CriticalSectionDelay: cfg.CriticalSectionDelay})
 
 	domains := []domain{
 		accounts,
 		&inventory.Domain{Service: products, Store: productStore},
 		&like.Domain{Service: likes},
-		&order.Domain{Service: order.NewService(orderStore, products, accounts.Service), Store: orderStore, Idem: tokens},
+		&order.Domain{Service: orders, Store: orderStore, Idem: tokens},
 	}
 
 	// The embedded Redis starts empty, fence counters included, so its
@@ -162,6 +165,8 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 			}
 		}
 	}
+
+	a.startCloser(orders, log)
 
 	var checks []audit.Check
 	var resetters []audit.Resetter
@@ -181,6 +186,19 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		ready:   a.readiness,
 	})
 	return a, nil
+}
+
+// startCloser runs the order closer until the app closes. It stops before
+// the stores and the locker close (closers run last opened first), so that
+// no round runs on a closed database.
+func (a *app) startCloser(orders *order.Service, log *slog.Logger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		orders.RunCloser(ctx, log)
+	}()
+	a.closers = append(a.closers, func() error { cancel(); <-done; return nil })
 }
 
 // openRedis connects to SHOP_REDIS_ADDRS, or starts the embedded server.

@@ -56,6 +56,9 @@ type LedgerEntry struct {
 	Kind      string `gorm:"size:16;not null"`
 	Fence     uint64 `gorm:"not null;default:0"`
 	CreatedAt time.Time
+	// OrderID is the order a debit pays (kind "order"); 0 for every other
+	// change. The order audit reconciles orders with these rows.
+	OrderID int64 `gorm:"not null;default:0;index"`
 }
 
 // Transfer is the result of a transfer, as the sender sees it: the

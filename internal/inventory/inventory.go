@@ -69,6 +69,9 @@ type Purchase struct {
 	Strategy  string    `gorm:"size:16;not null" json:"strategy"`
 	Fence     uint64    `gorm:"not null;default:0" json:"-"`
 	CreatedAt time.Time `json:"created_at"`
+	// OrderID is the order that reserved (quantity > 0) or returned
+	// (quantity < 0) these units; 0 for a seckill sale.
+	OrderID int64 `gorm:"not null;default:0;index" json:"-"`
 }
 
 // PurchaseLimit counts the units one user bought of one SKU, so that the

@@ -2,10 +2,11 @@ package order
 
 import (
 	"context"
-	"errors"
+	"encoding/base64"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -17,38 +18,56 @@ import (
 
 func init() {
 	problem.Register(ErrNotFound, http.StatusNotFound, "order-not-found", "Order not found")
-	problem.Register(ErrInProgress, http.StatusConflict, "order-in-progress", "Order in progress")
-	problem.Register(ErrRefundFailed, http.StatusInternalServerError, "order-refund-failed", "Order failed, refund pending")
+	problem.Register(ErrCancelled, http.StatusConflict, "order-cancelled", "Order cancelled")
 	problem.Register(ErrTooLarge, http.StatusUnprocessableEntity, "order-too-large", "Order amount too large")
 }
 
+// Page sizes of GET /orders.
+const (
+	defaultPageSize = 20
+	maxPageSize     = 100
+)
+
 // Domain is the order domain as cmd/shop wires it: the token route, the
-// order routes behind the idempotency middleware, the audit check.
+// order routes, the audit checks.
 type Domain struct {
 	Service *Service
 	Store   *Store
 	Idem    *idem.Idem
+	// PayMiddleware, if set, guards POST /orders/{id}/pay (an optional
+	// client-chosen Idempotency-Key). Pay is idempotent by itself: paying
+	// a paid order answers the same body.
+	PayMiddleware []gin.HandlerFunc
 }
 
 // Register adds POST /idempotency-tokens, POST /orders (which requires an
-// Idempotency-Key) and GET /orders/{id} to api. No admin routes.
+// Idempotency-Key), POST /orders/{id}/pay, GET /orders and GET
+// /orders/{id} to api. No admin routes.
 func (d *Domain) Register(api, _ *gin.RouterGroup) {
 	d.Idem.Register(api)
 	api.POST("/orders", d.Idem.Middleware(), d.place)
+	api.GET("/orders", d.list)
 	api.GET("/orders/:id", d.get)
+	api.POST("/orders/:id/pay", append(append([]gin.HandlerFunc{}, d.PayMiddleware...), d.pay)...)
 }
 
 // Reset implements audit.Resetter.
 func (d *Domain) Reset(ctx context.Context, fixture string) error { return d.Store.Reset(ctx, fixture) }
 
+// ForgetFences sets every order's fence to 0; see Store.ForgetFences.
+func (d *Domain) ForgetFences(ctx context.Context) error { return d.Store.ForgetFences(ctx) }
+
 // Checks are the order invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
-	return []audit.Check{{Name: "duplicate_orders", By: "by_key", Run: d.Store.Duplicates}}
+	return append([]audit.Check{{Name: "duplicate_orders", By: "by_key", Run: d.Store.Duplicates}},
+		d.Store.checks(d.Service.stuckAfter())...)
 }
 
 type placeRequest struct {
 	SKU      *string `json:"sku"`
 	Quantity *int64  `json:"quantity"`
+	// Pay reserves and pays in one transaction.
+	Pay bool `json:"pay"`
 }
 
 func (d *Domain) place(c *gin.Context) {
@@ -61,13 +80,8 @@ func (d *Domain) place(c *gin.Context) {
 		problem.Write(c, problem.BadRequest("sku and quantity are required"))
 		return
 	}
-	o, err := d.Service.Place(c.Request.Context(), auth.UserID(c), idem.Key(c), *req.SKU, *req.Quantity)
+	o, _, err := d.Service.Place(c.Request.Context(), auth.UserID(c), idem.Key(c), *req.SKU, *req.Quantity, req.Pay)
 	if err != nil {
-		if errors.Is(err, ErrInProgress) {
-			// Not the answer to keep: once the earlier run is settled, a
-			// retry must get the real outcome.
-			idem.DoNotStore(c)
-		}
 		problem.Write(c, err)
 		return
 	}
@@ -75,13 +89,24 @@ func (d *Domain) place(c *gin.Context) {
 	c.JSON(http.StatusCreated, o)
 }
 
+func (d *Domain) pay(c *gin.Context) {
+	id, ok := orderID(c)
+	if !ok {
+		return
+	}
+	o, err := d.Service.Pay(c.Request.Context(), auth.UserID(c), id)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, o)
+}
+
 // get answers 404 for another user's order, as for a missing one: 403
 // would confirm that the id exists.
 func (d *Domain) get(c *gin.Context) {
-	raw := c.Param("id")
-	id, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || id <= 0 {
-		problem.Write(c, problem.BadRequest(fmt.Sprintf("order id must be a positive integer, got %q", raw)))
+	id, ok := orderID(c)
+	if !ok {
 		return
 	}
 	o, err := d.Service.Get(c.Request.Context(), auth.UserID(c), id)
@@ -90,4 +115,78 @@ func (d *Domain) get(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, o)
+}
+
+func orderID(c *gin.Context) (int64, bool) {
+	raw := c.Param("id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id <= 0 {
+		problem.Write(c, problem.BadRequest(fmt.Sprintf("order id must be a positive integer, got %q", raw)))
+		return 0, false
+	}
+	return id, true
+}
+
+// page is GET /orders' answer. NextCursor is absent on the last page.
+type page struct {
+	Orders     []Order `json:"orders"`
+	NextCursor string  `json:"next_cursor,omitempty"`
+}
+
+// cursorPrefix versions the opaque cursor, so that its form may change
+// without old cursors being misread.
+const cursorPrefix = "o1:"
+
+func encodeCursor(id int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(cursorPrefix + strconv.FormatInt(id, 10)))
+}
+
+func decodeCursor(s string) (int64, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return 0, false
+	}
+	rest, ok := strings.CutPrefix(string(b), cursorPrefix)
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(rest, 10, 64)
+	return id, err == nil && id > 0
+}
+
+// list answers the caller's orders, newest first. The cursor is the
+// next_cursor of the page before: keyset pagination on the id, so a page
+// neither repeats nor skips an order when new ones are placed meanwhile.
+func (d *Domain) list(c *gin.Context) {
+	limit := defaultPageSize
+	if raw, ok := c.GetQuery("limit"); ok {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > maxPageSize {
+			problem.Write(c, problem.BadRequest(fmt.Sprintf("limit must be an integer from 1 to %d, got %q", maxPageSize, raw)))
+			return
+		}
+		limit = n
+	}
+	var before int64
+	if raw, ok := c.GetQuery("cursor"); ok {
+		id, valid := decodeCursor(raw)
+		if !valid {
+			problem.Write(c, problem.BadRequest(fmt.Sprintf("cursor %q is not a next_cursor this API returned", raw)))
+			return
+		}
+		before = id
+	}
+	orders, more, err := d.Service.List(c.Request.Context(), auth.UserID(c), before, limit)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	p := page{Orders: orders}
+	if p.Orders == nil {
+		p.Orders = []Order{}
+	}
+	if more {
+		p.NextCursor = encodeCursor(orders[len(orders)-1].ID)
+	}
+	c.JSON(http.StatusOK, p)
 }

@@ -11,9 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,7 +99,9 @@ type shop struct {
 	products *inventory.Store
 	orders   *Store
 	service  *Service
+	domain   *Domain
 	auditor  *audit.Auditor
+	locker   lockkit.Locker
 }
 
 const (
@@ -109,9 +111,9 @@ const (
 	stock   = 20
 )
 
-// newShop wires the domains with a Redis lock; stock may wrap the real
-// inventory service to inject failures.
-func newShop(t *testing.T, wrapStock func(Stock) Stock) *shop {
+// redisLocker is a Redis lock on the shared test server, under a prefix of
+// its own that the test deletes at its end.
+func redisLocker(t *testing.T) (lockkit.Locker, redis.UniversalClient, string) {
 	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: env(t, "SHOP_TEST_REDIS_ADDR")})
 	prefix := "order_test:" + random() + ":"
@@ -126,47 +128,55 @@ func newShop(t *testing.T, wrapStock func(Stock) Stock) *shop {
 		locker.Close()
 		client.Close()
 	})
+	return locker, client, prefix
+}
+
+// newShop wires the domains with a Redis lock and o (its Locker, if set,
+// replaces the Redis lock for the order service).
+func newShop(t *testing.T, o Options) *shop {
+	ctx := context.Background()
+	locker, client, prefix := redisLocker(t)
 	db := openDB(t)
 	s := &shop{t: t, db: db, auth: auth.New([]byte(testSecret), "admin"),
-		accounts: account.NewStore(db.DB), products: inventory.NewStore(db.DB, nil), orders: NewStore(db.DB)}
-	lockOpts := []lockkit.Option{lockkit.WithWaitTimeout(10 * time.Second)}
-	// A delay inside the account's critical section keeps the first order
-	// running while its duplicates arrive.
-	wallet := account.NewService(s.accounts, account.Options{Locker: locker, LockOptions: lockOpts,
-		CriticalSectionDelay: 20 * time.Millisecond})
-	inv, err := inventory.NewService(s.products, inventory.Options{Locker: locker, LockOptions: lockOpts})
-	if err != nil {
-		t.Fatal(err)
+		accounts: account.NewStore(db.DB), products: inventory.NewStore(db.DB, nil)}
+	s.orders = NewStore(db.DB, s.products, s.accounts)
+	if o.Locker == nil {
+		o.Locker = locker
 	}
-	var st Stock = inv
-	if wrapStock != nil {
-		st = wrapStock(inv)
+	if o.LockOptions == nil {
+		o.LockOptions = []lockkit.Option{lockkit.WithWaitTimeout(10 * time.Second)}
 	}
-	s.service = NewService(s.orders, st, wallet)
+	s.locker = o.Locker
+	s.service = NewService(s.orders, o)
 	tokens, err := idem.New(client, idem.Options{Locker: locker, Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Domain{Service: s.service, Store: s.orders, Idem: tokens}
+	s.domain = &Domain{Service: s.service, Store: s.orders, Idem: tokens}
 	s.auditor = audit.New(append(append(
 		(&account.Domain{Store: s.accounts}).Checks(),
 		(&inventory.Domain{Store: s.products}).Checks()...),
-		d.Checks()...), nil)
+		s.domain.Checks()...), nil)
 
 	gin.SetMode(gin.TestMode)
 	r := gin.New()
 	r.Use(problem.Recover(), problem.LimitBody(1<<16))
-	d.Register(r.Group("/api/v1", s.auth.User()), r.Group("/admin/v1", s.auth.Admin()))
+	s.domain.Register(r.Group("/api/v1", s.auth.User()), r.Group("/admin/v1", s.auth.Admin()))
 	s.router = r
 
-	if _, err := s.accounts.Put(ctx, user, opening); err != nil {
-		t.Fatal(err)
+	for _, id := range []int64{user, user + 1} {
+		if _, err := s.accounts.Put(ctx, id, opening); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := s.accounts.Put(ctx, user+1, opening); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.products.Put(ctx, inventory.Product{SKU: "widget", Name: "Widget", Stock: stock, PriceCents: price}); err != nil {
-		t.Fatal(err)
+	for _, p := range []inventory.Product{
+		{SKU: "widget", Name: "Widget", Stock: stock, PriceCents: price},
+		{SKU: "sticker", Name: "Free sticker", Stock: stock, PriceCents: 0},
+		{SKU: "gold", Name: "Gold bar", Stock: 5, PriceCents: 60_000},
+	} {
+		if _, err := s.products.Put(ctx, p); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return s
 }
@@ -200,8 +210,8 @@ func (s *shop) token(as int64) string {
 
 // state is what the stores hold, counted from the rows themselves.
 type state struct {
-	orders, withdrawals, deposits, purchases int64
-	balance, stock                           int64
+	orders, debits, reservations, returns int64
+	balance, stock                        int64
 }
 
 func (s *shop) state() state {
@@ -214,9 +224,9 @@ func (s *shop) state() state {
 		}
 	}
 	must(db.Model(&Order{}).Count(&st.orders).Error)
-	must(db.Model(&account.LedgerEntry{}).Where("account_id = ? AND kind = ?", user, "withdraw").Count(&st.withdrawals).Error)
-	must(db.Model(&account.LedgerEntry{}).Where("account_id = ? AND kind = ?", user, "deposit").Count(&st.deposits).Error)
-	must(db.Model(&inventory.Purchase{}).Count(&st.purchases).Error)
+	must(db.Model(&account.LedgerEntry{}).Where("account_id = ? AND kind = ?", user, account.KindOrder).Count(&st.debits).Error)
+	must(db.Model(&inventory.Purchase{}).Where("quantity > 0").Count(&st.reservations).Error)
+	must(db.Model(&inventory.Purchase{}).Where("quantity < 0").Count(&st.returns).Error)
 	a, err := s.accounts.Get(ctx, user)
 	must(err)
 	p, err := s.products.Get(ctx, "widget")
@@ -225,28 +235,48 @@ func (s *shop) state() state {
 	return st
 }
 
-func (s *shop) auditOK() {
+func (s *shop) audit() audit.Report {
 	s.t.Helper()
 	r, err := s.auditor.Audit(context.Background())
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	return r
+}
+
+func (s *shop) auditOK() {
+	s.t.Helper()
+	r := s.audit()
 	if !r.OK {
 		b, _ := json.Marshal(r)
 		s.t.Fatalf("audit: %s", b)
 	}
-	if _, ok := r.Drifts["duplicate_orders"]; !ok {
-		s.t.Fatal("the audit has no duplicate_orders check")
+	for _, name := range []string{"duplicate_orders", "unreconciled_order_cents", "unreconciled_order_units",
+		"miscounted_order_records", "paid_and_cancelled_orders", "stock_returned_twice", "stuck_orders"} {
+		if _, ok := r.Drifts[name]; !ok {
+			s.t.Fatalf("the audit has no %s check", name)
+		}
 	}
 }
 
+func decode[T any](t *testing.T, w *httptest.ResponseRecorder) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(w.Body.Bytes(), &v); err != nil {
+		t.Fatalf("%d %s: %v", w.Code, w.Body, err)
+	}
+	return v
+}
+
+func jsonID(o Order) string { b, _ := json.Marshal(o.ID); return string(b) }
+
 // Fifty identical requests with one key, released together: one order, one
-// charge, one unit of stock taken; every other answer is 409 or the first
-// answer again.
+// debit, one reservation; every other answer is 409 or the first answer
+// again.
 func TestFiftyDuplicatesPlaceOneOrder(t *testing.T) {
-	s := newShop(t, nil)
+	s := newShop(t, Options{})
 	key := s.token(user)
-	const body = `{"sku":"widget","quantity":2}`
+	const body = `{"sku":"widget","quantity":2,"pay":true}`
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	res := make([]*httptest.ResponseRecorder, 50)
@@ -287,27 +317,16 @@ func TestFiftyDuplicatesPlaceOneOrder(t *testing.T) {
 	if originals != 1 {
 		t.Fatalf("%d responses were not replays; want exactly 1", originals)
 	}
-	t.Logf("50 duplicates: 1 placed, %d replays, %d conflicts", len(created)-1, conflicts)
-
-	want := state{orders: 1, withdrawals: 1, purchases: 1, balance: opening - 2*price, stock: stock - 2}
+	want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2}
 	if got := s.state(); got != want {
 		t.Fatalf("stores hold %+v; want %+v", got, want)
 	}
-	var o Order
-	if err := json.Unmarshal(first.Body.Bytes(), &o); err != nil {
-		t.Fatal(err)
-	}
-	if o.Status != StatusPlaced || o.AmountCents != 2*price || o.PurchaseID == 0 || o.UserID != user {
+	o := decode[Order](t, first)
+	if o.Status != StatusPaid || o.AmountCents != 2*price || o.UserID != user || o.PaidAt == nil {
 		t.Fatalf("order %+v", o)
 	}
 	if loc := first.Header().Get("Location"); loc != "/api/v1/orders/"+jsonID(o) {
 		t.Fatalf("Location %q", loc)
-	}
-
-	again := s.do("POST", "/api/v1/orders", user, key, body)
-	if again.Code != http.StatusCreated || again.Body.String() != first.Body.String() ||
-		again.Header().Get(idem.ReplayedHeader) != "true" || again.Header().Get("Location") != first.Header().Get("Location") {
-		t.Fatalf("retry after completion: %d %s %v", again.Code, again.Body, again.Header())
 	}
 	other := s.do("POST", "/api/v1/orders", user, key, `{"sku":"widget","quantity":3}`)
 	if other.Code != http.StatusUnprocessableEntity || !strings.Contains(other.Body.String(), "idempotency-key-reused") {
@@ -317,36 +336,20 @@ func TestFiftyDuplicatesPlaceOneOrder(t *testing.T) {
 		t.Fatalf("after the retries the stores hold %+v; want %+v", got, want)
 	}
 	s.auditOK()
-
-	// The owner reads the order; anyone else gets the 404 of a missing one.
-	if w := s.do("GET", "/api/v1/orders/"+jsonID(o), user, "", ""); w.Code != http.StatusOK {
-		t.Fatalf("owner GET: %d %s", w.Code, w.Body)
-	}
-	if w := s.do("GET", "/api/v1/orders/"+jsonID(o), user+1, "", ""); w.Code != http.StatusNotFound {
-		t.Fatalf("other user GET: %d %s", w.Code, w.Body)
-	}
-	if w := s.do("GET", "/api/v1/orders/999999", user, "", ""); w.Code != http.StatusNotFound {
-		t.Fatalf("missing order GET: %d %s", w.Code, w.Body)
-	}
-	if w := s.do("GET", "/api/v1/orders/x", user, "", ""); w.Code != http.StatusBadRequest {
-		t.Fatalf("bad id GET: %d %s", w.Code, w.Body)
-	}
 }
 
-func jsonID(o Order) string { b, _ := json.Marshal(o.ID); return string(b) }
-
 func TestRefusalsChangeNothingAndAreReplayed(t *testing.T) {
-	s := newShop(t, nil)
+	s := newShop(t, Options{})
 	before := s.state()
 	for _, tc := range []struct {
 		name, body string
 		status     int
 		slug       string
-		refunded   bool
 	}{
-		{"insufficient-funds-422", `{"sku":"widget","quantity":81}`, 422, "insufficient-funds", false},
-		{"sold-out-409", `{"sku":"widget","quantity":21}`, 409, "sold-out", true},
-		{"unknown-sku-404", `{"sku":"nothing","quantity":1}`, 404, "product-not-found", false},
+		{"insufficient-funds-422", `{"sku":"gold","quantity":2,"pay":true}`, 422, "insufficient-funds"},
+		{"sold-out-409", `{"sku":"widget","quantity":21}`, 409, "sold-out"},
+		{"sold-out-paying-409", `{"sku":"widget","quantity":21,"pay":true}`, 409, "sold-out"},
+		{"unknown-sku-404", `{"sku":"nothing","quantity":1}`, 404, "product-not-found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := s.token(user)
@@ -358,12 +361,8 @@ func TestRefusalsChangeNothingAndAreReplayed(t *testing.T) {
 			if again.Code != first.Code || again.Body.String() != first.Body.String() || again.Header().Get(idem.ReplayedHeader) != "true" {
 				t.Fatalf("retry: %d %s", again.Code, again.Body)
 			}
-			got := s.state()
-			if got.orders != 0 || got.purchases != 0 || got.balance != before.balance || got.stock != before.stock {
+			if got := s.state(); got != before {
 				t.Fatalf("a refused order changed the stores: %+v, before %+v", got, before)
-			}
-			if tc.refunded && got.deposits != got.withdrawals {
-				t.Fatalf("charged %d times, refunded %d", got.withdrawals, got.deposits)
 			}
 			s.auditOK()
 		})
@@ -374,6 +373,7 @@ func TestRefusalsChangeNothingAndAreReplayed(t *testing.T) {
 		{"foreign-key-422", s.token(user + 1), `{"sku":"widget","quantity":1}`, "idempotency-key-unknown"},
 		{"missing-field-400", s.token(user), `{"sku":"widget"}`, "invalid-input"},
 		{"zero-quantity-400", s.token(user), `{"sku":"widget","quantity":0}`, "invalid-input"},
+		{"pay-not-bool-400", s.token(user), `{"sku":"widget","quantity":1,"pay":"yes"}`, "invalid-input"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := s.do("POST", "/api/v1/orders", user, tc.key, tc.body)
@@ -382,80 +382,214 @@ func TestRefusalsChangeNothingAndAreReplayed(t *testing.T) {
 			}
 		})
 	}
+	if got := s.state(); got != before {
+		t.Fatalf("bad requests changed the stores: %+v, before %+v", got, before)
+	}
 }
 
-// busyOnce fails the first stock step with a busy lock, as a contended
-// lock:stock:<sku> would after its wait timeout.
-type busyOnce struct {
-	Stock
-	failed atomic.Bool
+// The lifecycle through HTTP: placed awaiting payment with its stock
+// reserved, paid once, read alone and in pages.
+func TestLifecycle(t *testing.T) {
+	s := newShop(t, Options{})
+	place := func(body string) Order {
+		t.Helper()
+		w := s.do("POST", "/api/v1/orders", user, s.token(user), body)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("place %s: %d %s", body, w.Code, w.Body)
+		}
+		return decode[Order](t, w)
+	}
+	o := place(`{"sku":"widget","quantity":3}`)
+	if o.Status != StatusAwaitingPayment || o.PaidAt != nil || o.AmountCents != 3*price {
+		t.Fatalf("placed %+v", o)
+	}
+	if got := s.state(); got.stock != stock-3 || got.balance != opening || got.debits != 0 {
+		t.Fatalf("after placing: %+v; want the stock reserved and no debit", got)
+	}
+	s.auditOK()
+
+	pay := "/api/v1/orders/" + jsonID(o) + "/pay"
+	first := s.do("POST", pay, user, "", "")
+	if first.Code != http.StatusOK {
+		t.Fatalf("pay: %d %s", first.Code, first.Body)
+	}
+	paid := decode[Order](t, first)
+	if paid.Status != StatusPaid || paid.PaidAt == nil || paid.ID != o.ID {
+		t.Fatalf("paid %+v", paid)
+	}
+	again := s.do("POST", pay, user, "", "")
+	if again.Code != http.StatusOK || again.Body.String() != first.Body.String() {
+		t.Fatalf("pay again: %d %s; want 200 %s", again.Code, again.Body, first.Body)
+	}
+	if get := s.do("GET", "/api/v1/orders/"+jsonID(o), user, "", ""); get.Body.String() != first.Body.String() {
+		t.Fatalf("GET %s; want the body pay answered %s", get.Body, first.Body)
+	}
+	if got := s.state(); got.debits != 1 || got.balance != opening-3*price || got.stock != stock-3 {
+		t.Fatalf("after paying twice: %+v; want one debit", got)
+	}
+	for _, tc := range []struct {
+		name   string
+		as     int64
+		path   string
+		status int
+		slug   string
+	}{
+		{"pay-other-user-404", user + 1, pay, 404, "order-not-found"},
+		{"pay-missing-404", user, "/api/v1/orders/999999/pay", 404, "order-not-found"},
+		{"pay-bad-id-400", user, "/api/v1/orders/x/pay", 400, "invalid-input"},
+	} {
+		if w := s.do("POST", tc.path, tc.as, "", ""); w.Code != tc.status || !strings.Contains(w.Body.String(), tc.slug) {
+			t.Errorf("%s: %d %s", tc.name, w.Code, w.Body)
+		}
+	}
+
+	// A free product is ordered and paid without a debit.
+	free := place(`{"sku":"sticker","quantity":2,"pay":true}`)
+	if free.Status != StatusPaid || free.AmountCents != 0 {
+		t.Fatalf("free order %+v", free)
+	}
+	// Paying more than the balance is refused and changes nothing.
+	big := place(`{"sku":"widget","quantity":16}`)
+	if err := s.db.Exec("UPDATE accounts SET balance = 100, opening = opening - ? WHERE id = ?", opening-3*price-100, user).Error; err != nil {
+		t.Fatal(err)
+	}
+	if w := s.do("POST", "/api/v1/orders/"+jsonID(big)+"/pay", user, "", ""); w.Code != 422 || !strings.Contains(w.Body.String(), "insufficient-funds") {
+		t.Fatalf("pay without funds: %d %s", w.Code, w.Body)
+	}
+	s.auditOK()
+
+	// Pages: newest first, the cursor continues where the page ended.
+	var ids []int64
+	path := "/api/v1/orders?limit=2"
+	for range 5 {
+		w := s.do("GET", path, user, "", "")
+		if w.Code != http.StatusOK {
+			t.Fatalf("list: %d %s", w.Code, w.Body)
+		}
+		p := decode[page](t, w)
+		for _, o := range p.Orders {
+			ids = append(ids, o.ID)
+		}
+		if p.NextCursor == "" {
+			break
+		}
+		path = "/api/v1/orders?limit=2&cursor=" + p.NextCursor
+	}
+	if want := []int64{big.ID, free.ID, o.ID}; !slices.Equal(ids, want) {
+		t.Fatalf("pages list %v; want %v", ids, want)
+	}
+	if w := s.do("GET", "/api/v1/orders", user+1, "", ""); w.Code != 200 || w.Body.String() != `{"orders":[]}` {
+		t.Fatalf("another user's list: %d %s", w.Code, w.Body)
+	}
+	for _, q := range []string{"cursor=x", "cursor=", "cursor=" + encodeCursor(0), "limit=0", "limit=101", "limit=a"} {
+		if w := s.do("GET", "/api/v1/orders?"+q, user, "", ""); w.Code != 400 || !strings.Contains(w.Body.String(), "invalid-input") {
+			t.Errorf("list?%s: %d %s; want 400", q, w.Code, w.Body)
+		}
+	}
 }
 
-func (b *busyOnce) Purchase(ctx context.Context, u int64, sku string, q int64) (inventory.Purchase, error) {
-	if b.failed.CompareAndSwap(false, true) {
-		return inventory.Purchase{}, lockkit.ErrNotAcquired
+// The closer cancels an unpaid order once its timeout passed, returns its
+// stock, and a late pay is refused with 409.
+func TestCloserCancelsUnpaidOrders(t *testing.T) {
+	s := newShop(t, Options{PayTimeout: 200 * time.Millisecond})
+	ctx := context.Background()
+	unpaid, _, err := s.service.Place(ctx, user, "k-unpaid", "widget", 2, false)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return b.Stock.Purchase(ctx, u, sku, q)
-}
-
-// A 503 after the charge is refunded and not stored: the same key then
-// places the order.
-func TestServerErrorIsRefundedAndRetryable(t *testing.T) {
-	s := newShop(t, func(st Stock) Stock { return &busyOnce{Stock: st} })
-	key := s.token(user)
-	const body = `{"sku":"widget","quantity":1}`
-	if w := s.do("POST", "/api/v1/orders", user, key, body); w.Code != http.StatusServiceUnavailable {
-		t.Fatalf("first: %d %s; want 503", w.Code, w.Body)
+	paid, _, err := s.service.Place(ctx, user, "k-paid", "widget", 1, false)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := s.state(); got.orders != 0 || got.balance != opening || got.withdrawals != 1 || got.deposits != 1 {
-		t.Fatalf("after the 503: %+v; want no order, one charge refunded", got)
+	if _, err := s.service.Pay(ctx, user, paid.ID); err != nil {
+		t.Fatal(err)
 	}
-	w := s.do("POST", "/api/v1/orders", user, key, body)
-	if w.Code != http.StatusCreated || w.Header().Get(idem.ReplayedHeader) != "" {
-		t.Fatalf("retry: %d %s; want a fresh 201", w.Code, w.Body)
+	if n, err := s.service.CloseExpired(ctx, slog.Default()); n != 0 || err != nil {
+		t.Fatalf("closed %d, %v before the timeout", n, err)
 	}
-	if got := s.state(); got.orders != 1 || got.balance != opening-price || got.stock != stock-1 {
-		t.Fatalf("after the retry: %+v", got)
+	time.Sleep(250 * time.Millisecond)
+	if n, err := s.service.CloseExpired(ctx, slog.Default()); n != 1 || err != nil {
+		t.Fatalf("closed %d, %v; want 1", n, err)
+	}
+	got, err := s.service.Get(ctx, user, unpaid.ID)
+	if err != nil || got.Status != StatusCancelled || got.CancelledAt == nil {
+		t.Fatalf("unpaid order %+v, %v", got, err)
+	}
+	if _, err := s.service.Pay(ctx, user, unpaid.ID); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("pay a cancelled order: %v", err)
+	}
+	w := s.do("POST", "/api/v1/orders/"+jsonID(unpaid)+"/pay", user, "", "")
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "order-cancelled") {
+		t.Fatalf("pay a cancelled order: %d %s", w.Code, w.Body)
+	}
+	if st := s.state(); st.stock != stock-1 || st.balance != opening-price || st.returns != 1 {
+		t.Fatalf("after closing: %+v", st)
 	}
 	s.auditOK()
 }
 
-// Without the idempotency layer (as when Redis lost the in-flight lock),
-// the order row's unique key still places one order per key.
-func TestUniqueKeyHoldsWithoutIdem(t *testing.T) {
-	s := newShop(t, nil)
+// instances are n order services on one database and one locker, as n shop
+// processes would be, each with a critical section long enough for their
+// rounds to overlap.
+func (s *shop) instances(n int, locker lockkit.Locker, timeout time.Duration) []*Service {
+	out := make([]*Service, n)
+	for i := range out {
+		out[i] = NewService(s.orders, Options{Locker: locker, PayTimeout: timeout,
+			LockOptions:          []lockkit.Option{lockkit.WithWaitTimeout(10 * time.Second)},
+			CriticalSectionDelay: 100 * time.Millisecond})
+	}
+	return out
+}
+
+// raceCloseAndPay places orders, lets them expire, then runs a closer round
+// on every instance and a pay of every order, all at once.
+func (s *shop) raceCloseAndPay(services []*Service, orders int) {
 	ctx := context.Background()
-	o, err := s.service.Place(ctx, user, "k1", "widget", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := s.service.Place(ctx, user, "k1", "widget", 1)
-	if err != nil || again.ID != o.ID || again.Status != StatusPlaced {
-		t.Fatalf("second run: %+v, %v; want order %d", again, err, o.ID)
-	}
-	pending := Order{UserID: user, IdempotencyKey: "k2", SKU: "widget", Quantity: 1, AmountCents: price, Status: StatusPending}
-	if _, err := s.orders.CreatePending(ctx, &pending); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.service.Place(ctx, user, "k2", "widget", 1); !errors.Is(err, ErrInProgress) {
-		t.Fatalf("key of a pending order: %v; want ErrInProgress", err)
-	}
-	if got := s.state(); got.withdrawals != 1 || got.purchases != 1 {
-		t.Fatalf("charged %d times, %d purchases; want 1 each", got.withdrawals, got.purchases)
-	}
-	// ErrInProgress is not stored: the key answers the real outcome later.
-	key := s.token(user)
-	if err := s.db.Exec("UPDATE orders SET idempotency_key = ? WHERE idempotency_key = 'k2'", key).Error; err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		w := s.do("POST", "/api/v1/orders", user, key, `{"sku":"widget","quantity":1}`)
-		if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "order-in-progress") || w.Header().Get(idem.ReplayedHeader) != "" {
-			t.Fatalf("pending order through HTTP: %d %s %v", w.Code, w.Body, w.Header())
+	ids := make([]int64, orders)
+	for i := range ids {
+		o, _, err := services[0].Place(ctx, user, "k"+random(), "widget", 1, false)
+		if err != nil {
+			s.t.Fatal(err)
 		}
+		ids[i] = o.ID
 	}
-	dup, err := s.orders.Duplicates(ctx)
-	if err != nil || len(dup) != 0 {
-		t.Fatalf("duplicates %v, %v", dup, err)
+	time.Sleep(services[0].o.PayTimeout + 10*time.Millisecond)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, svc := range services {
+		wg.Go(func() {
+			<-start
+			_, _ = svc.CloseExpired(ctx, slog.Default())
+		})
+	}
+	for _, id := range ids {
+		wg.Go(func() {
+			<-start
+			_, _ = services[0].Pay(ctx, user, id)
+		})
+	}
+	close(start)
+	wg.Wait()
+}
+
+// With a lock, closers on three instances and pays racing them leave every
+// order either paid or cancelled, each effect once.
+func TestCloseAndPayRaceWithLock(t *testing.T) {
+	s := newShop(t, Options{})
+	s.raceCloseAndPay(s.instances(3, s.locker, 100*time.Millisecond), 4)
+	s.auditOK()
+}
+
+// With no lock (the none baseline), the same race shows the damage the
+// audit names: orders both paid and cancelled, stock returned twice.
+func TestCloseAndPayRaceWithoutLockIsCaught(t *testing.T) {
+	s := newShop(t, Options{Locker: lockkit.None()})
+	s.raceCloseAndPay(s.instances(3, lockkit.None(), 100*time.Millisecond), 4)
+	r := s.audit()
+	b, _ := json.Marshal(r)
+	t.Logf("audit: %s", b)
+	if r.OK || r.Drifts["stock_returned_twice"].Total == 0 || r.Drifts["paid_and_cancelled_orders"].Total == 0 ||
+		r.Drifts["unreconciled_order_units"].Total == 0 {
+		t.Fatalf("the none baseline shows no returned-twice or paid-and-cancelled damage: %s", b)
 	}
 }

@@ -5,47 +5,51 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/inventory"
+	"github.com/lockbench/shop/internal/lockkit"
 )
 
-// Store keeps orders in SQL.
-type Store struct{ db *gorm.DB }
+// writeTimeout bounds a write transaction, which runs detached from the
+// request's cancellation: once begun it commits or rolls back whole, and
+// the fences inside it decide whether a late write may land.
+const writeTimeout = 5 * time.Second
+
+// Fences are the tokens of the locks a change holds, one per row it may
+// write; 0 writes that row unfenced (a backend that cannot fence, or none).
+type Fences struct {
+	Order   uint64 // lock:order:<id>
+	Stock   uint64 // lock:stock:<sku>
+	Account uint64 // lock:account:<user>
+}
+
+// Store keeps orders in SQL, and writes the stock and balance rows an order
+// moves in the same transaction as the order, through the exported
+// transaction steps of inventory and account.
+type Store struct {
+	db       *gorm.DB
+	products *inventory.Store
+	accounts *account.Store
+	// beforeWrite, when set by a test, runs between the decision and the
+	// transaction: the window a paused process sits in when its lease runs
+	// out, or a SIGTERM or SIGKILL arrives.
+	beforeWrite func(ctx context.Context)
+}
 
 // NewStore returns a Store on db, which must translate driver errors
 // (gorm.Config.TranslateError, as storage.Open sets it) so that a
-// duplicate key reads as gorm.ErrDuplicatedKey. Migrate must have run.
-func NewStore(db *gorm.DB) *Store { return &Store{db: db} }
+// duplicate key reads as gorm.ErrDuplicatedKey. products and accounts are
+// the stores on the same database. Migrate must have run.
+func NewStore(db *gorm.DB, products *inventory.Store, accounts *account.Store) *Store {
+	return &Store{db: db, products: products, accounts: accounts}
+}
 
 // Models are the tables of this package, for migrations.
 func Models() []any { return []any{&Order{}} }
-
-// CreatePending inserts o, which gets its id. If an order with o's user and
-// key exists, nothing is inserted and that order is returned.
-func (s *Store) CreatePending(ctx context.Context, o *Order) (existing *Order, err error) {
-	err = s.db.WithContext(ctx).Create(o).Error
-	if !errors.Is(err, gorm.ErrDuplicatedKey) {
-		return nil, err
-	}
-	var found Order
-	err = s.db.WithContext(ctx).Where("user_id = ? AND idempotency_key = ?", o.UserID, o.IdempotencyKey).Take(&found).Error
-	if err != nil {
-		return nil, fmt.Errorf("order: read the order of a used key: %w", err)
-	}
-	return &found, nil
-}
-
-// SetStatus moves a pending order to status. An order that is no longer
-// pending is left alone: the first outcome recorded stays.
-func (s *Store) SetStatus(ctx context.Context, id int64, status string, purchase int64) error {
-	return s.db.WithContext(ctx).Model(&Order{}).Where("id = ? AND status = ?", id, StatusPending).
-		Updates(map[string]any{"status": status, "purchase_id": purchase}).Error
-}
-
-// Delete removes a pending order that placed nothing.
-func (s *Store) Delete(ctx context.Context, id int64) error {
-	return s.db.WithContext(ctx).Where("id = ? AND status = ?", id, StatusPending).Delete(&Order{}).Error
-}
 
 // Get reads one order.
 func (s *Store) Get(ctx context.Context, id int64) (Order, error) {
@@ -55,6 +59,231 @@ func (s *Store) Get(ctx context.Context, id int64) (Order, error) {
 		return Order{}, fmt.Errorf("%w: no order %d", ErrNotFound, id)
 	}
 	return o, err
+}
+
+// ByKey reads the order user placed with idempotency key key; ok is false
+// when there is none.
+func (s *Store) ByKey(ctx context.Context, user int64, key string) (o Order, ok bool, err error) {
+	err = s.db.WithContext(ctx).Where("user_id = ? AND idempotency_key = ?", user, key).Take(&o).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Order{}, false, nil
+	}
+	return o, err == nil, err
+}
+
+// List returns up to limit orders of user with an id below before (0: from
+// the newest), newest first.
+func (s *Store) List(ctx context.Context, user, before int64, limit int) ([]Order, error) {
+	q := s.db.WithContext(ctx).Where("user_id = ?", user)
+	if before > 0 {
+		q = q.Where("id < ?", before)
+	}
+	var out []Order
+	err := q.Order("id DESC").Limit(limit).Find(&out).Error
+	return out, err
+}
+
+// Expired returns the ids of up to limit orders still awaiting payment that
+// were created at or before deadline, oldest first.
+func (s *Store) Expired(ctx context.Context, deadline time.Time, limit int) ([]int64, error) {
+	var ids []int64
+	err := s.db.WithContext(ctx).Model(&Order{}).
+		Where("status = ? AND created_at <= ?", StatusAwaitingPayment, deadline).
+		Order("id").Limit(limit).Pluck("id", &ids).Error
+	return ids, err
+}
+
+// Create places o: the order row, its stock reservation and, when decide
+// made it paid, its debit, in one transaction. It claims the product (and
+// the account, when f.Account is set) with their fences, reads the
+// product, and lets decide fill in the amount and status. If an order with
+// o's user and key exists, nothing is written and Create returns it with
+// existing true.
+func (s *Store) Create(ctx context.Context, o *Order, f Fences,
+	decide func(ctx context.Context, o *Order, p inventory.Product) error) (existing bool, err error) {
+	if found, ok, err := s.ByKey(ctx, o.UserID, o.IdempotencyKey); err != nil || ok {
+		*o = found
+		return ok, err
+	}
+	if err := s.products.Claim(ctx, o.SKU, f.Stock); err != nil {
+		return false, err
+	}
+	if f.Account != 0 {
+		if err := s.accounts.Claim(ctx, o.UserID, f.Account); err != nil {
+			return false, err
+		}
+	}
+	p, err := s.products.Get(ctx, o.SKU)
+	if err != nil {
+		return false, err
+	}
+	if err := decide(ctx, o, p); err != nil {
+		return false, err
+	}
+	if err := s.ready(ctx); err != nil {
+		return false, err
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	err = s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Create(o).Error; err != nil {
+			return err
+		}
+		reservation := inventory.Purchase{SKU: o.SKU, UserID: o.UserID, Quantity: o.Quantity, OrderID: o.ID}
+		if err := inventory.Reserve(tx, &reservation, f.Stock); err != nil {
+			return err
+		}
+		if o.Status == StatusPaid && o.AmountCents > 0 {
+			return account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID)
+		}
+		return nil
+	})
+	if errors.Is(err, gorm.ErrDuplicatedKey) {
+		// Another run of the same request committed first.
+		found, ok, ferr := s.ByKey(wctx, o.UserID, o.IdempotencyKey)
+		if ferr != nil || !ok {
+			return false, errors.Join(err, ferr)
+		}
+		*o = found
+		return true, nil
+	}
+	if err == nil {
+		s.products.StockChanged(wctx, o.SKU)
+	}
+	return false, err
+}
+
+// Update is the read-modify-write of order id, in the shape of a
+// repository that takes the change as a function: it claims the order row
+// with f.Order, reads it, claims the stock and account rows it may move
+// (f.Stock, f.Account), lets fn change the order's status, then writes in
+// one transaction the order and what its new status moves: a debit for
+// paid, the stock's return for cancelled. When fn leaves the status as it
+// was, nothing is written. Update returns the order as it now stands.
+func (s *Store) Update(ctx context.Context, id int64, f Fences, fn func(ctx context.Context, o *Order) error) (Order, error) {
+	if err := s.claim(ctx, id, f.Order); err != nil {
+		return Order{}, err
+	}
+	o, err := s.Get(ctx, id)
+	if err != nil {
+		return Order{}, err
+	}
+	if f.Stock != 0 {
+		if err := s.products.Claim(ctx, o.SKU, f.Stock); err != nil {
+			return o, err
+		}
+	}
+	if f.Account != 0 {
+		if err := s.accounts.Claim(ctx, o.UserID, f.Account); err != nil {
+			return o, err
+		}
+	}
+	before := o
+	if err := fn(ctx, &o); err != nil {
+		return before, err
+	}
+	if o.Status == before.Status {
+		return o, nil
+	}
+	if err := s.ready(ctx); err != nil {
+		return before, err
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	err = s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
+		if err := writeStatus(tx, o, f.Order); err != nil {
+			return err
+		}
+		switch o.Status {
+		case StatusPaid:
+			if o.AmountCents > 0 {
+				return account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID)
+			}
+		case StatusCancelled:
+			back := inventory.Purchase{SKU: o.SKU, UserID: o.UserID, Quantity: o.Quantity, OrderID: o.ID}
+			return inventory.Return(tx, &back, f.Stock)
+		}
+		return nil
+	})
+	if err != nil {
+		return before, err
+	}
+	if o.Status == StatusCancelled {
+		s.products.StockChanged(wctx, o.SKU)
+	}
+	return o, nil
+}
+
+// ready is the last check before a transaction: a lost lease or a client
+// that left stops the change here, where nothing is written yet. Past it
+// the transaction runs to its end.
+func (s *Store) ready(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite(ctx)
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+	}
+	return nil
+}
+
+// claim raises order id's fence to the token before Update reads it, for
+// the reason account.Store.Update gives; 0 claims nothing.
+func (s *Store) claim(ctx context.Context, id int64, fence uint64) error {
+	if fence == 0 {
+		return nil
+	}
+	res := s.db.WithContext(ctx).Exec("UPDATE orders SET fence = ? WHERE id = ? AND fence < ?", fence, id, fence)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		if _, err := s.Get(ctx, id); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: order %d, token %d", lockkit.ErrFenced, id, fence)
+	}
+	return nil
+}
+
+// writeStatus is the order's fenced write: it lands only while the row
+// still carries the token Update claimed it with. It sets the status as
+// fn decided, without a condition on the status it read: the lock and the
+// fence are what keep two changes apart, so that the none baseline shows
+// what they prevent (an order both paid and cancelled).
+func writeStatus(tx *gorm.DB, o Order, fence uint64) error {
+	q := "UPDATE orders SET status = ?, paid_at = ?, cancelled_at = ?, updated_at = ? WHERE id = ?"
+	args := []any{o.Status, o.PaidAt, o.CancelledAt, time.Now().UTC(), o.ID}
+	if fence != 0 {
+		q += " AND fence = ?"
+		args = append(args, fence)
+	}
+	res := tx.Exec(q, args...)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		if fence == 0 {
+			return fmt.Errorf("%w: order %d was deleted while in use", ErrNotFound, o.ID)
+		}
+		return fmt.Errorf("%w: order %d, token %d", lockkit.ErrFenced, o.ID, fence)
+	}
+	return nil
+}
+
+// Reset deletes every order: no fixture has any. It implements the order
+// half of audit.Resetter.
+func (s *Store) Reset(ctx context.Context, _ string) error {
+	return s.db.WithContext(ctx).Where("1 = 1").Delete(&Order{}).Error
+}
+
+// ForgetFences sets every order's fence to 0, for the embedded Redis whose
+// counters start over (see cmd/shop).
+func (s *Store) ForgetFences(ctx context.Context) error {
+	return s.db.WithContext(ctx).Model(&Order{}).Where("fence <> 0").Update("fence", 0).Error
 }
 
 // Duplicates is the audit check: for each idempotency key with more than one
@@ -78,10 +307,4 @@ func (s *Store) Duplicates(ctx context.Context) (map[string]int64, error) {
 		out[strconv.FormatInt(r.UserID, 10)+":"+r.IdempotencyKey] = r.N - 1
 	}
 	return out, nil
-}
-
-// Reset deletes every order: no fixture has any. It implements the order
-// half of audit.Resetter.
-func (s *Store) Reset(ctx context.Context, _ string) error {
-	return s.db.WithContext(ctx).Where("1 = 1").Delete(&Order{}).Error
 }

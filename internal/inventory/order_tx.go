@@ -1,0 +1,147 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// Strategies of the purchase rows orders write.
+const (
+	// StrategyOrder marks an order's reservation (quantity > 0).
+	StrategyOrder = "order"
+	// StrategyOrderReturn marks the units a cancelled order gave back
+	// (quantity < 0), so that sums over purchases stay the units sold.
+	StrategyOrderReturn = "order-return"
+)
+
+// Claim raises sku's fence to fence before the caller writes it, as
+// Update does (see there for why the claim comes first). A fence of 0
+// claims nothing. It returns ErrNotFound, or lockkit.ErrFenced when a
+// newer token holds the row.
+func (s *Store) Claim(ctx context.Context, sku string, fence uint64) error {
+	return s.claim(ctx, sku, fence)
+}
+
+// StockChanged tells the Redis mirror (atomic-redis) that sku's stock
+// moved behind its back: an order reserved or returned units. Call it
+// after the transaction committed.
+func (s *Store) StockChanged(ctx context.Context, sku string) {
+	if s.mirror != nil {
+		s.mirror.Forget(ctx, sku)
+	}
+}
+
+// Reserve takes p.Quantity units of p.SKU for order p.OrderID inside the
+// caller's transaction tx: the per-user limit, the stock and the purchase
+// row p (strategy "order") land together or not at all. The write is
+// fenced (fence as claimed with Claim; 0 writes unfenced) and guarded by
+// the stock itself, so that it never oversells, whatever decided it, and
+// never loses a decrement of a strategy that takes no lock (atomic-sql).
+func Reserve(tx *gorm.DB, p *Purchase, fence uint64) error {
+	if p.Quantity <= 0 {
+		return fmt.Errorf("%w: quantity must be a positive integer, got %d", ErrInvalidQuantity, p.Quantity)
+	}
+	var prod Product
+	if err := tx.Where("sku = ?", p.SKU).Take(&prod).Error; errors.Is(err, gorm.ErrRecordNotFound) {
+		return fmt.Errorf("%w: no product %q", ErrNotFound, p.SKU)
+	} else if err != nil {
+		return err
+	}
+	if err := countLimit(tx, prod, *p); err != nil {
+		return err
+	}
+	if err := moveStock(tx, p.SKU, -p.Quantity, fence); err != nil {
+		return err
+	}
+	p.Strategy, p.Fence = StrategyOrder, fence
+	return tx.Create(p).Error
+}
+
+// Return gives back the units of order p.OrderID inside the caller's
+// transaction tx: the stock, the per-user total and a purchase row of
+// -p.Quantity units (strategy "order-return") land together.
+func Return(tx *gorm.DB, p *Purchase, fence uint64) error {
+	if p.Quantity <= 0 {
+		return fmt.Errorf("%w: quantity must be a positive integer, got %d", ErrInvalidQuantity, p.Quantity)
+	}
+	if err := moveStock(tx, p.SKU, p.Quantity, fence); err != nil {
+		return err
+	}
+	// The units no longer count against the user's limit: they were never
+	// sold. No row means no limit applied to them.
+	if err := tx.Exec("UPDATE purchase_limits SET units = units - ? WHERE user_id = ? AND sku = ? AND units >= ?",
+		p.Quantity, p.UserID, p.SKU, p.Quantity).Error; err != nil {
+		return err
+	}
+	ret := *p
+	ret.Quantity, ret.Strategy, ret.Fence = -p.Quantity, StrategyOrderReturn, fence
+	if err := tx.Create(&ret).Error; err != nil {
+		return err
+	}
+	*p = ret
+	return nil
+}
+
+// moveStock adds delta to sku's stock, refusing to go below zero, fenced
+// unless fence is 0.
+func moveStock(tx *gorm.DB, sku string, delta int64, fence uint64) error {
+	q := "UPDATE products SET stock = stock + ?, updated_at = ? WHERE sku = ? AND stock + ? >= 0"
+	args := []any{delta, time.Now().UTC(), sku, delta}
+	if fence != 0 {
+		q += " AND fence = ?"
+		args = append(args, fence)
+	}
+	res := tx.Exec(q, args...)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected > 0 {
+		return nil
+	}
+	var prod Product
+	err := tx.Where("sku = ?", sku).Take(&prod).Error
+	switch {
+	case errors.Is(err, gorm.ErrRecordNotFound):
+		return fmt.Errorf("%w: no product %q", ErrNotFound, sku)
+	case err != nil:
+		return err
+	case fence != 0 && prod.Fence != fence:
+		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, sku, fence)
+	}
+	return soldOut(prod.Stock, -delta)
+}
+
+// OrderUnits are the purchase rows of one order, for the order audit.
+type OrderUnits struct {
+	Reserved, ReservedRows int64 // units and rows taken (quantity > 0)
+	Returned, ReturnedRows int64 // units and rows given back (quantity < 0), units positive
+}
+
+// OrderStock returns the purchase rows of orders by order id, read with tx
+// so that the caller can read them in the same snapshot as the orders.
+func OrderStock(tx *gorm.DB) (map[int64]OrderUnits, error) {
+	var rows []struct {
+		OrderID  int64
+		Reserved int64
+		ResRows  int64
+		Returned int64
+		RetRows  int64
+	}
+	err := tx.Raw(`SELECT order_id,
+		COALESCE(SUM(CASE WHEN quantity > 0 THEN quantity ELSE 0 END), 0) AS reserved,
+		COALESCE(SUM(CASE WHEN quantity > 0 THEN 1 ELSE 0 END), 0) AS res_rows,
+		COALESCE(SUM(CASE WHEN quantity < 0 THEN -quantity ELSE 0 END), 0) AS returned,
+		COALESCE(SUM(CASE WHEN quantity < 0 THEN 1 ELSE 0 END), 0) AS ret_rows
+		FROM purchases WHERE order_id <> 0 GROUP BY order_id`).Scan(&rows).Error
+	out := make(map[int64]OrderUnits, len(rows))
+	for _, r := range rows {
+		out[r.OrderID] = OrderUnits{Reserved: r.Reserved, ReservedRows: r.ResRows, Returned: r.Returned, ReturnedRows: r.RetRows}
+	}
+	return out, err
+}

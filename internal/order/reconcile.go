@@ -1,0 +1,145 @@
+package order
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/inventory"
+)
+
+// Reconciliation is the order audit: every order against the ledger rows
+// and purchase rows that carry its id, each drift keyed by order id. An id
+// with rows but no order is an orphan: money or stock moved for nothing.
+type Reconciliation struct {
+	// UnreconciledCents: per order, the cents its ledger rows moved minus
+	// what its status says they should (the amount debited if paid,
+	// nothing otherwise: there is no refund, so a cancelled order's debit
+	// is money kept for nothing).
+	UnreconciledCents map[string]int64
+	// UnreconciledUnits: per order, the units it holds (reserved minus
+	// returned) minus what its status says (its quantity unless
+	// cancelled, then nothing).
+	UnreconciledUnits map[string]int64
+	// MiscountedRecords: per order, how far its record count is from one
+	// reservation, one debit if paid (and not free), one return if
+	// cancelled: e.g. a second debit, a reservation missing.
+	MiscountedRecords map[string]int64
+	// PaidAndCancelled: orders with both a debit and a stock return, the
+	// damage of a pay and a close that ran at once.
+	PaidAndCancelled map[string]int64
+	// StockReturnedTwice: per order, the returns beyond the first.
+	StockReturnedTwice map[string]int64
+	// Stuck: orders awaiting payment for longer than the bound (the closer
+	// is not running or not keeping up), or with a status no version of
+	// shop writes now (rows from before the lifecycle; reset them).
+	Stuck map[string]int64
+}
+
+// Reconcile reads the orders, the order ledger rows and the order purchase
+// rows in one transaction, so that a change in flight is seen whole or not
+// at all (each change commits its rows together), and compares them. An
+// order awaiting payment since before stuckBefore counts as stuck.
+func (s *Store) Reconcile(ctx context.Context, stuckBefore time.Time) (Reconciliation, error) {
+	r := Reconciliation{
+		UnreconciledCents: map[string]int64{}, UnreconciledUnits: map[string]int64{},
+		MiscountedRecords: map[string]int64{}, PaidAndCancelled: map[string]int64{},
+		StockReturnedTwice: map[string]int64{}, Stuck: map[string]int64{},
+	}
+	var (
+		orders []Order
+		money  map[int64]account.OrderDebits
+		units  map[int64]inventory.OrderUnits
+	)
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Select("id", "status", "quantity", "amount_cents", "created_at").Find(&orders).Error; err != nil {
+			return err
+		}
+		var err error
+		if money, err = account.OrderLedger(tx); err != nil {
+			return err
+		}
+		units, err = inventory.OrderStock(tx)
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+	seen := make(map[int64]bool, len(orders))
+	for _, o := range orders {
+		seen[o.ID] = true
+		key := strconv.FormatInt(o.ID, 10)
+		m, u := money[o.ID], units[o.ID]
+		var wantCents, wantDebits, wantUnits, wantReturns int64
+		switch o.Status {
+		case StatusPaid:
+			wantUnits = o.Quantity
+			if o.AmountCents > 0 {
+				wantCents, wantDebits = -o.AmountCents, 1
+			}
+		case StatusAwaitingPayment:
+			wantUnits = o.Quantity
+			if o.CreatedAt.Before(stuckBefore) {
+				r.Stuck[key] = 1
+			}
+		case StatusCancelled:
+			wantReturns = 1
+		default:
+			r.Stuck[key] = 1
+		}
+		r.UnreconciledCents[key] = m.Cents - wantCents
+		r.UnreconciledUnits[key] = u.Reserved - u.Returned - wantUnits
+		r.MiscountedRecords[key] = abs(m.Rows-wantDebits) + abs(u.ReservedRows-1) + abs(u.ReturnedRows-wantReturns)
+		if m.Rows > 0 && u.ReturnedRows > 0 {
+			r.PaidAndCancelled[key] = 1
+		}
+		if u.ReturnedRows > 1 {
+			r.StockReturnedTwice[key] = u.ReturnedRows - 1
+		}
+	}
+	for id, m := range money {
+		if !seen[id] {
+			key := strconv.FormatInt(id, 10)
+			r.UnreconciledCents[key] = m.Cents
+			r.MiscountedRecords[key] += m.Rows
+		}
+	}
+	for id, u := range units {
+		if !seen[id] {
+			key := strconv.FormatInt(id, 10)
+			r.UnreconciledUnits[key] = u.Reserved - u.Returned
+			r.MiscountedRecords[key] += u.ReservedRows + u.ReturnedRows
+		}
+	}
+	return r, nil
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// checks are the order invariants for the audit. The load test reads
+// these names: do not rename one.
+func (s *Store) checks(stuckAfter time.Duration) []audit.Check {
+	pick := func(f func(Reconciliation) map[string]int64) func(context.Context) (map[string]int64, error) {
+		return func(ctx context.Context) (map[string]int64, error) {
+			r, err := s.Reconcile(ctx, time.Now().Add(-stuckAfter))
+			return f(r), err
+		}
+	}
+	return []audit.Check{
+		{Name: "unreconciled_order_cents", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.UnreconciledCents })},
+		{Name: "unreconciled_order_units", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.UnreconciledUnits })},
+		{Name: "miscounted_order_records", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.MiscountedRecords })},
+		{Name: "paid_and_cancelled_orders", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.PaidAndCancelled })},
+		{Name: "stock_returned_twice", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.StockReturnedTwice })},
+		{Name: "stuck_orders", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.Stuck })},
+	}
+}

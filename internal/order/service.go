@@ -1,0 +1,217 @@
+package order
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/inventory"
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+)
+
+// DefaultPayTimeout is how long an order may await payment when Options
+// say nothing (SHOP_ORDER_PAY_TIMEOUT's default).
+const DefaultPayTimeout = 15 * time.Minute
+
+// Options configure NewService.
+type Options struct {
+	// Locker guards every change; lockkit.None() is the unsafe baseline.
+	Locker lockkit.Locker
+	// LockOptions are passed to every acquisition of a row's lock.
+	LockOptions []lockkit.Option
+	// PayTimeout is how long an order may await payment before the closer
+	// cancels it and returns its stock (default DefaultPayTimeout).
+	PayTimeout time.Duration
+	// LeaderTTL is the closer's leader lease, renewed by the watchdog while
+	// its instance lives (default lockkit.DefaultLeaseTTL). A new leader
+	// takes over at most this long after the old one died or stalled.
+	LeaderTTL time.Duration
+	// Metrics, if set, counts fenced writes.
+	Metrics *lockmetrics.Metrics
+	// CriticalSectionDelay is slept between the read and the write.
+	CriticalSectionDelay time.Duration
+}
+
+// Service places, pays, reads and closes orders. It is safe for concurrent
+// use.
+type Service struct {
+	store *Store
+	o     Options
+}
+
+// NewService returns the order service over store.
+func NewService(store *Store, o Options) *Service {
+	if o.PayTimeout <= 0 {
+		o.PayTimeout = DefaultPayTimeout
+	}
+	if o.LeaderTTL <= 0 {
+		o.LeaderTTL = lockkit.DefaultLeaseTTL
+	}
+	if o.Locker == nil {
+		o.Locker = lockkit.None()
+	}
+	return &Service{store: store, o: o}
+}
+
+// Place orders quantity units of sku for user with idempotency key key: the
+// order awaiting payment with its stock reserved or, with pay, paid as
+// well, in one transaction. It returns the order; or the domain error that
+// refused it (inventory.ErrSoldOut, account.ErrInsufficientFunds, ...) with
+// nothing changed. Placing again with a key that has an order returns that
+// order as it now stands, with existing true, and changes nothing.
+func (s *Service) Place(ctx context.Context, user int64, key, sku string, quantity int64, pay bool) (o Order, existing bool, err error) {
+	if !inventory.ValidSKU(sku) {
+		return Order{}, false, fmt.Errorf("%w: no product %q", inventory.ErrNotFound, sku)
+	}
+	if quantity <= 0 {
+		return Order{}, false, fmt.Errorf("%w: quantity must be a positive integer, got %d", inventory.ErrInvalidQuantity, quantity)
+	}
+	if found, ok, err := s.store.ByKey(ctx, user, key); err != nil || ok {
+		return found, ok, err
+	}
+	// Unknown SKUs and accounts are turned away before they name a lock: a
+	// backend keeps a fence counter for every key ever locked.
+	p, err := s.store.products.Get(ctx, sku)
+	if err != nil {
+		return Order{}, false, err
+	}
+	keys := []string{inventory.Key(sku)}
+	debit := pay && p.PriceCents > 0
+	if debit {
+		if _, err := s.store.accounts.Get(ctx, user); err != nil {
+			return Order{}, false, err
+		}
+		keys = append(keys, account.Key(user))
+	}
+	o = Order{UserID: user, IdempotencyKey: key, SKU: sku, Quantity: quantity}
+	err = lockkit.DoMany(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
+		f := Fences{Stock: fences[inventory.Key(sku)]}
+		if debit {
+			f.Account = fences[account.Key(user)]
+		}
+		existing, err = s.store.Create(ctx, &o, f, func(ctx context.Context, o *Order, p inventory.Product) error {
+			if p.PriceCents > 0 && quantity > math.MaxInt64/p.PriceCents {
+				return fmt.Errorf("%w: %d × %d cents", ErrTooLarge, quantity, p.PriceCents)
+			}
+			if p.Stock < quantity {
+				return soldOut(p.Stock, quantity)
+			}
+			// The price is read under the stock's lock: the order is charged
+			// what the product cost when its stock was taken.
+			if p.PriceCents > 0 && !debit && pay {
+				return fmt.Errorf("order: the price of %q changed while the order was placed; place it again", sku)
+			}
+			o.AmountCents, o.Status, o.CreatedAt = p.PriceCents*quantity, StatusAwaitingPayment, now()
+			if pay {
+				o.Status, o.PaidAt = StatusPaid, &o.CreatedAt
+			}
+			return work(ctx, s.o.CriticalSectionDelay)
+		})
+		return err
+	}, s.o.LockOptions...)
+	s.count(err)
+	return o, existing, err
+}
+
+func soldOut(left, asked int64) error {
+	if left <= 0 {
+		return fmt.Errorf("%w: no units left", inventory.ErrSoldOut)
+	}
+	return fmt.Errorf("%w: %d left, %d asked", inventory.ErrSoldOut, left, asked)
+}
+
+// Pay debits order id of user once. Paying a paid order returns it
+// unchanged; paying a cancelled one returns ErrCancelled; a balance below
+// the amount returns account.ErrInsufficientFunds and changes nothing.
+func (s *Service) Pay(ctx context.Context, user, id int64) (Order, error) {
+	o, err := s.Get(ctx, user, id)
+	if err != nil {
+		return Order{}, err
+	}
+	if o.Status != StatusAwaitingPayment {
+		// Paid: nothing to do, the same order again. Cancelled: refused.
+		// Neither needs a lock: both are final.
+		return o, o.pay(time.Time{})
+	}
+	keys := []string{Key(id)}
+	if o.AmountCents > 0 {
+		keys = append(keys, account.Key(user))
+	}
+	err = lockkit.DoMany(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
+		f := Fences{Order: fences[Key(id)], Account: fences[account.Key(user)]}
+		o, err = s.store.Update(ctx, id, f, func(ctx context.Context, o *Order) error {
+			if err := o.pay(now()); err != nil {
+				return err
+			}
+			return work(ctx, s.o.CriticalSectionDelay)
+		})
+		return err
+	}, s.o.LockOptions...)
+	s.count(err)
+	return o, err
+}
+
+// closeOne cancels order id if it is still awaiting payment past the pay
+// timeout, returning its stock, and reports whether it did.
+func (s *Service) closeOne(ctx context.Context, id int64) (bool, error) {
+	o, err := s.store.Get(ctx, id)
+	if err != nil || o.Status != StatusAwaitingPayment {
+		return false, err
+	}
+	closed := false
+	err = lockkit.DoMany(ctx, s.o.Locker, []string{Key(id), inventory.Key(o.SKU)}, func(ctx context.Context, fences map[string]uint64) error {
+		f := Fences{Order: fences[Key(id)], Stock: fences[inventory.Key(o.SKU)]}
+		_, err := s.store.Update(ctx, id, f, func(ctx context.Context, o *Order) error {
+			if closed = o.cancel(now(), s.o.PayTimeout); !closed {
+				return nil
+			}
+			return work(ctx, s.o.CriticalSectionDelay)
+		})
+		return err
+	}, s.o.LockOptions...)
+	s.count(err)
+	return closed && err == nil, err
+}
+
+func (s *Service) count(err error) {
+	if s.o.Metrics != nil && errors.Is(err, lockkit.ErrFenced) {
+		s.o.Metrics.Fenced("order")
+	}
+}
+
+// Get returns order id if it belongs to user; otherwise ErrNotFound, the
+// same for another user's order as for none, so ids reveal nothing.
+func (s *Service) Get(ctx context.Context, user, id int64) (Order, error) {
+	o, err := s.store.Get(ctx, id)
+	if err != nil {
+		return Order{}, err
+	}
+	if o.UserID != user {
+		return Order{}, fmt.Errorf("%w: no order %d", ErrNotFound, id)
+	}
+	return o, nil
+}
+
+// List returns up to limit orders of user older than the order before (0:
+// from the newest), newest first, and whether more follow.
+func (s *Service) List(ctx context.Context, user, before int64, limit int) (orders []Order, more bool, err error) {
+	orders, err = s.store.List(ctx, user, before, limit+1)
+	if len(orders) > limit {
+		return orders[:limit], true, err
+	}
+	return orders, false, err
+}
+
+// stuckAfter is how long an order may await payment before the audit calls
+// it stuck: the pay timeout, then a leader lease for a dead leader's
+// successor to take over, two closer rounds and a lock wait.
+func (s *Service) stuckAfter() time.Duration {
+	return s.o.PayTimeout + s.o.LeaderTTL + 2*s.interval() + lockWait
+}
+
+// lockWait bounds the wait for a row's lock in the stuck bound.
+const lockWait = 10 * time.Second
