@@ -261,6 +261,14 @@ func TestAPI(t *testing.T) {
 	c.run(t, srv, order)
 	orderPath := fmt.Sprintf("/api/v1/orders/%d", placed.ID)
 	c.run(t, srv, apiCase{name: "order-200", method: "GET", path: orderPath, token: u2, status: 200})
+	c.run(t, srv, apiCase{name: "order-pay-200", method: "POST", path: orderPath + "/pay", token: u2, status: 200})
+	c.run(t, srv, apiCase{name: "order-pay-200-again", method: "POST", path: orderPath + "/pay", token: u2, status: 200})
+	c.run(t, srv, apiCase{name: "orders-list-200", method: "GET", path: "/api/v1/orders?limit=1", token: u2, status: 200})
+	_ = json.Unmarshal(c.run(t, srv, apiCase{name: "tokens-201-paying", method: "POST", path: "/api/v1/idempotency-tokens", token: u2, status: 201}), &idemToken)
+	c.run(t, srv, apiCase{name: "product-201-free", method: "POST", path: "/admin/v1/products", token: testAdmin,
+		body: `{"sku":"api-free","name":"Free sample","stock":3,"price_cents":0}`, status: 201})
+	c.run(t, srv, apiCase{name: "orders-201-free-paid", method: "POST", path: "/api/v1/orders", token: u2, body: `{"sku":"api-free","quantity":1,"pay":true}`,
+		header: map[string]string{"Idempotency-Key": idemToken.Token}, status: 201})
 
 	before := snapshot(t, c, srv)
 	oversize := `{"amount_cents":1,"pad":"` + strings.Repeat("x", 2000) + `"}`
@@ -343,6 +351,10 @@ func TestAPI(t *testing.T) {
 		{name: "orders-422-reused-key", method: "POST", path: "/api/v1/orders", token: u2, body: `{"sku":"api-1","quantity":2}`, header: map[string]string{"Idempotency-Key": idemToken.Token}, status: 422},
 		{name: "order-404-other-user", method: "GET", path: orderPath, token: u1, status: 404},
 		{name: "order-400-bad-id", method: "GET", path: "/api/v1/orders/x", token: u2, status: 400},
+		{name: "order-pay-404-other-user", method: "POST", path: orderPath + "/pay", token: u1, status: 404},
+		{name: "order-pay-400-bad-id", method: "POST", path: "/api/v1/orders/0/pay", token: u2, status: 400, detail: "positive integer"},
+		{name: "orders-list-400-cursor", method: "GET", path: "/api/v1/orders?cursor=nope", token: u2, status: 400, detail: "next_cursor"},
+		{name: "orders-list-400-limit", method: "GET", path: "/api/v1/orders?limit=1000", token: u2, status: 400, detail: "limit must be"},
 		// routing
 		{name: "route-404", method: "GET", path: "/api/v2/accounts/1", token: u1, status: 404, detail: "no route"},
 		{name: "method-405", method: "DELETE", path: "/api/v1/accounts/1", token: u1, status: 405, detail: "allowed: GET"},
