@@ -1,0 +1,206 @@
+package faults
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
+	gormmysql "gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/inventory"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/order"
+	"github.com/lockbench/shop/internal/shoptest"
+	"github.com/lockbench/shop/internal/storage"
+)
+
+// lyingDriver is the MySQL driver with one fault: while lies > 0, a
+// transaction whose COMMIT succeeded reports mysql.ErrInvalidConn, as
+// when the connection breaks between the server's commit and its answer.
+// The caller cannot tell this from a commit that failed.
+type lyingDriver struct {
+	driver.Driver
+	lies *atomic.Int32
+}
+
+func (d lyingDriver) Open(dsn string) (driver.Conn, error) {
+	c, err := d.Driver.Open(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return &lyingConn{Conn: c, lies: d.lies}, nil
+}
+
+type lyingConn struct {
+	driver.Conn
+	lies *atomic.Int32
+}
+
+func (c *lyingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &lyingTx{Tx: tx, lies: c.lies}, nil
+}
+
+func (c *lyingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
+}
+
+func (c *lyingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+}
+
+func (c *lyingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+}
+
+func (c *lyingConn) CheckNamedValue(nv *driver.NamedValue) error {
+	return c.Conn.(driver.NamedValueChecker).CheckNamedValue(nv)
+}
+
+func (c *lyingConn) ResetSession(ctx context.Context) error {
+	return c.Conn.(driver.SessionResetter).ResetSession(ctx)
+}
+
+type lyingTx struct {
+	driver.Tx
+	lies *atomic.Int32
+}
+
+func (t *lyingTx) Commit() error {
+	if err := t.Tx.Commit(); err != nil {
+		return err
+	}
+	if t.lies.Add(-1) >= 0 {
+		return mysql.ErrInvalidConn
+	}
+	t.lies.Store(0)
+	return nil
+}
+
+// TestOrderCommitReportedAsFailed places, pays and closes orders through a
+// driver that reports a landed commit as a failure. Each caller sees an
+// error; the stores hold the whole change; the retry (the same key, the
+// same pay, the next closer round) finds it done and does nothing twice.
+func TestOrderCommitReportedAsFailed(t *testing.T) {
+	ctx := context.Background()
+	dsn := shoptest.MySQL(t)
+	setup, err := storage.Open(ctx, storage.Options{MySQLDSN: dsn, MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer setup.Close()
+	if err := setup.Migrate(ctx, append(append(account.Models(), inventory.Models()...), order.Models()...)...); err != nil {
+		t.Fatal(err)
+	}
+
+	var lies atomic.Int32
+	name := "mysql-lying-" + shoptest.Random(4)
+	sql.Register(name, lyingDriver{Driver: &mysql.MySQLDriver{}, lies: &lies})
+	cfg, _ := mysql.ParseDSN(dsn)
+	cfg.ClientFoundRows = true
+	sqlDB, err := sql.Open(name, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	db, err := gorm.Open(gormmysql.New(gormmysql.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard, TranslateError: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	client := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
+	defer client.Close()
+	locker := redislock.New(client, redislock.WithPrefix(shoptest.Prefix("faults-orders")))
+	defer locker.Close()
+
+	accounts, products := account.NewStore(db), inventory.NewStore(db, nil)
+	store := order.NewStore(db, products, accounts)
+	const timeout = 300 * time.Millisecond
+	svc := order.NewService(store, order.Options{Locker: locker, PayTimeout: timeout})
+	if _, err := accounts.Put(ctx, buyer, opening); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := products.Put(ctx, inventory.Product{SKU: orderSKU, Name: orderSKU, Stock: orderStock, PriceCents: orderPrice}); err != nil {
+		t.Fatal(err)
+	}
+	d := &order.Domain{Service: svc, Store: store}
+	auditor := audit.New(append(append((&account.Domain{Store: accounts}).Checks(),
+		(&inventory.Domain{Store: products}).Checks()...), d.Checks()...), nil)
+	auditOK := func(when string) {
+		t.Helper()
+		r, err := auditor.Audit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.OK {
+			b, _ := json.Marshal(r)
+			t.Fatalf("%s: audit %s", when, b)
+		}
+	}
+	lie := func() { lies.Store(1) }
+
+	// Place and pay in one transaction: reported failed, landed.
+	lie()
+	if _, _, err := svc.Place(ctx, buyer, "k1", orderSKU, 2, true); !errors.Is(err, mysql.ErrInvalidConn) {
+		t.Fatalf("place: %v; want the driver's error", err)
+	}
+	auditOK("after the lying place")
+	o, existing, err := svc.Place(ctx, buyer, "k1", orderSKU, 2, true)
+	if err != nil || !existing || o.Status != order.StatusPaid {
+		t.Fatalf("retry: %+v existing %v, %v; want the paid order found", o, existing, err)
+	}
+
+	// Pay: reported failed, landed; paying again debits nothing.
+	awaiting, _, err := svc.Place(ctx, buyer, "k2", orderSKU, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lie()
+	if _, err := svc.Pay(ctx, buyer, awaiting.ID); !errors.Is(err, mysql.ErrInvalidConn) {
+		t.Fatalf("pay: %v; want the driver's error", err)
+	}
+	if p, err := svc.Pay(ctx, buyer, awaiting.ID); err != nil || p.Status != order.StatusPaid {
+		t.Fatalf("pay again: %+v, %v", p, err)
+	}
+
+	// Close: reported failed, landed; the next round closes nothing.
+	unpaid, _, err := svc.Place(ctx, buyer, "k3", orderSKU, 4, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(timeout + 50*time.Millisecond)
+	lie()
+	if n, err := svc.CloseExpired(ctx, slog.New(slog.DiscardHandler)); n != 0 || !errors.Is(err, mysql.ErrInvalidConn) {
+		t.Fatalf("close: %d, %v; want 0 and the driver's error", n, err)
+	}
+	if n, err := svc.CloseExpired(ctx, slog.New(slog.DiscardHandler)); n != 0 || err != nil {
+		t.Fatalf("next round: closed %d, %v; want nothing left", n, err)
+	}
+	if got, err := svc.Get(ctx, buyer, unpaid.ID); err != nil || got.Status != order.StatusCancelled {
+		t.Fatalf("unpaid order: %+v, %v", got, err)
+	}
+	auditOK("after every retry")
+
+	a, _ := accounts.Get(ctx, buyer)
+	p, _ := products.Get(ctx, orderSKU)
+	if a.Balance != opening-3*orderPrice || p.Stock != orderStock-3 {
+		t.Fatalf("balance %d, stock %d; want %d and %d: each change once", a.Balance, p.Stock,
+			opening-3*orderPrice, orderStock-3)
+	}
+	report(row{Fault: "7 order: commit reported failed", Backend: "redis", Stale: "3 lying commits; retries found them done"})
+}
