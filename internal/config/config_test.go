@@ -124,3 +124,22 @@ func TestStrategyNamesMatchTheDomains(t *testing.T) {
 		}
 	}
 }
+
+// An order that must be paid within 0 s would be cancelled as it is
+// placed: 0 is refused; the default is 15 minutes.
+func TestOrderPayTimeout(t *testing.T) {
+	for _, v := range []string{"0", "-1m", "soon"} {
+		if _, err := Load(env(map[string]string{"SHOP_ORDER_PAY_TIMEOUT": v})); err == nil ||
+			!strings.Contains(err.Error(), "SHOP_ORDER_PAY_TIMEOUT") {
+			t.Errorf("SHOP_ORDER_PAY_TIMEOUT=%s: %v", v, err)
+		}
+	}
+	c, err := Load(env(nil))
+	if err != nil || c.OrderPayTimeout != 15*time.Minute {
+		t.Errorf("default: %s, %v", c.OrderPayTimeout, err)
+	}
+	c, err = Load(env(map[string]string{"SHOP_ORDER_PAY_TIMEOUT": "3s"}))
+	if err != nil || c.OrderPayTimeout != 3*time.Second {
+		t.Errorf("3s: %s, %v", c.OrderPayTimeout, err)
+	}
+}
