@@ -99,11 +99,12 @@ func (r report) failures() []string {
 }
 
 // columns of the main table, in the order.
-var columns = []string{"backend", "orders/s", "p50", "p95", "p99", "oversold units", "balance drift", "like drift", "duplicate orders"}
+var columns = []string{"backend", "orders/s", "p50", "p95", "p99", "oversold units", "balance drift", "like drift", "duplicate orders",
+	"paid+cancelled orders", "stock returned twice", "unreconciled order cents"}
 
 func (res result) Cells() []string {
 	if res.Err != "" {
-		return []string{res.Spec.Name, "did not run", "", "", "", "", "", "", ""}
+		return []string{res.Spec.Name, "did not run", "", "", "", "", "", "", "", "", "", ""}
 	}
 	return []string{
 		res.Spec.Name,
@@ -113,6 +114,9 @@ func (res result) Cells() []string {
 		res.auditCell(checkBalance, "balance"),
 		res.auditCell(checkLikes, "likes"),
 		res.auditCell(checkDuplicates, "orders"),
+		res.auditCell(checkPaidAndCancelled, "orders"),
+		res.auditCell(checkReturnedTwice, "orders"),
+		res.auditCell(checkUnreconciled, "orders"),
 	}
 }
 

@@ -9,12 +9,17 @@ import (
 )
 
 // Audit check names, as internal/*/http.go register them. The table shows
-// these four; every other check the audit reports still counts as damage.
+// these; every other check the audit reports still counts as damage.
 const (
 	checkOversold   = "oversold_units"
 	checkBalance    = "balance_drift"
 	checkLikes      = "like_drift"
 	checkDuplicates = "duplicate_orders"
+	// The order reconciliation's damage: orders both paid and cancelled,
+	// stock a closer returned twice, money not matching the orders.
+	checkPaidAndCancelled = "paid_and_cancelled_orders"
+	checkReturnedTwice    = "stock_returned_twice"
+	checkUnreconciled     = "unreconciled_order_cents"
 )
 
 // expectation is what a row must show for the run to pass.
