@@ -75,13 +75,13 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 	}
 	// Unknown SKUs and accounts are turned away before they name a lock: a
 	// backend keeps a fence counter for every key ever locked.
-	p, err := s.store.products.Get(ctx, sku)
-	if err != nil {
+	if _, err := s.store.products.Get(ctx, sku); err != nil {
 		return Order{}, false, err
 	}
+	// Paying locks the account even for a free product: the price is read
+	// again under the stock's lock and may have changed meanwhile.
 	keys := []string{inventory.Key(sku)}
-	debit := pay && p.PriceCents > 0
-	if debit {
+	if pay {
 		if _, err := s.store.accounts.Get(ctx, user); err != nil {
 			return Order{}, false, err
 		}
@@ -89,10 +89,7 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 	}
 	o = Order{UserID: user, IdempotencyKey: key, SKU: sku, Quantity: quantity}
 	err = lockkit.DoMany(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
-		f := Fences{Stock: fences[inventory.Key(sku)]}
-		if debit {
-			f.Account = fences[account.Key(user)]
-		}
+		f := Fences{Stock: fences[inventory.Key(sku)], Account: fences[account.Key(user)]}
 		existing, err = s.store.Create(ctx, &o, f, func(ctx context.Context, o *Order, p inventory.Product) error {
 			if p.PriceCents > 0 && quantity > math.MaxInt64/p.PriceCents {
 				return fmt.Errorf("%w: %d × %d cents", ErrTooLarge, quantity, p.PriceCents)
@@ -100,11 +97,8 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 			if p.Stock < quantity {
 				return soldOut(p.Stock, quantity)
 			}
-			// The price is read under the stock's lock: the order is charged
-			// what the product cost when its stock was taken.
-			if p.PriceCents > 0 && !debit && pay {
-				return fmt.Errorf("order: the price of %q changed while the order was placed; place it again", sku)
-			}
+			// The price is read under the stock's lock: the order costs what
+			// the product cost when its stock was taken.
 			o.AmountCents, o.Status, o.CreatedAt = p.PriceCents*quantity, StatusAwaitingPayment, now()
 			if pay {
 				o.Status, o.PaidAt = StatusPaid, &o.CreatedAt
