@@ -15,6 +15,13 @@ import (
 // the audit shows what that costs.
 const LeaderKey = "lock:order-closer"
 
+// leaderWait bounds one wait for the leader lease. The wait wakes at once
+// when the lease is freed (on backends that can wait without polling), so
+// it does not slow a takeover; bounding it keeps a follower from holding a
+// database wait open for ever (mysql-forupdate waits in a row lock) and
+// lets it notice a closed context on every backend.
+const leaderWait = 30 * time.Second
+
 // closeBatch bounds the orders one round reads; the next round takes the
 // rest.
 const closeBatch = 100
@@ -40,11 +47,13 @@ func (s *Service) RunCloser(ctx context.Context, log *slog.Logger) {
 			err := s.lead(ctx, log)
 			log.Info("order closer: stepped down", "key", LeaderKey, "fence", fence, "reason", context.Cause(ctx))
 			return err
-		}, lockkit.WithAutoRenew(s.o.LeaderTTL))
-		if ctx.Err() != nil {
+		}, lockkit.WithAutoRenew(s.o.LeaderTTL), lockkit.WithWaitTimeout(leaderWait))
+		switch {
+		case ctx.Err() != nil:
 			return
-		}
-		if err != nil && !errors.Is(err, lockkit.ErrLeaseLost) {
+		case errors.Is(err, lockkit.ErrNotAcquired):
+			continue // another instance leads: wait again
+		case err != nil && !errors.Is(err, lockkit.ErrLeaseLost):
 			log.Warn("order closer: leader lease", "key", LeaderKey, "err", err)
 		}
 		sleep(ctx, s.interval())

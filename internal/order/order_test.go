@@ -593,3 +593,89 @@ func TestCloseAndPayRaceWithoutLockIsCaught(t *testing.T) {
 		t.Fatalf("the none baseline shows no returned-twice or paid-and-cancelled damage: %s", b)
 	}
 }
+
+// syncBuffer is a log sink safe for the closers' goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) count(msg string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Count(s.b.String(), `msg="`+msg+`"`)
+}
+
+// Two instances run the closer loop: one leads and closes, the other
+// waits; when the leader stops, the other takes over. Both loops end with
+// their context (goleak checks at the end of the package).
+func TestCloserRunsOnOneInstance(t *testing.T) {
+	s := newShop(t, Options{})
+	services := s.instances(2, s.locker, 300*time.Millisecond)
+	logs := []*syncBuffer{{}, {}}
+	stop := make([]context.CancelFunc, len(services))
+	var wg sync.WaitGroup
+	for i, svc := range services {
+		ctx, cancel := context.WithCancel(context.Background())
+		stop[i] = cancel
+		wg.Go(func() { svc.RunCloser(ctx, slog.New(slog.NewTextHandler(logs[i], nil))) })
+	}
+	defer func() {
+		for _, cancel := range stop {
+			cancel()
+		}
+		wg.Wait()
+	}()
+	leaders := func() (n, last int) {
+		for i, l := range logs {
+			if c := l.count("order closer: leading"); c > 0 {
+				n, last = n+c, i
+			}
+		}
+		return n, last
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not happen in 20s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	cancelled := func(id int64) func() bool {
+		return func() bool {
+			got, err := s.service.Get(context.Background(), user, id)
+			return err == nil && got.Status == StatusCancelled
+		}
+	}
+	waitFor("a leader", func() bool { n, _ := leaders(); return n == 1 })
+	o, _, err := services[0].Place(context.Background(), user, "k1", "widget", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the first order closed", cancelled(o.ID))
+	n, leader := leaders()
+	if n != 1 {
+		t.Fatalf("%d leader terms while both instances ran; want 1", n)
+	}
+	stop[leader]()
+	follower := 1 - leader
+	waitFor("the follower leading", func() bool { return logs[follower].count("order closer: leading") == 1 })
+	o2, _, err := services[0].Place(context.Background(), user, "k2", "widget", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the second order closed", cancelled(o2.ID))
+	if logs[leader].count("order closer: stepped down") != 1 {
+		t.Fatal("the stopped leader did not step down")
+	}
+	s.auditOK()
+}
