@@ -97,6 +97,7 @@ func (t *lyingTx) Commit() error {
 // error; the stores hold the whole change; the retry (the same key, the
 // same pay, the next closer round) finds it done and does nothing twice.
 func TestOrderCommitReportedAsFailed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dsn := shoptest.MySQL(t)
 	setup, err := storage.Open(ctx, storage.Options{MySQLDSN: dsn, MaxConns: 2})

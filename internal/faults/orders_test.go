@@ -177,6 +177,7 @@ func (r *rig) inCriticalSection(in *shoptest.Instance, class string, want float6
 // on the same database finds either no trace of the order or all of it;
 // the retry with the same key places it once.
 func TestOrderProcessStopped(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		sig  string
@@ -249,6 +250,7 @@ func TestOrderProcessStopped(t *testing.T) {
 // moments across its critical section, each with its own key; every retry
 // converges to one paid order, and the audit stays clean.
 func TestOrderClientHangsUp(t *testing.T) {
+	t.Parallel()
 	const delay = 600 * time.Millisecond
 	env := lockEnv(t, "redis")
 	env["SHOP_CRITICAL_SECTION_DELAY"] = delay.String()
@@ -289,6 +291,7 @@ func TestOrderClientHangsUp(t *testing.T) {
 // the paused one resumes, its stale close is stopped (lease lost) or
 // refused by the fence. Every order ends cancelled once, its stock back.
 func TestOrderCloserLeaderPaused(t *testing.T) {
+	t.Parallel()
 	backends := []string{"redis"}
 	if full() {
 		backends = []string{"redis", "mysql", "zookeeper", "etcd"}
@@ -362,6 +365,7 @@ func closerPaused(t *testing.T, backend string) {
 // none backend: every one of them leads, and the audit shows stock
 // returned more than once.
 func TestOrderCloserWithoutLock(t *testing.T) {
+	t.Parallel()
 	env := map[string]string{"SHOP_LOCK_BACKEND": "none", "SHOP_ORDER_PAY_TIMEOUT": "1s",
 		"SHOP_CRITICAL_SECTION_DELAY": "300ms", "SHOP_REDIS_ADDRS": shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")}
 	r := newRig(t, env)
