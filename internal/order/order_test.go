@@ -679,3 +679,51 @@ func TestCloserRunsOnOneInstance(t *testing.T) {
 	}
 	s.auditOK()
 }
+
+// A holder whose lease ran out while it worked (a newer token claimed a
+// row it is about to write) is refused whole: neither the order's status
+// nor the debit or the stock's return lands.
+func TestStaleHolderIsRefusedWhole(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		fences Fences
+		steal  func(s *shop, o Order) error // a newer holder claims one row
+		change func(o *Order) error
+	}{
+		{"pay-order-row-stolen", Fences{Order: 10, Account: 10},
+			func(s *shop, o Order) error { return s.orders.claim(ctx, o.ID, 11) },
+			func(o *Order) error { return o.pay(now()) }},
+		{"pay-account-row-stolen", Fences{Order: 10, Account: 10},
+			func(s *shop, o Order) error { return s.accounts.Claim(ctx, user, 11) },
+			func(o *Order) error { return o.pay(now()) }},
+		{"close-stock-row-stolen", Fences{Order: 10, Stock: 10},
+			func(s *shop, o Order) error { return s.products.Claim(ctx, "widget", 11) },
+			func(o *Order) error { o.cancel(now(), 0); return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newShop(t, Options{})
+			o, _, err := s.service.Place(ctx, user, "k", "widget", 2, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := s.state()
+			s.orders.beforeWrite = func(context.Context) {
+				if err := tc.steal(s, o); err != nil {
+					t.Error(err)
+				}
+			}
+			_, err = s.orders.Update(ctx, o.ID, tc.fences, func(_ context.Context, o *Order) error { return tc.change(o) })
+			if !errors.Is(err, lockkit.ErrFenced) {
+				t.Fatalf("stale write: %v; want ErrFenced", err)
+			}
+			if got := s.state(); got != before {
+				t.Fatalf("a stale write changed the stores: %+v, before %+v", got, before)
+			}
+			if got, _ := s.service.Get(ctx, user, o.ID); got.Status != StatusAwaitingPayment {
+				t.Fatalf("order %+v", got)
+			}
+			s.auditOK()
+		})
+	}
+}
