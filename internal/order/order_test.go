@@ -727,3 +727,29 @@ func TestStaleHolderIsRefusedWhole(t *testing.T) {
 		})
 	}
 }
+
+// The same for placing: the order row is not inserted when the stock's
+// write is refused.
+func TestStalePlaceIsRefusedWhole(t *testing.T) {
+	ctx := context.Background()
+	s := newShop(t, Options{})
+	before := s.state()
+	s.orders.beforeWrite = func(context.Context) {
+		if err := s.products.Claim(ctx, "widget", 11); err != nil {
+			t.Error(err)
+		}
+	}
+	o := Order{UserID: user, IdempotencyKey: "k", SKU: "widget", Quantity: 1}
+	_, err := s.orders.Create(ctx, &o, Fences{Stock: 10, Account: 10}, func(_ context.Context, o *Order, p inventory.Product) error {
+		o.AmountCents, o.Status, o.CreatedAt = p.PriceCents, StatusPaid, now()
+		o.PaidAt = &o.CreatedAt
+		return nil
+	})
+	if !errors.Is(err, lockkit.ErrFenced) {
+		t.Fatalf("stale place: %v; want ErrFenced", err)
+	}
+	if got := s.state(); got != before {
+		t.Fatalf("a stale place changed the stores: %+v, before %+v", got, before)
+	}
+	s.auditOK()
+}
