@@ -26,7 +26,7 @@ const (
 
 // overrun is how long after its deadline an operation against a silent
 // server may return: scheduling noise, not a network timeout.
-const overrun = 500 * time.Millisecond
+const overrun = 300 * time.Millisecond
 
 func (s *suite) wired(t *testing.T) (lockkit.Locker, *Wire) {
 	t.Helper()
@@ -187,7 +187,10 @@ func (s *suite) extendRacingWatchdog(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		w.HealRepliesNewestFirst()
 		if err := <-extended; err != nil {
-			t.Fatalf("Extend: %v", err)
+			// A backend with short call timeouts may give up on the
+			// held replies: the Extend's outcome is then unknown to the
+			// holder, which must still not outlast the server's grant.
+			t.Logf("round %d: Extend: %v", round, err)
 		}
 		// Nothing more reaches the server: it ends the grant at the TTL
 		// it applied last, and the holder must have stopped trusting it.

@@ -16,7 +16,7 @@ import (
 func TestConformanceSingleNode(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")
 	locktest.Run(t, harness(t, func(w *locktest.Wire) redis.UniversalClient {
-		o := &redis.Options{Addr: addr[0]}
+		o := &redis.Options{Addr: addr[0], ContextTimeoutEnabled: true}
 		if w != nil {
 			o.Dialer = w.DialContext
 		}
@@ -27,7 +27,7 @@ func TestConformanceSingleNode(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	addrs := serverAddrs(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
 	locktest.Run(t, harness(t, func(w *locktest.Wire) redis.UniversalClient {
-		o := &redis.ClusterOptions{Addrs: addrs}
+		o := &redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true}
 		if w != nil {
 			o.Dialer = w.DialContext
 		}
