@@ -30,15 +30,20 @@ const overrun = 300 * time.Millisecond
 
 func (s *suite) wired(t *testing.T) (lockkit.Locker, *Wire) {
 	t.Helper()
-	if s.h.Wired == nil {
-		t.Fatal("Harness.Wired is required: the suite counts a client's calls and silences its server through it")
-	}
+	s.requireWired(t)
 	w := NewWire(t)
 	l := s.h.Wired(t, w)
 	// Registered after the wire's own cleanup, so it runs first; tests
 	// heal the wire before they end so that Close is not silenced.
 	t.Cleanup(func() { _ = l.Close() })
 	return l, w
+}
+
+func (s *suite) requireWired(t *testing.T) {
+	t.Helper()
+	if s.h.Wired == nil {
+		t.Fatal("Harness.Wired is required: the suite counts a client's calls and silences its server through it")
+	}
 }
 
 // waitWithoutPolling counts the calls a client makes while it waits
@@ -221,9 +226,7 @@ var ignoreWire = []goleak.Option{
 // replies wait until Close has run, so each Acquire goes on to wait on a
 // closed Locker; the other rounds close at a few moments by the clock.
 func (s *suite) closeRacingAcquire(t *testing.T) {
-	if s.h.Wired == nil {
-		t.Fatal("Harness.Wired is required: the suite counts a client's calls and silences its server through it")
-	}
+	s.requireWired(t)
 	ctx := context.Background()
 	key := s.key(t)
 	lh := mustTry(t, s.open(t), key, lockkit.WithTTL(30*time.Second))
