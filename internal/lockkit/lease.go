@@ -44,11 +44,10 @@ type lease struct {
 	// reply it processed last; only one request in flight makes them the
 	// same request.
 	calls chan struct{}
-	// stop ends an in-flight renewal when the lease is released.
-	stop       context.Context
-	cancelStop context.CancelFunc
 
 	mu       sync.Mutex
+	// cancelRenewal ends the renewal in flight, if any: Release calls it.
+	cancelRenewal context.CancelFunc
 	ttl      time.Duration
 	deadline time.Time   // Lost closes here unless a renewal moves it
 	expiry   *time.Timer // fires at deadline
@@ -64,7 +63,6 @@ func NewLease(g Grant) Lease {
 		g.Sent = time.Now()
 	}
 	l := &lease{g: g, lost: make(chan struct{}), calls: make(chan struct{}, 1), ttl: g.TTL, deadline: g.Sent.Add(g.TTL)}
-	l.stop, l.cancelStop = context.WithCancel(context.Background())
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !time.Now().Before(l.deadline) {
@@ -105,9 +103,7 @@ func (l *lease) isLost() bool {
 func (l *lease) renew() {
 	select {
 	case l.calls <- struct{}{}:
-	case <-l.stop.Done():
-		return
-	case <-l.lost:
+	case <-l.lost: // released or expired while an Extend ran
 		return
 	}
 	defer func() { <-l.calls }()
@@ -117,15 +113,17 @@ func (l *lease) renew() {
 		return
 	}
 	ttl, deadline := l.ttl, l.deadline
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	l.cancelRenewal = cancel
 	l.mu.Unlock()
 
 	sent := time.Now()
-	ctx, cancel := context.WithDeadline(l.stop, deadline)
 	err := l.g.Extend(ctx, ttl)
 	cancel()
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.cancelRenewal = nil
 	l.settle(sent, ttl, err)
 	// After a transient error, try again at the next tick; the expiry
 	// timer ends the lease if no renewal succeeds in time.
@@ -199,8 +197,10 @@ func (l *lease) Release(ctx context.Context) error {
 		l.renewal.Stop()
 	}
 	l.expiry.Stop()
+	if l.cancelRenewal != nil {
+		l.cancelRenewal()
+	}
 	l.mu.Unlock()
-	l.cancelStop()
 	l.markLost()
 	return l.g.Release(ctx)
 }
