@@ -45,14 +45,14 @@ type lease struct {
 	// same request.
 	calls chan struct{}
 
-	mu sync.Mutex
+	mu       sync.Mutex
+	ttl      time.Duration
+	deadline time.Time   // Lost closes here unless a renewal moves it
+	expiry   *time.Timer // fires at deadline
+	renewal  *time.Timer // the watchdog's next renewal, if any
+	released bool
 	// cancelRenewal ends the renewal in flight, if any: Release calls it.
 	cancelRenewal context.CancelFunc
-	ttl           time.Duration
-	deadline      time.Time   // Lost closes here unless a renewal moves it
-	expiry        *time.Timer // fires at deadline
-	renewal       *time.Timer // the watchdog's next renewal, if any
-	released      bool
 }
 
 // NewLease wraps a grant. The lease closes Lost at its deadline, renews
