@@ -60,7 +60,14 @@ const (
 	KeyHeader = "Idempotency-Key"
 	// ReplayedHeader is "true" on a stored response sent again.
 	ReplayedHeader = "Idempotent-Replayed"
+	// ReplayedRequestIDHeader names, on a replay, the request whose
+	// response it is.
+	ReplayedRequestIDHeader = "Idempotency-Replayed-Request-Id"
 )
+
+// DefaultMaxTokens is how many live tokens a user may hold, unless
+// Options.MaxTokens says otherwise.
+const DefaultMaxTokens = 1000
 
 // DefaultTTL is how long a token lives from its issue, used or not, unless
 // Options.TTL says otherwise. A retry later than that gets 422

@@ -81,12 +81,20 @@ func newFixture(t *testing.T, o Options) *fixture {
 	}
 	gin.SetMode(gin.TestMode)
 	r := gin.New()
-	r.Use(problem.Recover())
+	r.Use(newRequestID, problem.Recover())
 	api := r.Group("/api/v1", f.auth.User())
 	m.Register(api)
 	api.POST("/things", m.Middleware(), func(c *gin.Context) { f.handler(c) })
 	f.router = r
 	return f
+}
+
+// newRequestID stands in for cmd/shop's request id middleware: every
+// exchange gets an id of its own.
+func newRequestID(c *gin.Context) {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	c.Header(problem.RequestIDHeader, hex.EncodeToString(b))
 }
 
 func (f *fixture) bearer(user int64) string {
