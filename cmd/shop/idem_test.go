@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -122,11 +123,11 @@ func TestIdempotentRoutes(t *testing.T) {
 	}
 }
 
-// TestKeyedRequestsBoundedMemory: 1,000 keyed deposits through the whole
-// service, on the real Redis, leave no key without a TTL beyond the
-// per-account lock fences that were there for the accounts anyway, and no
-// more keys than the live idempotency records: one per key, plus the one
-// lock fence per account.
+// TestKeyedRequestsBoundedMemory: 1,000 orders, and 1,000 keyed deposits,
+// through the whole service on the real Redis, each retried once, leave
+// no key without a TTL beyond what was there before (the per-account and
+// per-product lock fences), and no more keys than their live idempotency
+// records: one per key.
 func TestKeyedRequestsBoundedMemory(t *testing.T) {
 	addr := testenv.Require(t, "SHOP_TEST_REDIS_ADDR")
 	prefix := "shop_idem_test_" + randomKey()[:8] + ":"
@@ -164,31 +165,55 @@ func TestKeyedRequestsBoundedMemory(t *testing.T) {
 	srv, _ := newTestServer(t, map[string]string{"SHOP_REDIS_ADDRS": addr, "SHOP_KEY_PREFIX": prefix})
 	c := newContract(t, srv.URL)
 	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/products", token: testAdmin, status: 201,
+		body: `{"sku":"penny","name":"Penny sweet","stock":100000,"price_cents":1}`})
 	const n, users = 1000, 10
 	tokens := make([]string, users+1)
-	for u := 1; u <= users; u++ {
-		tokens[u] = shoptestToken(t, int64(u))
-		// One plain deposit per account first: its lock fence is the
-		// account's, there before and after any keyed request.
-		send(t, c, srv, fmt.Sprintf("/api/v1/accounts/%d/deposit", u), tokens[u], "", `{"amount_cents":1}`)
+	for u := range tokens[1:] {
+		tokens[u+1] = shoptestToken(t, int64(u+1))
 	}
-	before, beforeNoTTL := keys()
-	for i := range n {
-		u := 1 + i%users
-		path, body, key := fmt.Sprintf("/api/v1/accounts/%d/deposit", u), `{"amount_cents":1}`, randomKey()
-		for range 2 { // the request and its retry
-			if res, b := send(t, c, srv, path, tokens[u], key, body); res.StatusCode != http.StatusOK {
-				t.Fatalf("deposit %d: %d %s", i, res.StatusCode, b)
+	mint := func(u int) string {
+		var tok idem.Token
+		_ = json.Unmarshal(c.run(t, srv, apiCase{method: "POST", path: "/api/v1/idempotency-tokens", token: tokens[u], status: 201}), &tok)
+		return tok.Key
+	}
+	for _, tc := range []struct {
+		name   string
+		path   func(u int) string
+		body   string
+		key    func(u int) string
+		status int
+	}{
+		{"orders", func(int) string { return "/api/v1/orders" }, `{"sku":"penny","quantity":1}`, mint, http.StatusCreated},
+		{"deposits", func(u int) string { return fmt.Sprintf("/api/v1/accounts/%d/deposit", u) }, `{"amount_cents":1}`,
+			func(int) string { return randomKey() }, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// One request per user first: the locks of the rows it touches
+			// keep their fence counters (one per account or product, not
+			// per request), and each user's token index appears.
+			for u := 1; u <= users; u++ {
+				send(t, c, srv, tc.path(u), tokens[u], tc.key(u), tc.body)
 			}
-		}
+			before, beforeNoTTL := keys()
+			for i := range n {
+				u := 1 + i%users
+				path, key := tc.path(u), tc.key(u)
+				for range 2 { // the request and its retry
+					if res, b := send(t, c, srv, path, tokens[u], key, tc.body); res.StatusCode != tc.status {
+						t.Fatalf("request %d: %d %s", i, res.StatusCode, b)
+					}
+				}
+			}
+			after, afterNoTTL := keys()
+			if afterNoTTL != beforeNoTTL {
+				t.Errorf("keys without a TTL: %d before, %d after %d keyed requests", beforeNoTTL, afterNoTTL, n)
+			}
+			if after-before != n {
+				t.Errorf("%d keyed requests added %d keys; their live records need %d", n, after-before, n)
+			}
+			t.Logf("%d keyed %s (and as many replays): %d keys before (%d without TTL), %d after (%d without TTL)",
+				n, tc.name, before, beforeNoTTL, after, afterNoTTL)
+		})
 	}
-	after, afterNoTTL := keys()
-	if afterNoTTL != beforeNoTTL {
-		t.Errorf("keys without a TTL: %d before, %d after %d keyed deposits", beforeNoTTL, afterNoTTL, n)
-	}
-	if after-before != n {
-		t.Errorf("%d keyed deposits added %d keys; their live records need %d", n, after-before, n)
-	}
-	t.Logf("%d keyed deposits (and as many replays): %d keys before (%d without TTL), %d after (%d without TTL)",
-		n, before, beforeNoTTL, after, afterNoTTL)
 }
