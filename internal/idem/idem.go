@@ -3,20 +3,25 @@
 // Stripe's implementation of it. docs/api.md#idempotency is the client's
 // view; this is the wiring's.
 //
-// Two guards, one record per key:
+// The guards, one record per key:
 //
 //   - Middleware() requires a token minted by POST /api/v1/idempotency-tokens
 //     (seed 000's scheme), for routes whose first call creates a row with no
 //     business number: POST /api/v1/orders. No header is 400; a key that was
 //     never minted for this user, or has expired, is 422
 //     idempotency-key-unknown.
-//   - Optional() takes a key the client chose (a UUID, say), or none: the
-//     money-moving POSTs (deposit, withdraw, transfer, seckill purchase,
-//     order payment). Without the header the request runs as a plain POST.
-//     For POST /api/v1/orders/{id}/pay, whose re-run converges (paying a
-//     paid order answers the same), use Guard(Guard{RerunServerErrors: true}).
 //
-// Both scope keys per user (the JWT's subject): one user's key never meets
+//   - Optional() takes a key the client chose (a UUID, say), or none: the
+//     money-moving POSTs (deposit, withdraw, transfer, seckill purchase).
+//     Without the header the request runs as a plain POST.
+//
+//   - Guard(Policy{...}) is either, with the choice of RerunServerErrors.
+//     An order's payment takes the client's optional key and re-runs after
+//     a 5xx, because paying a paid order answers the same:
+//
+//     api.POST("/orders/:id/pay", d.Idem.Guard(idem.Policy{RerunServerErrors: true}), d.pay)
+//
+// All scope keys per user (the JWT's subject): one user's key never meets
 // another's. A key is 1 to 255 characters, bare (Stripe) or as a Structured
 // Field string (the draft); an empty, blank, over-long or non-ASCII key is
 // 400 idempotency-key-invalid.
@@ -40,7 +45,7 @@
 //     asks for the retry that a stored 503 would refuse;
 //   - 400, 408, 413, 415, 429: refused before it ran, so the client may fix
 //     the request and send it again with the same key;
-//   - with Guard{RerunServerErrors: true}, every 5xx: for handlers whose own
+//   - with Policy{RerunServerErrors: true}, every 5xx: for handlers whose own
 //     write records the key, so that running again finds the first outcome;
 //   - responses whose handler called DoNotStore.
 //

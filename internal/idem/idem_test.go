@@ -34,7 +34,7 @@ const testSecret = "idem-test-secret-of-at-least-32-bytes!"
 const (
 	required = "/api/v1/things"       // Middleware(): minted tokens only
 	optional = "/api/v1/accounts/1/x" // Optional(): the client's keys, or none
-	rerun    = "/api/v1/orders/1/pay" // Guard{RerunServerErrors: true}
+	rerun    = "/api/v1/orders/1/pay" // Guard(Policy{RerunServerErrors: true})
 )
 
 // fixture is a router with the guards in front of a handler the test

@@ -48,12 +48,14 @@ func TestCrashedRunExpires(t *testing.T) {
 // keeps its key; a duplicate meanwhile is 409, and the handler is not
 // cancelled.
 func TestLeaseRenewedWhileRunning(t *testing.T) {
-	f := newFixture(t, Options{Lease: 300 * time.Millisecond})
+	// Generous against a loaded machine: a renewal is due every 200 ms and
+	// may be 400 ms late before a duplicate could take over.
+	f := newFixture(t, Options{Lease: 600 * time.Millisecond})
 	entered := make(chan struct{})
 	f.handler = func(c *gin.Context) {
 		close(entered)
 		select {
-		case <-time.After(time.Second):
+		case <-time.After(2 * time.Second):
 			c.JSON(http.StatusOK, gin.H{"done": true})
 		case <-c.Request.Context().Done():
 			problem.Write(c, context.Cause(c.Request.Context()))
@@ -63,7 +65,7 @@ func TestLeaseRenewedWhileRunning(t *testing.T) {
 	done := make(chan int)
 	go func() { done <- f.do("POST", optional, 1, key, `{}`).Code }()
 	<-entered
-	time.Sleep(600 * time.Millisecond) // two leases
+	time.Sleep(1200 * time.Millisecond) // two leases
 	want(t, f.do("POST", optional, 1, key, `{}`), http.StatusConflict, "idempotency-key-in-use")
 	if code := <-done; code != http.StatusOK {
 		t.Fatalf("the long request answered %d", code)
