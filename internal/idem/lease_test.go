@@ -100,3 +100,22 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 	}
 	<-done
 }
+
+// TestSlowHandlerIsStored: a handler that runs longer than the time the
+// writes after it may take (a lock wait of 10 s, say) still has its
+// answer stored, so a retry does not run it again.
+func TestSlowHandlerIsStored(t *testing.T) {
+	saved := finishTimeout
+	finishTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { finishTimeout = saved })
+	f := newFixture(t, Options{})
+	inner := f.handler
+	f.handler = func(c *gin.Context) {
+		time.Sleep(2 * finishTimeout)
+		inner(c)
+	}
+	key := uuid()
+	first := f.do("POST", optional, 1, key, `{"a":1}`)
+	want(t, first, http.StatusCreated, `"call":1`)
+	wantReplay(t, first, f.do("POST", optional, 1, key, `{"a":1}`))
+}

@@ -30,7 +30,8 @@ const maxStoredBody = 1 << 20
 
 // finishTimeout bounds the writes after the handler, which run detached
 // from the request: a response sent must be stored even if the client left.
-const finishTimeout = 5 * time.Second
+// A variable for tests.
+var finishTimeout = 5 * time.Second
 
 const (
 	noStoreKey = "idem.nostore"
