@@ -200,8 +200,9 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string) {
 		defer close(watchDone)
 		m.keepLease(ctx, cancel, recKey, leaseKey, run)
 	}()
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
-	defer fcancel()
+	// The writes after the handler get their own time, from when it ends:
+	// a handler may wait long for its locks.
+	var fctx context.Context
 	release := func() {
 		if err := releaseScript.Run(fctx, m.client, []string{recKey, leaseKey}, run).Err(); err != nil {
 			// The lease expires on its own; the key is blocked until then.
@@ -215,6 +216,8 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string) {
 	panicked, stack := next(c)
 	cancel(nil)
 	<-watchDone
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
+	defer fcancel()
 	if panicked != nil {
 		if panicked == http.ErrAbortHandler || p.RerunServerErrors || w.Written() {
 			release()
