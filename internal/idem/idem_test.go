@@ -40,7 +40,7 @@ const (
 // fixture is a router with the guards in front of a handler the test
 // steers, on the real Redis.
 type fixture struct {
-	t       *testing.T
+	t       testing.TB
 	idem    *Idem
 	router  *gin.Engine
 	auth    *auth.Auth
@@ -90,9 +90,9 @@ func scan(ctx context.Context, t testing.TB, client redis.UniversalClient, patte
 	}
 }
 
-func newFixture(t *testing.T, o Options) *fixture { return newFixtureOn(t, singleNode(t), o) }
+func newFixture(t testing.TB, o Options) *fixture { return newFixtureOn(t, singleNode(t), o) }
 
-func newFixtureOn(t *testing.T, client redis.UniversalClient, o Options) *fixture {
+func newFixtureOn(t testing.TB, client redis.UniversalClient, o Options) *fixture {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	prefix := "idem_test:" + hex.EncodeToString(b) + ":"
