@@ -37,16 +37,18 @@ type Domain struct {
 }
 
 // Register adds POST /idempotency-tokens, POST /orders (which requires an
-// Idempotency-Key), POST /orders/{id}/pay, GET /orders and GET
-// /orders/{id} to api. No admin routes.
+// Idempotency-Key), POST /orders/{id}/pay (an optional one), GET /orders
+// and GET /orders/{id} to api. No admin routes.
 func (d *Domain) Register(api, _ *gin.RouterGroup) {
 	d.Idem.Register(api)
 	api.POST("/orders", d.Idem.Middleware(), d.place)
 	api.GET("/orders", d.list)
 	api.GET("/orders/:id", d.get)
-	// Pay needs no key: paying a paid order answers the same body and
-	// debits nothing, so a retry is safe as it is.
-	api.POST("/orders/:id/pay", d.pay)
+	// Pay takes the client's optional key, like every money-moving POST.
+	// It is idempotent by itself (paying a paid order answers the same body
+	// and debits nothing), so a 5xx is not stored: the retry runs again and
+	// finds what the first attempt did.
+	api.POST("/orders/:id/pay", d.Idem.Guard(idem.Policy{RerunServerErrors: true}), d.pay)
 }
 
 // Reset implements audit.Resetter.

@@ -753,3 +753,28 @@ func TestStalePlaceIsRefusedWhole(t *testing.T) {
 	}
 	s.auditOK()
 }
+
+// Pay takes the client's optional Idempotency-Key: the retry with it is a
+// replay; without one, paying again answers the same order. One debit.
+func TestPayWithClientKey(t *testing.T) {
+	s := newShop(t, Options{})
+	o, _, err := s.service.Place(context.Background(), user, "k", "widget", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := "/api/v1/orders/" + jsonID(o) + "/pay"
+	first := s.do("POST", path, user, "3f2a1c9e-6b1d-4a3c-9f0e-1d2c3b4a5f6e", "")
+	again := s.do("POST", path, user, "3f2a1c9e-6b1d-4a3c-9f0e-1d2c3b4a5f6e", "")
+	bare := s.do("POST", path, user, "", "")
+	if first.Code != 200 || again.Code != 200 || bare.Code != 200 {
+		t.Fatalf("pays: %d %s, %d %s, %d %s", first.Code, first.Body, again.Code, again.Body, bare.Code, bare.Body)
+	}
+	if again.Header().Get(idem.ReplayedHeader) != "true" || again.Body.String() != first.Body.String() ||
+		bare.Body.String() != first.Body.String() {
+		t.Fatalf("the retries differ: %s / %s %v / %s", first.Body, again.Body, again.Header(), bare.Body)
+	}
+	if got := s.state(); got.debits != 1 || got.balance != opening-price {
+		t.Fatalf("after three pays: %+v; want one debit", got)
+	}
+	s.auditOK()
+}
