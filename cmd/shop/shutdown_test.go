@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/config"
 	"github.com/lockbench/shop/internal/shoptest"
 )
 
@@ -85,5 +90,105 @@ func TestGracefulShutdown(t *testing.T) {
 	client.Must(t, http.StatusOK, "GET", again.URL+"/admin/v1/audit", admin, nil).JSON(t, &audit)
 	if !audit.OK {
 		t.Error("audit not ok after the shutdown")
+	}
+}
+
+// syncBuffer is a log sink that serve's logger and the test share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestShutdownNeverClosesStoresUnderAHandler runs serve in this process
+// with a shutdown timeout (500 ms) shorter than a withdrawal's critical
+// section (3 s) and stops it while the withdrawal holds its lock. The
+// stores may close only once that handler has returned: serve must not
+// return before the request's log line, the handler must never meet a
+// closed database, and the client gets a whole answer, not a cut
+// connection.
+func TestShutdownNeverClosesStoresUnderAHandler(t *testing.T) {
+	vars := map[string]string{
+		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
+		"SHOP_HTTP_ADDR": "127.0.0.1:0", "SHOP_SQLITE_PATH": t.TempDir() + "/shop.db",
+		"SHOP_CRITICAL_SECTION_DELAY": "3s", "SHOP_SHUTDOWN_TIMEOUT": "500ms",
+	}
+	cfg, err := config.Load(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, cfg, slog.New(slog.NewJSONHandler(logs, nil))) }()
+
+	listening := regexp.MustCompile(`"msg":"listening","addr":"([^"]+)"`)
+	var base string
+	for deadline := time.Now().Add(30 * time.Second); base == ""; time.Sleep(10 * time.Millisecond) {
+		if m := listening.FindStringSubmatch(logs.String()); m != nil {
+			base = "http://" + m[1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve never listened:\n%s", logs)
+		}
+	}
+	client := shoptest.NewClient(4)
+	defer client.Close()
+	client.Must(t, http.StatusOK, "POST", base+"/admin/v1/reset", testAdmin, nil)
+	tok := shoptest.Token(t, testSecret, 1)
+
+	done := make(chan shoptest.Response, 1)
+	go func() {
+		r, err := client.Do(context.Background(), "POST", base+"/api/v1/accounts/1/withdraw", tok, `{"amount_cents":100}`)
+		if err != nil {
+			r.Body = []byte("transport error: " + err.Error())
+		}
+		done <- r
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		m := client.Must(t, http.StatusOK, "GET", base+"/metrics", "", nil)
+		if strings.Contains(string(m.Body), `shop_lock_wait_seconds_count{backend="redis",class="account"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the withdrawal never took its lock")
+		}
+	}
+	stop()
+
+	select {
+	case <-served:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("serve did not return 20 s after its context ended:\n%s", logs)
+	}
+	atReturn := logs.String()
+	res := <-done
+	// Give a handler that outlived serve the time to hit the closed stores.
+	time.Sleep(3 * time.Second)
+	all := logs.String()
+
+	if !strings.Contains(atReturn, `"path":"/api/v1/accounts/1/withdraw"`) {
+		t.Errorf("serve returned, and so closed the stores, before the withdrawal's handler returned")
+	}
+	if strings.Contains(all, "database is closed") {
+		t.Errorf("a handler ran on a closed database")
+	}
+	if res.Status != http.StatusServiceUnavailable {
+		t.Errorf("in-flight withdrawal cut by the shutdown answered %d %s; want 503", res.Status, res.Body)
+	}
+	if t.Failed() {
+		t.Logf("logs:\n%s", all)
 	}
 }
