@@ -30,7 +30,7 @@ import (
 
 const (
 	testSecret = "api-test-secret-0123456789abcdef0123"
-	testAdmin  = "api-test-admin-token"
+	testAdmin  = "api-test-admin-token-0123456789abcdef"
 )
 
 // newTestServer runs the whole service in this process on the embedded
@@ -40,7 +40,7 @@ func newTestServer(t *testing.T, env map[string]string) (*httptest.Server, *app)
 	t.Helper()
 	vars := map[string]string{
 		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
-		"SHOP_MAX_BODY_BYTES": "1024",
+		"SHOP_MAX_BODY_BYTES": "1024", "SHOP_ALLOW_RESET": "true",
 	}
 	for k, v := range env {
 		vars[k] = v
@@ -450,5 +450,21 @@ func TestLockServerDown(t *testing.T) {
 	_ = json.Unmarshal(c.run(t, srv, apiCase{name: "account-unchanged", method: "GET", path: "/api/v1/accounts/5000", token: shoptestToken(t, 5000), status: 200}), &a)
 	if a.Balance != 100 {
 		t.Errorf("balance %d after a refused withdrawal, want 100", a.Balance)
+	}
+}
+
+// TestResetRefusedInProduction: production refuses the reset unless
+// SHOP_ALLOW_RESET says otherwise, and the refused reset changes nothing.
+func TestResetRefusedInProduction(t *testing.T) {
+	srv, _ := newTestServer(t, map[string]string{"SHOP_ALLOW_RESET": ""})
+	c := newContract(t, srv.URL)
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/accounts", token: testAdmin, body: `{"id":7,"balance_cents":700}`, status: 201})
+	c.run(t, srv, apiCase{name: "reset-403", method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 403, detail: "SHOP_ALLOW_RESET"})
+	var a struct {
+		Balance int64 `json:"balance_cents"`
+	}
+	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "GET", path: "/api/v1/accounts/7", token: shoptestToken(t, 7), status: 200}), &a)
+	if a.Balance != 700 {
+		t.Errorf("balance %d after a refused reset, want 700", a.Balance)
 	}
 }

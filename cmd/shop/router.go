@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/lockbench/shop/internal/apidoc"
 	"github.com/lockbench/shop/internal/audit"
@@ -30,6 +30,7 @@ type routerDeps struct {
 	auditor *audit.Auditor
 	domains []domain
 	reg     *prometheus.Registry
+	metrics http.Handler
 	ready   func(context.Context) map[string]error
 }
 
@@ -50,7 +51,9 @@ func newRouter(d routerDeps) http.Handler {
 
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", readyz(d.ready))
-	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg})))
+	if d.cfg.MetricsAddr == "" {
+		r.GET("/metrics", gin.WrapH(d.metrics))
+	}
 	apidoc.Register(r)
 
 	api := r.Group("/api/v1", d.auth.User())
@@ -71,6 +74,9 @@ func readyz(ready func(context.Context) map[string]error) gin.HandlerFunc {
 		}
 		names := make([]string, 0, len(down))
 		for name, err := range down {
+			if errors.Is(err, errReadyTimeout) {
+				name += " (timed out)"
+			}
 			names = append(names, name)
 			slog.WarnContext(c.Request.Context(), "not ready", "dependency", name, "err", err)
 		}

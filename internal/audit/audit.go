@@ -15,6 +15,7 @@ package audit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -81,12 +82,24 @@ func (r Report) MarshalJSON() ([]byte, error) {
 	return json.Marshal(out)
 }
 
+// ErrResetDisabled answers POST /reset on an Auditor whose reset is off.
+var ErrResetDisabled = errors.New("the reset is disabled on this instance (production); set SHOP_ALLOW_RESET=true to allow it")
+
+func init() {
+	problem.Register(ErrResetDisabled, http.StatusForbidden, "reset-disabled", "Reset disabled")
+}
+
 // Auditor runs checks and resets.
 type Auditor struct {
-	checks    []Check
-	resetters []Resetter
-	metrics   *metrics // nil until RegisterMetrics
+	checks        []Check
+	resetters     []Resetter
+	metrics       *metrics // nil until RegisterMetrics
+	resetDisabled bool
 }
+
+// DisableReset makes POST /reset answer 403 and change nothing: in
+// production one wrong request would otherwise wipe every balance.
+func (a *Auditor) DisableReset() { a.resetDisabled = true }
 
 // New returns an Auditor over the given checks and resetters. Resetters run
 // in order; put a domain that refers to another's rows first.
@@ -211,6 +224,10 @@ type resetRequest struct {
 }
 
 func (a *Auditor) postReset(c *gin.Context) {
+	if a.resetDisabled {
+		problem.Write(c, ErrResetDisabled)
+		return
+	}
 	req := resetRequest{Fixture: Fixtures[0]}
 	// The body is optional: an empty one resets to the default fixture.
 	if c.Request.ContentLength != 0 {

@@ -121,7 +121,14 @@ func add(m mapping) {
 	registry = append(registry, m)
 }
 
+// ErrShuttingDown is the cause with which shutdown cancels the requests
+// that outlived SHOP_SHUTDOWN_TIMEOUT: their transactions roll back, and
+// the client is told to retry elsewhere.
+var ErrShuttingDown = errors.New("this instance is shutting down")
+
 func init() {
+	add(mapping{target: ErrShuttingDown, status: http.StatusServiceUnavailable, slug: "shutting-down",
+		title: "Shutting down", retryAfter: 1, generic: "this instance is shutting down and stopped the request before it finished; retry it"})
 	// A lock held by someone else for longer than the wait timeout, or a
 	// lease lost before the write: the request changed nothing, the same
 	// request will most likely succeed in a moment, and the cause is on the
