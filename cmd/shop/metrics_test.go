@@ -36,8 +36,8 @@ func TestAuditMetricsOnMetrics(t *testing.T) {
 	}
 	fetch("/admin/v1/audit", testAdmin)
 	m := fetch("/metrics", "")
-	for _, want := range []string{"\nshop_audit_ok 1\n", "\nshop_audit_drift{check=\"oversold_units\"} 0\n",
-		"\nshop_audit_drift{check=\"balance_drift\"} 0\n", "\nshop_audit_checked_timestamp_seconds "} {
+	for _, want := range []string{"\nshop_audit_ok 1\n", "\nshop_audit_drift{check=\"oversold_units\",unit=\"units\"} 0\n",
+		"\nshop_audit_drift{check=\"balance_drift\",unit=\"cents\"} 0\n", "\nshop_audit_checked_timestamp_seconds "} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics after an audit lacks %q", strings.TrimSpace(want))
 		}

@@ -138,6 +138,21 @@ func route(c *gin.Context) string {
 	return "unmatched"
 }
 
+// knownMethods are the methods a metric label may carry as sent; any other
+// is counted as OTHER, or each made-up method would mint new series
+// (CVE-2022-21698, fixed in promhttp the same way).
+var knownMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+}
+
+func methodLabel(m string) string {
+	if knownMethods[m] {
+		return m
+	}
+	return "OTHER"
+}
+
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
@@ -155,14 +170,21 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"route", "method"}),
 	}
-	reg.MustRegister(m.requests, m.duration)
+	b := readBuildInfo()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "shop_build_info",
+		Help:        "Always 1; the labels say which build of shop this process runs.",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	build.Set(1)
+	reg.MustRegister(m.requests, m.duration, build)
 	return m
 }
 
 func (m *httpMetrics) observe(c *gin.Context) {
 	start := time.Now()
 	c.Next()
-	rt := route(c)
-	m.requests.WithLabelValues(rt, c.Request.Method, strconv.Itoa(c.Writer.Status())).Inc()
-	m.duration.WithLabelValues(rt, c.Request.Method).Observe(time.Since(start).Seconds())
+	rt, method := route(c), methodLabel(c.Request.Method)
+	m.requests.WithLabelValues(rt, method, strconv.Itoa(c.Writer.Status())).Inc()
+	m.duration.WithLabelValues(rt, method).Observe(time.Since(start).Seconds())
 }

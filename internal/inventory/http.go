@@ -45,8 +45,8 @@ func (d *Domain) ForgetFences(ctx context.Context) error {
 // Checks are the inventory invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
 	return []audit.Check{
-		{Name: "oversold_units", By: "by_sku", Run: d.Store.Oversold},
-		{Name: "stock_drift", By: "by_sku", Run: d.Store.StockDrift},
+		{Name: "oversold_units", By: "by_sku", Unit: "units", Run: d.Store.Oversold},
+		{Name: "stock_drift", By: "by_sku", Unit: "units", Run: d.Store.StockDrift},
 	}
 }
 
