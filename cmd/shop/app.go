@@ -177,6 +177,17 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if !cfg.AllowReset {
 		auditor.DisableReset()
 	}
+	// Asked at each scrape, so that an alert sees what /readyz would say
+	// without anyone probing it (deploy/prometheus/alerts.yml).
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "shop_ready",
+		Help: "1 when /readyz would answer 200: every dependency answered within the budget and the instance is not shutting down.",
+	}, func() float64 {
+		if len(a.readiness(context.Background())) > 0 {
+			return 0
+		}
+		return 1
+	}))
 	a.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	a.handler = newRouter(routerDeps{
 		cfg:     cfg,
