@@ -1,10 +1,17 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/lockbench/shop/internal/config"
 )
 
 // TestAuditMetricsOnMetrics checks the wiring: the registry the auditor
@@ -88,4 +95,56 @@ func grep(text, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestEveryLogLineOfARequestHasItsRequestID: with Redis down, GET /readyz
+// logs "not ready", "request failed" and "request"; each must carry the
+// request's id, so that one grep finds all a request did.
+func TestEveryLogLineOfARequestHasItsRequestID(t *testing.T) {
+	vars := map[string]string{
+		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
+		"SHOP_LOG_FORMAT": "json", "SHOP_REDIS_ADDRS": "127.0.0.1:1", "SHOP_STOCK_STRATEGY": "atomic-sql",
+	}
+	cfg, err := config.Load(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := newLogger(cfg, logs)
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(log)
+	a, err := newApp(context.Background(), cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.close()
+	srv := httptest.NewServer(a.handler)
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/readyz", nil)
+	req.Header.Set("X-Request-Id", "trace-me-42")
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	var lines int
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec struct {
+			Msg       string `json:"msg"`
+			RequestID string `json:"request_id"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil || !slices.Contains([]string{"not ready", "request failed", "request"}, rec.Msg) {
+			continue
+		}
+		lines++
+		if rec.RequestID != "trace-me-42" {
+			t.Errorf("a line of the request has request_id %q: %s", rec.RequestID, line)
+		}
+		if strings.Count(line, `"request_id"`) > 1 {
+			t.Errorf("request_id twice: %s", line)
+		}
+	}
+	if lines < 3 {
+		t.Errorf("%d lines of the request, want not ready, request failed and request:\n%s", lines, logs)
+	}
 }
