@@ -180,9 +180,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
 	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(requestIDHandler{slog.NewJSONHandler(w, opts)})
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(requestIDHandler{slog.NewTextHandler(w, opts)})
 }
 
 type redisLogger struct{ log *slog.Logger }

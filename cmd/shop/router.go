@@ -99,6 +99,7 @@ func requestID(c *gin.Context) {
 		id = hex.EncodeToString(b[:])
 	}
 	c.Header(problem.RequestIDHeader, id)
+	c.Request = c.Request.WithContext(withRequestID(c.Request.Context(), id))
 	c.Next()
 }
 
@@ -111,8 +112,8 @@ func accessLog(log *slog.Logger) gin.HandlerFunc {
 		if status >= 500 {
 			level = slog.LevelWarn
 		}
+		// request_id comes from the context (requestIDHandler).
 		attrs := []slog.Attr{
-			slog.String("request_id", c.Writer.Header().Get(problem.RequestIDHeader)),
 			slog.String("method", c.Request.Method),
 			slog.String("path", c.Request.URL.Path),
 			slog.String("route", route(c)),

@@ -236,8 +236,9 @@ func Write(c *gin.Context, err error) {
 		if d.Status == http.StatusServiceUnavailable {
 			level = slog.LevelWarn
 		}
-		slog.Log(c.Request.Context(), level, "request failed",
-			"request_id", c.Writer.Header().Get(RequestIDHeader), "status", d.Status, "err", err)
+		// The request id comes with the context (the service's log handler
+		// adds it to every line of a request).
+		slog.Log(c.Request.Context(), level, "request failed", "status", d.Status, "err", err)
 	}
 	_ = c.Error(err) // for the request log
 	Render(c, d)
@@ -293,9 +294,7 @@ func Recover() gin.HandlerFunc {
 			if rec == http.ErrAbortHandler {
 				panic(rec)
 			}
-			slog.ErrorContext(c.Request.Context(), "panic in handler",
-				"request_id", c.Writer.Header().Get(RequestIDHeader), "panic", rec,
-				"stack", string(debug.Stack()))
+			slog.ErrorContext(c.Request.Context(), "panic in handler", "panic", rec, "stack", string(debug.Stack()))
 			if c.Writer.Written() {
 				return // too late for a problem body
 			}
