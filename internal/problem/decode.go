@@ -31,17 +31,19 @@ func LimitBody(n int64) gin.HandlerFunc {
 // object (400). Unknown fields are refused because a misspelt optional field
 // would otherwise be ignored in silence.
 func DecodeJSON(c *gin.Context, dst any) error {
-	// No Content-Type is refused too: guessing JSON would accept what a
-	// stricter proxy or a later version refuses, and the docs promise 415.
-	ct := c.GetHeader("Content-Type")
-	if ct == "" {
+	// A body without Content-Type is refused too: guessing JSON would
+	// accept what a stricter proxy or a later version refuses, and the docs
+	// promise 415. No body at all is told it is empty (400) below.
+	switch ct := c.GetHeader("Content-Type"); {
+	case ct == "" && c.Request.ContentLength != 0:
 		return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
 			"the request has a body but no Content-Type; send application/json")
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-		return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
-			fmt.Sprintf("Content-Type is %q; send application/json", ct))
+	case ct != "":
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+				fmt.Sprintf("Content-Type is %q; send application/json", ct))
+		}
 	}
 	dec := json.NewDecoder(c.Request.Body)
 	dec.DisallowUnknownFields()

@@ -74,6 +74,7 @@ func TestDecodeJSON(t *testing.T) {
 		{`{"n":1}`, "application/json; charset=utf-8", 0, ""},
 		{`{"n":1}`, "text/plain", 415, "send application/json"},
 		{`{"n":1}`, "", 415, "but no Content-Type; send application/json"},
+		{``, "", 400, "body is empty"},
 		{`{"n":"1"}`, "application/json", 400, "n must be an integer"},
 		{`{"n":1e400}`, "application/json", 400, "got 1e400"},
 		{`{"m":1}`, "application/json", 400, `unknown field "m"`},
