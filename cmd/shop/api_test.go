@@ -468,3 +468,18 @@ func TestResetRefusedInProduction(t *testing.T) {
 		t.Errorf("balance %d after a refused reset, want 700", a.Balance)
 	}
 }
+
+// TestProductNameCountsCharacters: openapi.yaml's maxLength 200 counts
+// characters, as MariaDB's VARCHAR(200) does; a name of 200 non-ASCII
+// characters is 400 bytes and must be accepted, 201 characters refused.
+func TestProductNameCountsCharacters(t *testing.T) {
+	srv, _ := newTestServer(t, nil)
+	c := newContract(t, srv.URL)
+	product := func(name string) string {
+		return fmt.Sprintf(`{"sku":"name-%d","name":%q,"stock":1,"price_cents":1}`, len([]rune(name)), name)
+	}
+	c.run(t, srv, apiCase{name: "name-200-chars", method: "POST", path: "/admin/v1/products", token: testAdmin,
+		body: product(strings.Repeat("é", 200)), status: 201})
+	c.run(t, srv, apiCase{name: "name-201-chars", method: "POST", path: "/admin/v1/products", token: testAdmin,
+		body: product(strings.Repeat("é", 201)), status: 400, detail: "at most 200 characters, got 201"})
+}
