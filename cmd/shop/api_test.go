@@ -483,3 +483,25 @@ func TestProductNameCountsCharacters(t *testing.T) {
 	c.run(t, srv, apiCase{name: "name-201-chars", method: "POST", path: "/admin/v1/products", token: testAdmin,
 		body: product(strings.Repeat("é", 201)), status: 400, detail: "at most 200 characters, got 201"})
 }
+
+// TestTransferDoesNotTellWhichAccountsExist: a transfer the sender cannot
+// afford gets the same answer whether the recipient exists or not, so that
+// nobody learns which account ids exist by asking for more than they have.
+func TestTransferDoesNotTellWhichAccountsExist(t *testing.T) {
+	srv, _ := newTestServer(t, nil)
+	c := newContract(t, srv.URL)
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
+	u1 := shoptestToken(t, 1)
+	var answers []problem.Details
+	for _, to := range []int64{2, 987654} {
+		body := c.run(t, srv, apiCase{name: fmt.Sprintf("to-%d", to), method: "POST", path: "/api/v1/transfers", token: u1,
+			body: fmt.Sprintf(`{"from":1,"to":%d,"amount_cents":9000000000}`, to), status: 422})
+		var p problem.Details
+		_ = json.Unmarshal(body, &p)
+		p.Instance, p.RequestID = "", ""
+		answers = append(answers, p)
+	}
+	if answers[0] != answers[1] {
+		t.Errorf("an existing and a missing recipient answer differently:\n%+v\n%+v", answers[0], answers[1])
+	}
+}
