@@ -13,8 +13,8 @@ BENCH_DURATION ?= 4s
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-run: ## Start one instance on :8080 on the embedded default (SQLite + in-process Redis); needs only Go
-	$(GO) run ./cmd/shop serve
+run: ## Start one instance on :8080, SHOP_ENV=dev (public dev secrets), on SQLite + in-process Redis; needs only Go
+	SHOP_ENV=dev $(GO) run ./cmd/shop serve
 
 build: ## Build bin/shop, static, as the Docker image does
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/shop ./cmd/shop
