@@ -267,9 +267,17 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 
 	select {
 	case err := <-serveErr:
+		// A listener failed: stop at once, but still never close a store
+		// under a running handler.
+		cancelRequests(problem.ErrShuttingDown)
 		_ = srv.Close()
 		if metricsSrv != nil {
 			_ = metricsSrv.Close()
+		}
+		gctx, gcancel := context.WithTimeout(context.Background(), cancelGrace)
+		defer gcancel()
+		if running.wait(gctx) != nil {
+			closeStores = false
 		}
 		return err
 	case <-ctx.Done():
