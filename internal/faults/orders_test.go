@@ -188,6 +188,9 @@ func TestOrderProcessStopped(t *testing.T) {
 			env := lockEnv(t, "redis")
 			env["SHOP_CRITICAL_SECTION_DELAY"] = delay.String()
 			env["SHOP_SHUTDOWN_TIMEOUT"] = "300ms"
+			// No drain delay: the handler must be cut mid-order, not given
+			// the time to finish.
+			env["SHOP_DRAIN_DELAY"] = "0s"
 			r := newRig(t, env)
 			a := r.start()
 			r.account(a.URL, buyer, opening)
