@@ -45,26 +45,29 @@ func TestCommittedChangeStandsWhenTheLeaseIsLostAfter(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		table string // the lease is lost as the transaction inserts a row here
-		run   func(s *shop, svc *Service) error
+		run   func(s *shop, svc *Service, arm func()) error
 	}{
-		{"place-and-pay", "ledger_entries", func(s *shop, svc *Service) error {
+		{"place-and-pay", "ledger_entries", func(s *shop, svc *Service, arm func()) error {
+			arm()
 			_, _, err := svc.Place(context.Background(), user, "k", "widget", 1, true)
 			return err
 		}},
-		{"pay", "ledger_entries", func(s *shop, svc *Service) error {
+		{"pay", "ledger_entries", func(s *shop, svc *Service, arm func()) error {
 			o, _, err := s.service.Place(context.Background(), user, "k", "widget", 1, false)
 			if err != nil {
 				t.Fatal(err)
 			}
+			arm()
 			_, err = svc.Pay(context.Background(), user, o.ID)
 			return err
 		}},
-		{"close", "purchases", func(s *shop, svc *Service) error {
+		{"close", "purchases", func(s *shop, svc *Service, arm func()) error {
 			o, _, err := s.service.Place(context.Background(), user, "k", "widget", 1, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(svc.o.PayTimeout)
+			arm()
 			closed, err := svc.closeOne(context.Background(), o.ID)
 			if err == nil && !closed {
 				t.Error("closeOne reports nothing closed")
@@ -86,8 +89,7 @@ func TestCommittedChangeStandsWhenTheLeaseIsLostAfter(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = s.db.Callback().Create().Remove(name) }()
-			svcRun := func() error { armed = true; return tc.run(s, svc) }
-			if err := svcRun(); err != nil {
+			if err := tc.run(s, svc, func() { armed = true }); err != nil {
 				t.Fatalf("the change committed, yet: %v", err)
 			}
 			select {
