@@ -38,10 +38,20 @@ const (
 	protected = "_c_"
 	// retryDelay paces the deletion of nodes we could not delete at once.
 	retryDelay = 250 * time.Millisecond
+	// retireAt is the sequence number at which a key directory is retired.
+	// The server keeps a directory's count of creates in an int32 and,
+	// once it reaches 2^31-1, stops counting: every later node is named
+	// ...2147483647 (or, pipelined, -2147483648), and sequence order no
+	// longer says who is first. A node numbered at or past retireAt never
+	// queues: it leaves, waits for the directory to empty, deletes it, and
+	// queues again in a new one whose count starts at 0. Half the range is
+	// left as margin: the nodes already queued below it finish first.
+	retireAt = 1 << 30
 )
 
-// errVanished means our node is gone while we queued: the session expired
-// or an operator deleted it. The acquisition queues again at the back.
+// errVanished means our node is gone while we queued: the session expired,
+// an operator deleted it, or the directory was retired. The acquisition
+// queues again at the back.
 var errVanished = errors.New("zklock: our node vanished")
 
 // Option configures a Locker.
@@ -256,6 +266,10 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 			l.abandon(node)
 			return nil, l.fail(err)
 		}
+		if seq, _ := sequence(name); seq < 0 || seq >= retireAt {
+			l.abandon(node)
+			return nil, l.retire(ctx, waitCtx, dir, wait)
+		}
 		pred, found := predecessor(children, name)
 		switch {
 		case !found:
@@ -284,6 +298,39 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 			return nil, lockkit.WaitErr(ctx, waitCtx)
 		case <-l.closed:
 			return nil, lockkit.ErrClosed
+		}
+	}
+}
+
+// retire waits until dir, whose count has passed retireAt, is empty, then
+// deletes it. It returns errVanished when the caller should queue again:
+// the directory is gone (ours or another client's deletion), or a node
+// arrived in the instant between the listing and the deletion. Nodes that
+// queued below retireAt are served first; every other node leaves at once.
+func (l *Locker) retire(ctx, waitCtx context.Context, dir string, wait bool) error {
+	for {
+		children, _, changed, err := l.conn.ChildrenW(dir)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return errVanished
+		case err != nil:
+			return l.fail(err)
+		case len(children) == 0:
+			// Deletes only an empty directory, whoever else tries at once.
+			err := l.conn.Delete(dir, -1)
+			if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrNotEmpty) {
+				return errVanished
+			}
+			return l.fail(err)
+		case !wait:
+			return lockkit.ErrNotAcquired
+		}
+		select {
+		case <-changed:
+		case <-waitCtx.Done():
+			return lockkit.WaitErr(ctx, waitCtx)
+		case <-l.closed:
+			return lockkit.ErrClosed
 		}
 	}
 }
@@ -468,9 +515,10 @@ func (l *Locker) dir(key string) string {
 	return l.root + "/" + e
 }
 
-// mkdirs creates dir and its parents as persistent nodes. They are never
-// deleted: a key's sequence would restart, and a create racing the
-// deletion would fail. The cost is one empty node per key ever locked.
+// mkdirs creates dir and its parents as persistent nodes. A key's directory
+// is deleted only when retired (see retireAt): deleting it whenever it
+// empties would cost a request per release. The cost is one empty node per
+// key ever locked.
 func (l *Locker) mkdirs(dir string) error {
 	for i := 1; i <= len(dir); i++ {
 		if i == len(dir) || dir[i] == '/' {
@@ -494,7 +542,8 @@ func sequence(name string) (int64, bool) {
 }
 
 // predecessor returns the node queued just ahead of mine ("" when mine is
-// first) and whether mine is still there.
+// first) and whether mine is still there. Negative numbers, past the wrap,
+// are nodes about to leave a retired directory: never ahead of anyone.
 func predecessor(children []string, mine string) (pred string, found bool) {
 	seq, _ := sequence(mine)
 	var best int64 = -1 << 63
@@ -503,7 +552,7 @@ func predecessor(children []string, mine string) (pred string, found bool) {
 		switch {
 		case c == mine:
 			found = true
-		case ok && s < seq && s > best:
+		case ok && s >= 0 && s < seq && s > best:
 			pred, best = c, s
 		}
 	}
