@@ -38,6 +38,11 @@ const (
 	protected = "_c_"
 	// retryDelay paces the deletion of nodes we could not delete at once.
 	retryDelay = 250 * time.Millisecond
+	// abandonWait bounds how long a caller who gave up (a cancelled
+	// waiter, a failed TryAcquire) waits for its node's deletion. On a
+	// half-open connection a request only fails after 2/3 of the session
+	// timeout; past abandonWait the deletion goes on in the background.
+	abandonWait = 250 * time.Millisecond
 	// retireAt is the sequence number at which a key directory is retired.
 	// The server keeps a directory's count of creates in an int32 and,
 	// once it reaches 2^31-1, stops counting: every later node is named
@@ -444,11 +449,28 @@ func (l *Locker) forget(node string) {
 
 // abandon deletes a node we no longer want. ref is its path or, when a
 // lost reply left us without one, the path up to the sequence number. A
-// failed deletion is retried in the background: a live session must never
-// keep an orphan, which would block the key for as long as we live.
+// deletion that fails, or takes longer than abandonWait, goes on in the
+// background: a live session must never keep an orphan, which would block
+// the key for as long as we live, and a caller who gave up must not wait
+// for a half-open connection's timeout.
 func (l *Locker) abandon(ref string) {
-	if !l.remove(ref) {
-		l.bury(ref)
+	done := make(chan bool, 1)
+	if !l.background(func() { done <- l.remove(ref) }) {
+		return // closing the session deletes the node
+	}
+	timeout := time.NewTimer(abandonWait)
+	defer timeout.Stop()
+	select {
+	case removed := <-done:
+		if !removed {
+			l.bury(ref)
+		}
+	case <-timeout.C:
+		l.background(func() {
+			if !<-done {
+				l.bury(ref)
+			}
+		})
 	}
 }
 
@@ -464,17 +486,26 @@ func (l *Locker) remove(ref string) bool {
 	return err == nil || errors.Is(err, zk.ErrNoNode)
 }
 
-// bury retries remove until it succeeds or the Locker closes; an expired
-// session ends it too, as the node is then gone (ErrNoNode).
-func (l *Locker) bury(ref string) {
+// background runs fn in a goroutine that Close waits for, unless the
+// Locker is closing.
+func (l *Locker) background(fn func()) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closing {
-		return // closing the session deletes the node
+		return false
 	}
 	l.buried.Add(1)
 	go func() {
 		defer l.buried.Done()
+		fn()
+	}()
+	return true
+}
+
+// bury retries remove until it succeeds or the Locker closes; an expired
+// session ends it too, as the node is then gone (ErrNoNode).
+func (l *Locker) bury(ref string) {
+	l.background(func() {
 		for {
 			select {
 			case <-l.closed:
@@ -485,7 +516,7 @@ func (l *Locker) bury(ref string) {
 				return
 			}
 		}
-	}()
+	})
 }
 
 // fail maps a client error to lockkit's.
