@@ -3,8 +3,12 @@ package mysqllock_test
 import (
 	"context"
 	"errors"
+	"net"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/lockbench/shop/internal/lockkit"
 )
@@ -73,5 +77,166 @@ func TestCloseEndsWaits(t *testing.T) {
 				t.Fatal("Close did not end a wait")
 			}
 		})
+	}
+}
+
+// A grant the server made but whose reply never arrived (the connection
+// broke in between) is given back at once, though the caller's context is
+// still live: otherwise an owner nobody knows holds the key for a whole TTL.
+func TestLeaseRowLostGrantReplyIsReleased(t *testing.T) {
+	dsn := testDSN(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newReplyCutter(t, cfg.Addr)
+	cfg.Addr = p.addr
+	l := newLeaseLocker(t, cfg.FormatDSN())
+	defer l.Close()
+	other := newLeaseLocker(t, dsn)
+	defer other.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+	fence := func() (f int64) {
+		db, sqlDB := openDB(t, dsn)
+		defer sqlDB.Close()
+		_ = db.Raw("SELECT COALESCE(MAX(fence), 0) FROM "+leaseTable+" WHERE name = ?", key).Scan(&f).Error
+		return f
+	}
+	before := fence()
+
+	p.cutNextExecute()
+	if _, err := l.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute)); !errors.Is(err, lockkit.ErrUnavailable) {
+		t.Fatalf("TryAcquire whose reply was lost = %v, want ErrUnavailable", err)
+	}
+	if !p.cut() {
+		t.Fatal("the proxy saw no grant to cut")
+	}
+	if fence() == before {
+		t.Fatal("the grant never reached the server: the test proves nothing")
+	}
+	waitUntil(t, "the lost grant to be given back", func() bool {
+		lease, err := other.TryAcquire(ctx, key)
+		if err == nil {
+			_ = lease.Release(ctx)
+		}
+		return err == nil
+	})
+}
+
+// A lease row that was deleted (by hand, a restore, a truncated table)
+// starts again with a fence above every one it gave before: the stores
+// keep the highest fence they saw and would refuse every later write.
+func TestLeaseRowFenceSurvivesDeletedRow(t *testing.T) {
+	dsn := testDSN(t)
+	l := newLeaseLocker(t, dsn)
+	defer l.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+	var last uint64
+	for range 2 {
+		lease := mustTry(t, l, key)
+		last = lease.Fence()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	execSQL(t, dsn, "DELETE FROM "+leaseTable+" WHERE name = ?", key)
+	lease := mustTry(t, l, key)
+	defer lease.Release(ctx)
+	if lease.Fence() <= last {
+		t.Fatalf("after the row was deleted the fence went back from %d to %d", last, lease.Fence())
+	}
+}
+
+// replyCutter is a TCP proxy to a MySQL server that can break the
+// connection after the server has run a statement and before its reply
+// reaches the client.
+type replyCutter struct {
+	addr     string
+	mu       sync.Mutex
+	armed    bool // cut at the next COM_STMT_EXECUTE
+	dropping bool // the next reply is dropped and the connection cut
+	done     bool
+}
+
+func newReplyCutter(t testing.TB, server string) *replyCutter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &replyCutter{addr: ln.Addr().String()}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(client, server)
+		}
+	}()
+	return p
+}
+
+// cutNextExecute arms the proxy: the next COM_STMT_EXECUTE is forwarded,
+// the server's reply read and dropped, and both connections closed.
+func (p *replyCutter) cutNextExecute() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed = true
+}
+
+func (p *replyCutter) cut() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
+}
+
+func (p *replyCutter) serve(client net.Conn, addr string) {
+	defer client.Close()
+	server, err := net.Dial("tcp", addr)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	go func() {
+		defer client.Close()
+		defer server.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := server.Read(buf)
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			drop := p.dropping
+			if drop {
+				p.dropping, p.done = false, true
+			}
+			p.mu.Unlock()
+			if drop {
+				return // the server has answered: it ran the statement
+			}
+			if _, err := client.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if err != nil {
+			return
+		}
+		// A packet is [3-byte length][sequence][command]...; 0x17 is
+		// COM_STMT_EXECUTE.
+		p.mu.Lock()
+		if p.armed && n >= 5 && buf[4] == 0x17 {
+			p.armed, p.dropping = false, true
+		}
+		p.mu.Unlock()
+		if _, err := server.Write(buf[:n]); err != nil {
+			return
+		}
 	}
 }
