@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"net"
 	"sync"
@@ -43,8 +44,8 @@ func TestLeaseRowTimedOnDatabaseClock(t *testing.T) {
 	execSQL(t, dsn, "UPDATE "+leaseTable+" SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE name = ?", key)
 	lb := mustTry(t, b, key, lockkit.WithTTL(time.Minute))
 	defer lb.Release(ctx)
-	if lb.Fence() != la.Fence()+1 {
-		t.Fatalf("takeover of an expired row has fence %d, want %d", lb.Fence(), la.Fence()+1)
+	if lb.Fence() <= la.Fence() {
+		t.Fatalf("takeover of an expired row has fence %d, want above %d", lb.Fence(), la.Fence())
 	}
 	if err := la.Extend(ctx, time.Minute); !errors.Is(err, lockkit.ErrNotHeld) {
 		t.Fatalf("extend of an expired lease = %v, want ErrNotHeld", err)
@@ -95,7 +96,8 @@ func TestLeaseRowLostGrantReplyIsReleased(t *testing.T) {
 	defer l.Close()
 	other := newLeaseLocker(t, dsn)
 	defer other.Close()
-	ctx, key := context.Background(), "mysqllock:"+t.Name()
+	// A key of its own: a failed run leaves its key held for a minute.
+	ctx, key := context.Background(), "mysqllock:"+t.Name()+":"+rand.Text()
 	fence := func() (f int64) {
 		db, sqlDB := openDB(t, dsn)
 		defer sqlDB.Close()
