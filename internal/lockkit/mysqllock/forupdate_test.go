@@ -211,3 +211,30 @@ func mustAcquire(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Opt
 	}
 	return lease
 }
+
+// Each lease holds a connection of the Locker's own, and the service nests
+// locks (an order takes its idempotency key, then an account, then a SKU;
+// the like audit takes every entity of an owner). Holding more leases at
+// once than the pool keeps must never make a grant wait for a connection
+// that only a lease of the same caller could give back.
+func TestForUpdateNestedLeasesBeyondPoolSize(t *testing.T) {
+	dsn := testDSN(t)
+	l := newRowLocker(t, dsn)
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const nested = 40 // above the default pool of 16 and the bench's 40
+	var leases []lockkit.Lease
+	defer func() {
+		for _, lease := range leases {
+			_ = lease.Release(context.Background())
+		}
+	}()
+	for i := range nested {
+		lease, err := l.Acquire(ctx, fmt.Sprintf("mysqllock:%s:%d", t.Name(), i), lockkit.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatalf("lease %d of %d nested: %v", i+1, nested, err)
+		}
+		leases = append(leases, lease)
+	}
+}
