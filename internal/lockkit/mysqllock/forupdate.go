@@ -80,10 +80,11 @@ type ForUpdateLocker struct {
 	stop             context.CancelFunc
 }
 
-// NewForUpdate returns a Locker that opens its own pool of at most
-// WithMaxConns connections with db's DSN: leases pin connections for their
-// whole life, and pinning them in the service's pool could starve the very
-// holders that need a connection to finish and release. db itself serves
+// NewForUpdate returns a Locker that opens its own pool with db's DSN,
+// keeping WithIdleConns connections between leases: leases pin connections
+// for their whole life, and pinning them in the service's pool could starve
+// the very holders that need a connection to finish and release. The pool
+// has no cap of its own (see WithIdleConns). db itself serves
 // the KILLs of cancelled waiters. The table and its sequence are created if
 // missing; db must come from gorm.io/driver/mysql opened with a DSN.
 func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
@@ -113,8 +114,7 @@ func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
 		return nil, fmt.Errorf("mysqllock: %w", err)
 	}
 	pool := sql.OpenDB(connector)
-	pool.SetMaxOpenConns(c.maxConns)
-	pool.SetMaxIdleConns(c.maxConns)
+	pool.SetMaxIdleConns(c.idleConns)
 	pool.SetConnMaxIdleTime(time.Minute)
 
 	ctx, cancel := setupContext(db)
