@@ -66,7 +66,8 @@ var sessionLimits = map[string]string{
 // is over: Extend (the watchdog's too) reports ErrNotHeld and Lost closes.
 // Cancelling the context of an Extend or Release ends the lease as well.
 // Once the TTL has run out unrenewed, or the connection failed, the
-// connection is dropped, so the row is free as soon as Lost closes.
+// connection is dropped, after Lost has closed and at once: the row is
+// never free while the holder may still trust its lease.
 // Grants are not fair.
 //
 // It needs MariaDB 10.3 or later (sequences, SET STATEMENT), and the right
@@ -199,7 +200,7 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 		return nil, unavailable(err)
 	}
 	sent := time.Now()
-	fence, err := l.lock(ctx, conn, []byte(key), ttl, query)
+	id, fence, err := l.lock(ctx, conn, []byte(key), ttl, query)
 	if isCode(err, 1205) && ctx.Err() == nil {
 		// TryAcquire on a held row: the session is sound, and its empty
 		// transaction is still open.
@@ -213,7 +214,7 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 		discard(conn)
 		return nil, unavailable(err)
 	}
-	h := &held{conn: conn}
+	h := &held{conn: conn, gone: make(chan struct{}), kill: func() { l.kill(id) }}
 	if time.Since(sent) > ttl/10 {
 		// We waited, and the server's idle clock started when the grant
 		// was answered, long after sent. Restart it, so that the lease's
@@ -226,17 +227,22 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 	// The lease closes Lost at sent+ttl unless renewed; from then on nobody
 	// should hold the row. A timer, not a goroutine: an uncontended grant
 	// costs its round trips and nothing else.
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.expiry = time.AfterFunc(time.Until(sent.Add(ttl)), h.drop)
-	return lockkit.NewLease(lockkit.Grant{
+	h.lease = lockkit.NewLease(lockkit.Grant{
 		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend:  h.extend,
 		Release: func(ctx context.Context) error { return h.exec(ctx, true, l.releaseSQL, []byte(key)) },
+		Gone:    h.gone,
 		Closed:  l.done.Done(),
-	}), nil
+	})
+	return h.lease, nil
 }
 
-// lock runs the grant statements on conn and returns the fence.
-func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte, ttl time.Duration, query string) (uint64, error) {
+// lock runs the grant statements on conn and returns its session's id and
+// the fence.
+func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte, ttl time.Duration, query string) (id, fence uint64, err error) {
 	// Given ctx, the driver would answer its end by closing the socket,
 	// which the server does not notice while the statement waits for the
 	// row. So the statement runs detached, and ctx's end KILLs the
@@ -245,15 +251,14 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	defer hangUp()
 	rows, err := conn.QueryContext(stmtCtx, query, name, name, seconds(ttl))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer rows.Close()
-	var id, fence uint64
 	if !rows.Next() {
-		return 0, cmp.Or(rows.Err(), errors.New("mysqllock: no CONNECTION_ID"))
+		return 0, 0, cmp.Or(rows.Err(), errors.New("mysqllock: no CONNECTION_ID"))
 	}
 	if err := rows.Scan(&id); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	killed := make(chan struct{})
 	stopKill := context.AfterFunc(ctx, func() {
@@ -267,12 +272,12 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	err = cmp.Or(err, rows.Err(), rows.Close())
 	if !stopKill() {
 		<-killed // whatever the statement did, the session is gone
-		return 0, context.Cause(ctx)
+		return 0, 0, context.Cause(ctx)
 	}
 	if err == nil && fence == 0 {
 		err = errors.New("mysqllock: grant returned no fence")
 	}
-	return fence, err
+	return id, fence, err
 }
 
 func (l *ForUpdateLocker) kill(id uint64) {
@@ -292,23 +297,48 @@ func (l *ForUpdateLocker) Close() error {
 }
 
 // held is a lease's connection, inside the lock transaction.
+//
+// The row is freed when the connection goes, so the connection goes only
+// after the lease's Lost has closed: a holder must stop trusting its lease
+// before the next one is granted.
 type held struct {
 	mu     sync.Mutex
-	conn   *sql.Conn   // nil once the lease is over
-	expiry *time.Timer // runs drop when the lease's TTL has run out unrenewed
+	conn   *sql.Conn     // nil once the lease is over
+	expiry *time.Timer   // runs drop when the lease's TTL has run out unrenewed
+	lease  lockkit.Lease // nil until the grant is complete
+	gone   chan struct{} // closed to close the lease's Lost
+	kill   func()        // KILLs the connection's session
 }
 
 // exec runs query on the lease's connection, and gives the connection back
-// to the pool after it when last is set. Any failure ends the lease: the
-// driver drops a connection that failed or whose context ended, and the
-// server rolls the transaction back.
+// to the pool after it when last is set. Any failure ends the lease, Lost
+// first, then the connection, whose transaction the server rolls back.
+//
+// The statement does not see ctx: the driver would answer ctx's end by
+// closing the socket, freeing the row while Lost is still open. ctx's end
+// closes Lost, then KILLs the session, which ends the statement.
 func (h *held) exec(ctx context.Context, last bool, query string, args ...any) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conn == nil {
 		return lockkit.ErrNotHeld
 	}
-	if _, err := h.conn.ExecContext(ctx, query, args...); err != nil {
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.conn.ExecContext(context.WithoutCancel(ctx), query, args...)
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		h.lose()
+		h.kill()
+		<-done
+		err = context.Cause(ctx)
+	}
+	if err != nil {
+		h.lose()
 		discard(h.conn)
 		h.conn = nil
 		return fmt.Errorf("%w: the lock connection failed: %w", lockkit.ErrNotHeld, err)
@@ -336,11 +366,29 @@ func (h *held) extend(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// drop ends a lease whose TTL ran out unrenewed: its connection is closed,
-// and the server rolls the transaction back at once rather than when
-// wait_timeout runs out. The pool slot is freed even if the holder never
+// lose closes the lease's Lost and waits until it has: the lease watches
+// gone from a goroutine of its own.
+func (h *held) lose() {
+	select {
+	case <-h.gone:
+	default:
+		close(h.gone)
+	}
+	if h.lease != nil {
+		<-h.lease.Lost()
+	}
+}
+
+// drop ends a lease whose TTL ran out unrenewed: once Lost has closed (at
+// this same deadline, or a later one if a renewal moved it), its connection
+// is closed, and the server rolls the transaction back at once rather than
+// when wait_timeout runs out. The connection goes even if the holder never
 // calls Release.
 func (h *held) drop() {
+	h.mu.Lock()
+	lease := h.lease
+	h.mu.Unlock()
+	<-lease.Lost()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conn != nil {
