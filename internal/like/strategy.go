@@ -25,6 +25,9 @@ type spread struct {
 	locker lockkit.Locker
 	opts   []lockkit.Option
 	delay  time.Duration
+	// beforeWrite, when set by a test, runs between the membership check
+	// and the writes.
+	beforeWrite func(ctx context.Context)
 }
 
 func (s *spread) likers(e Entity) string { return s.k.prefix + "{" + e.Ref.String() + "}:likers" }
@@ -45,41 +48,50 @@ func (s *spread) owned(owner int64) string {
 // says so.)
 func (s *spread) set(ctx context.Context, e Entity, user int64, add bool) error {
 	return lockkit.Do(ctx, s.locker, Key(e.Ref), func(ctx context.Context, fence uint64) error {
-		member, err := s.client.SIsMember(ctx, s.likers(e), user).Result()
-		if err != nil {
-			return fmt.Errorf("like: check %s: %w", e.Ref, err)
-		}
-		if member == add {
-			return nil
-		}
-		if err := work(ctx, s.delay); err != nil {
-			return err
-		}
-		if ctx.Err() != nil { // the lease was lost or the client left: write nothing
-			return context.Cause(ctx)
-		}
-		op, delta := "rem", int64(-1)
-		if add {
-			op, delta = "add", 1
-		}
-		res, err := writeScript.Run(ctx, s.client, []string{s.likers(e), s.fence(e)}, user, op, fence).Int64()
-		if err != nil {
-			return fmt.Errorf("like: write %s: %w", e.Ref, err)
-		}
-		if res < 0 {
-			return fmt.Errorf("%w: likes of %s, token %d", lockkit.ErrFenced, e.Ref, fence)
-		}
-		// The set has changed: the counter must follow even if the request
-		// or the lease ends now, or the pair drifts for good. A crash right
-		// here still drifts by one; only the hashtag strategy's single
-		// script closes that gap, and the audit reports it.
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), counterTimeout)
-		defer cancel()
-		if err := s.client.IncrBy(wctx, s.received(e.Owner), delta).Err(); err != nil {
-			return fmt.Errorf("like: count for owner %d: %w", e.Owner, err)
-		}
-		return nil
+		return s.setFenced(ctx, e, user, add, fence)
 	}, s.opts...)
+}
+
+// setFenced is set's critical section, run under the lease whose token is
+// fence.
+func (s *spread) setFenced(ctx context.Context, e Entity, user int64, add bool, fence uint64) error {
+	member, err := s.client.SIsMember(ctx, s.likers(e), user).Result()
+	if err != nil {
+		return fmt.Errorf("like: check %s: %w", e.Ref, err)
+	}
+	if member == add {
+		return nil
+	}
+	if err := work(ctx, s.delay); err != nil {
+		return err
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite(ctx)
+	}
+	if ctx.Err() != nil { // the lease was lost or the client left: write nothing
+		return context.Cause(ctx)
+	}
+	op, delta := "rem", int64(-1)
+	if add {
+		op, delta = "add", 1
+	}
+	res, err := writeScript.Run(ctx, s.client, []string{s.likers(e), s.fence(e)}, user, op, fence).Int64()
+	if err != nil {
+		return fmt.Errorf("like: write %s: %w", e.Ref, err)
+	}
+	if res < 0 {
+		return fmt.Errorf("%w: likes of %s, token %d", lockkit.ErrFenced, e.Ref, fence)
+	}
+	// The set has changed: the counter must follow even if the request
+	// or the lease ends now, or the pair drifts for good. A crash right
+	// here still drifts by one; only the hashtag strategy's single
+	// script closes that gap, and the audit reports it.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), counterTimeout)
+	defer cancel()
+	if err := s.client.IncrBy(wctx, s.received(e.Owner), delta).Err(); err != nil {
+		return fmt.Errorf("like: count for owner %d: %w", e.Owner, err)
+	}
+	return nil
 }
 
 // drift reads one owner's counter and sets under the locks of all of the
