@@ -53,13 +53,19 @@ func (s *spread) set(ctx context.Context, e Entity, user int64, add bool) error 
 }
 
 // setFenced is set's critical section, run under the lease whose token is
-// fence.
+// fence. The check claims the set for fence before it reads, and the write
+// lands only while the set still carries fence: a stale holder cannot
+// write between a newer holder's check and its write (the stores' claim
+// before read).
 func (s *spread) setFenced(ctx context.Context, e Entity, user int64, add bool, fence uint64) error {
-	member, err := s.client.SIsMember(ctx, s.likers(e), user).Result()
+	member, err := checkScript.Run(ctx, s.client, []string{s.likers(e), s.fence(e)}, user, fence).Int64()
 	if err != nil {
 		return fmt.Errorf("like: check %s: %w", e.Ref, err)
 	}
-	if member == add {
+	if member < 0 {
+		return fmt.Errorf("%w: likes of %s, token %d", lockkit.ErrFenced, e.Ref, fence)
+	}
+	if (member == 1) == add {
 		return nil
 	}
 	if err := work(ctx, s.delay); err != nil {
@@ -106,22 +112,27 @@ func (s *spread) drift(ctx context.Context, owner int64, entities []Ref) (int64,
 	err := lockkit.DoMany(ctx, s.locker, lockKeys, func(ctx context.Context, _ map[string]uint64) error {
 		var counter *redis.StringCmd
 		cards := make([]*redis.IntCmd, len(entities))
-		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// Each reply is checked on its own: Pipelined returns only the
+		// first error, which is GET's redis.Nil when the owner has no
+		// likes, and would hide a failed SCARD read as an empty set.
+		_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			counter = p.Get(ctx, s.received(owner))
 			for i, r := range entities {
 				cards[i] = p.SCard(ctx, s.likers(Entity{Ref: r, Owner: owner}))
 			}
 			return nil
 		})
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return err
-		}
+		var err error
 		drift, err = counterValue(counter)
 		if err != nil {
 			return err
 		}
-		for _, c := range cards {
-			drift -= c.Val()
+		for i, c := range cards {
+			n, err := c.Result()
+			if err != nil {
+				return fmt.Errorf("like: likers of %s: %w", entities[i], err)
+			}
+			drift -= n
 		}
 		return nil
 	}, s.opts...)
