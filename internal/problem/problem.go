@@ -27,6 +27,7 @@ import (
 	"syscall"
 
 	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
@@ -199,13 +200,22 @@ func From(err error) (Details, http.Header) {
 
 // unreachable reports a connection-level failure to a backing server: the
 // lock backend or the database when it does not wrap ErrUnavailable itself.
+// MySQL's own: a query on a connection the server closed (the driver's
+// ErrInvalidConn, which database/sql does not retry), and the server
+// errors that end a session rather than reject its statement.
 func unreachable(err error) bool {
 	var opErr *net.OpError
 	var dnsErr *net.DNSError
+	var myErr *mysql.MySQLError
 	return errors.As(err, &opErr) || errors.As(err, &dnsErr) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, driver.ErrBadConn) || errors.Is(err, redis.ErrClosed)
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, redis.ErrClosed) ||
+		errors.Is(err, mysql.ErrInvalidConn) || errors.As(err, &myErr) && mysqlSessionEnded[myErr.Number]
 }
+
+// mysqlSessionEnded are the MySQL/MariaDB errors that end the session:
+// server shutdown in progress (1053), connection killed (1927).
+var mysqlSessionEnded = map[uint16]bool{1053: true, 1927: true}
 
 func details(status int, slug, title, detail string) Details {
 	if slug == "" {
