@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/problem"
+	"github.com/lockbench/shop/internal/shoptest"
 )
 
 // restartKinds maps each backend to the private server fault 3 restarts.
@@ -212,6 +213,14 @@ func restartFault(t *testing.T, backend, kind string) {
 	}
 	if bad != 0 {
 		t.Errorf("%d answers were neither 200 nor a 503 problem+json that changed nothing, e.g. %s", bad, strings.Join(bads, "; "))
+		// The body hides a 500's cause; the service's log names it.
+		for _, in := range []*shoptest.Instance{a, b} {
+			for line := range strings.Lines(in.Logs()) {
+				if strings.Contains(line, `"level":"ERROR"`) {
+					t.Logf("%s: %s", in.URL, line)
+				}
+			}
+		}
 	}
 	if fenceBackends[backend] && (lost != 0 || !lin) {
 		t.Errorf("restart lost updates: drift %d, linearizable %s\n%s", lost, verdict, r.hist.describe(id))
