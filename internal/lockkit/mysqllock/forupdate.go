@@ -334,7 +334,20 @@ func (h *held) exec(ctx context.Context, last bool, query string, args ...any) e
 	case <-ctx.Done():
 		h.lose()
 		h.kill()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(killTimeout):
+			// Not even the KILL got through (a dead or cut-off server):
+			// the statement ends by the connection's own timeouts, and
+			// its connection is discarded then.
+			conn := h.conn
+			h.conn = nil
+			go func() {
+				<-done
+				discard(conn)
+			}()
+			return fmt.Errorf("%w: the lock connection did not answer: %w", lockkit.ErrNotHeld, context.Cause(ctx))
+		}
 		err = context.Cause(ctx)
 	}
 	if err != nil {
