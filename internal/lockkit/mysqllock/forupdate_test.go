@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -236,5 +238,47 @@ func TestForUpdateNestedLeasesBeyondPoolSize(t *testing.T) {
 			t.Fatalf("lease %d of %d nested: %v", i+1, nested, err)
 		}
 		leases = append(leases, lease)
+	}
+}
+
+// A waiter cancelled after its server stopped answering returns promptly:
+// the KILL that should end its queued session cannot get through either,
+// and waiting for it to time out must not hold the caller.
+func TestForUpdateCancelOnBlackHoledServerReturnsPromptly(t *testing.T) {
+	dsn := testDSN(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newReplyCutter(t, cfg.Addr)
+	cfg.Addr = p.addr
+	holder, waiter := newRowLocker(t, dsn), newRowLocker(t, cfg.FormatDSN())
+	defer holder.Close()
+	defer waiter.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+	lease := mustTry(t, holder, key, lockkit.WithTTL(time.Minute))
+	defer lease.Release(ctx)
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(wctx, key)
+		done <- err
+	}()
+	waitUntil(t, "the waiter to queue on the row", func() bool { return sessionsOn(t, dsn, key) == 1 })
+	p.blackhole()
+	cancel()
+	start := time.Now()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire = %v, want Canceled", err)
+		}
+		if waited := time.Since(start); waited > time.Second {
+			t.Fatalf("cancelled Acquire returned after %v behind a black-holed server", waited)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled Acquire did not return")
 	}
 }

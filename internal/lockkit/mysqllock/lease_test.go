@@ -158,6 +158,22 @@ type replyCutter struct {
 	armed    bool // cut at the next COM_STMT_EXECUTE
 	dropping bool // the next reply is dropped and the connection cut
 	done     bool
+	holed    bool // nothing is forwarded any more, connections left open
+	conns    []net.Conn
+}
+
+// blackhole stops forwarding anything, either way, on every connection,
+// old and new, and leaves them open: a server that stopped answering.
+func (p *replyCutter) blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holed = true
+}
+
+func (p *replyCutter) isHoled() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holed
 }
 
 func newReplyCutter(t testing.TB, server string) *replyCutter {
@@ -167,7 +183,14 @@ func newReplyCutter(t testing.TB, server string) *replyCutter {
 		t.Fatal(err)
 	}
 	p := &replyCutter{addr: ln.Addr().String()}
-	t.Cleanup(func() { ln.Close() })
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.conns {
+			c.Close() // the server ends the sessions behind a black hole
+		}
+	})
 	go func() {
 		for {
 			client, err := ln.Accept()
@@ -201,6 +224,9 @@ func (p *replyCutter) serve(client net.Conn, addr string) {
 		return
 	}
 	defer server.Close()
+	p.mu.Lock()
+	p.conns = append(p.conns, client, server)
+	p.mu.Unlock()
 	go func() {
 		defer client.Close()
 		defer server.Close()
@@ -218,6 +244,9 @@ func (p *replyCutter) serve(client net.Conn, addr string) {
 			p.mu.Unlock()
 			if drop {
 				return // the server has answered: it ran the statement
+			}
+			if p.isHoled() {
+				continue
 			}
 			if _, err := client.Write(buf[:n]); err != nil {
 				return
@@ -237,6 +266,9 @@ func (p *replyCutter) serve(client net.Conn, addr string) {
 			p.armed, p.dropping = false, true
 		}
 		p.mu.Unlock()
+		if p.isHoled() {
+			continue
+		}
 		if _, err := server.Write(buf[:n]); err != nil {
 			return
 		}
