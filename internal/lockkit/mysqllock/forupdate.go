@@ -33,8 +33,10 @@ const (
 	// connection may idle in the pool again.
 	forUpdateRelease = "DO RELEASE_LOCK(SHA1(?)); COMMIT; SET SESSION wait_timeout = DEFAULT"
 	forUpdateExtend  = "SET SESSION wait_timeout = ?"
-	// killTimeout bounds the KILL sent for a cancelled waiter.
+	// killTimeout bounds the KILL sent for a cancelled waiter, which
+	// waits for it at most hangUpWait before it hangs up.
 	killTimeout = 2 * time.Second
+	hangUpWait  = 250 * time.Millisecond
 )
 
 // sessionLimits are set on every connection of a ForUpdateLocker's pool,
@@ -260,10 +262,21 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	if err := rows.Scan(&id); err != nil {
 		return 0, 0, err
 	}
-	killed := make(chan struct{})
+	killed, session := make(chan struct{}), id // the KILL may outlive this call and its results
 	stopKill := context.AfterFunc(ctx, func() {
 		defer close(killed)
-		l.kill(id)
+		// Hang up once the KILL is through, or after hangUpWait: a server
+		// that does not answer the KILL will not answer the waiter either,
+		// and the KILL, still on its way, ends the session if it arrives.
+		sent := make(chan struct{})
+		go func() {
+			defer close(sent)
+			l.kill(session)
+		}()
+		select {
+		case <-sent:
+		case <-time.After(hangUpWait):
+		}
 		hangUp()
 	})
 	if rows.NextResultSet() && rows.Next() {
