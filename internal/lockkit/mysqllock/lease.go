@@ -59,6 +59,8 @@ type Locker struct {
 	wake                         wakeups
 	closed                       chan struct{}
 	once                         sync.Once
+	mu                           sync.Mutex // guards closing, so that no giveBack starts once Close waits
+	closing                      bool
 	givingBack                   sync.WaitGroup
 }
 
@@ -190,6 +192,11 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 // none; it is retried while the server is unreachable, until the grant
 // would have expired anyway or the Locker closes.
 func (l *Locker) giveBack(name, owner []byte, ttl time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		return // its statements are closed: the grant expires by its TTL
+	}
 	l.givingBack.Add(1)
 	go func() {
 		defer l.givingBack.Done()
@@ -252,6 +259,9 @@ func (l *Locker) releaseLease(ctx context.Context, name, owner []byte) error {
 // releases nothing (leases expire by their TTL) and leaves the pool open.
 func (l *Locker) Close() error {
 	l.once.Do(func() {
+		l.mu.Lock()
+		l.closing = true
+		l.mu.Unlock()
 		close(l.closed)
 		l.givingBack.Wait()
 		for _, s := range []*sql.Stmt{l.grant, l.extend, l.release, l.held} {
