@@ -110,11 +110,18 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		lockOpts = append(lockOpts, lockkit.WithWaitTimeout(cfg.LockWaitTimeout))
 	}
 
+	// Idempotency records live in Redis whatever the lock backend: each is
+	// fenced by its own run number, not by a lock.
+	tokens, err := idem.New(rdb, idem.Options{TTL: cfg.IdemTTL, MaxTokens: cfg.IdemMaxTokens, Prefix: cfg.KeyPrefix})
+	if err != nil {
+		return nil, err
+	}
+
 	accountStore := account.NewStore(db.DB)
 	a.accounts = accountStore
 	accounts := &account.Domain{Store: accountStore, Service: account.NewService(accountStore, account.Options{
 		Locker: locker, LockOptions: lockOpts, Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
-	})}
+	}), Idempotent: tokens.Optional()}
 
 	var mirror *inventory.Mirror
 	if cfg.StockStrategy == config.StockAtomicRedis {
@@ -134,17 +141,11 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err != nil {
 		return nil, err
 	}
-	// The in-flight marker keeps the watchdog lease (renewed while the order
-	// runs, gone 30 s after a crash) whatever SHOP_LOCK_TTL says.
-	tokens, err := idem.New(rdb, idem.Options{Locker: locker, TTL: cfg.IdemTTL, Prefix: cfg.KeyPrefix})
-	if err != nil {
-		return nil, err
-	}
 	orderStore := order.NewStore(db.DB)
 
 	domains := []domain{
 		accounts,
-		&inventory.Domain{Service: products, Store: productStore},
+		&inventory.Domain{Service: products, Store: productStore, Idempotent: tokens.Optional()},
 		&like.Domain{Service: likes},
 		&order.Domain{Service: order.NewService(orderStore, products, accounts.Service), Store: orderStore, Idem: tokens},
 	}

@@ -131,6 +131,9 @@ type Config struct {
 	// idempotency token lives from its issue. A retry after that gets 422
 	// and must look the order up instead.
 	IdemTTL time.Duration
+	// IdemMaxTokens is SHOP_IDEM_MAX_TOKENS (default 1000, at least 1): the
+	// live idempotency tokens one user may hold; minting more is 429.
+	IdemMaxTokens int
 	// CriticalSectionDelay is SHOP_CRITICAL_SECTION_DELAY (default 0): a
 	// sleep between the read and the write of every read-modify-write,
 	// standing in for business work. It widens the race window that the
@@ -178,6 +181,7 @@ func Load(getenv func(string) string) (Config, error) {
 		StockStrategy:        p.oneOf("SHOP_STOCK_STRATEGY", StockLock, []string{StockLock, StockAtomicSQL, StockAtomicRedis}),
 		LikeStrategy:         p.oneOf("SHOP_LIKE_STRATEGY", LikeLock, []string{LikeLock, LikeHashTag}),
 		IdemTTL:              p.positiveDuration("SHOP_IDEM_TTL", 24*time.Hour),
+		IdemMaxTokens:        int(p.int("SHOP_IDEM_MAX_TOKENS", 1000, 1)),
 		CriticalSectionDelay: p.duration("SHOP_CRITICAL_SECTION_DELAY", 0),
 		JWTSecret:            p.str("SHOP_JWT_SECRET", ""),
 		AdminToken:           p.str("SHOP_ADMIN_TOKEN", ""),
@@ -236,6 +240,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("stock_strategy", c.StockStrategy),
 		slog.String("like_strategy", c.LikeStrategy),
 		slog.Duration("idem_ttl", c.IdemTTL),
+		slog.Int("idem_max_tokens", c.IdemMaxTokens),
 		slog.Duration("critical_section_delay", c.CriticalSectionDelay),
 		slog.String("jwt_secret", mask(c.JWTSecret)),
 		slog.String("admin_token", mask(c.AdminToken)),

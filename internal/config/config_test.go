@@ -110,6 +110,23 @@ func TestIdemTTLMustBePositive(t *testing.T) {
 	}
 }
 
+// A cap of 0 would refuse every token: it is refused rather than read as
+// "no cap", which would let one user fill Redis.
+func TestIdemMaxTokens(t *testing.T) {
+	for _, v := range []string{"0", "-1", "many"} {
+		_, err := Load(env(map[string]string{"SHOP_IDEM_MAX_TOKENS": v}))
+		if err == nil || !strings.Contains(err.Error(), "SHOP_IDEM_MAX_TOKENS") {
+			t.Errorf("SHOP_IDEM_MAX_TOKENS=%s: %v", v, err)
+		}
+	}
+	for v, want := range map[string]int{"": 1000, "5": 5} {
+		c, err := Load(env(map[string]string{"SHOP_IDEM_MAX_TOKENS": v}))
+		if err != nil || c.IdemMaxTokens != want {
+			t.Errorf("SHOP_IDEM_MAX_TOKENS=%q: %d, %v; want %d", v, c.IdemMaxTokens, err, want)
+		}
+	}
+}
+
 // The strategy names are passed through to the domain packages unchanged.
 func TestStrategyNamesMatchTheDomains(t *testing.T) {
 	for _, pair := range [][2]string{

@@ -23,12 +23,20 @@ func init() {
 type Domain struct {
 	Service Service
 	Store   *Store
+	// Idempotent guards the purchase (idem's Optional: a retry with the
+	// same Idempotency-Key gets the first answer); nil leaves it a plain
+	// POST.
+	Idempotent gin.HandlerFunc
 }
 
 // Register adds the user routes to api and the admin routes to admin.
 func (d *Domain) Register(api, admin *gin.RouterGroup) {
 	api.GET("/products/:sku", d.get)
-	api.POST("/seckill/:sku/purchase", d.purchase)
+	if d.Idempotent != nil {
+		api.POST("/seckill/:sku/purchase", d.Idempotent, d.purchase)
+	} else {
+		api.POST("/seckill/:sku/purchase", d.purchase)
+	}
 	admin.POST("/products", d.put)
 }
 
