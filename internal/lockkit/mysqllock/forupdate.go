@@ -324,57 +324,69 @@ type held struct {
 }
 
 // exec runs query on the lease's connection, and gives the connection back
-// to the pool after it when last is set. Any failure ends the lease, Lost
+// to the pool after it when last is set. Any failure ends the lease: Lost
 // first, then the connection, whose transaction the server rolls back.
 //
 // The statement does not see ctx: the driver would answer ctx's end by
 // closing the socket, freeing the row while Lost is still open. ctx's end
-// closes Lost, then KILLs the session, which ends the statement.
+// returns at once instead; once Lost has closed, the session is KILLed,
+// which ends the statement, and the connection goes.
 func (h *held) exec(ctx context.Context, last bool, query string, args ...any) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conn == nil {
 		return lockkit.ErrNotHeld
 	}
+	conn := h.conn
 	done := make(chan error, 1)
 	go func() {
-		_, err := h.conn.ExecContext(context.WithoutCancel(ctx), query, args...)
+		_, err := conn.ExecContext(context.WithoutCancel(ctx), query, args...)
 		done <- err
 	}()
 	var err error
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		h.lose()
-		h.kill()
-		select {
-		case <-done:
-		case <-time.After(killTimeout):
-			// Not even the KILL got through (a dead or cut-off server):
-			// the statement ends by the connection's own timeouts, and
-			// its connection is discarded then.
-			conn := h.conn
-			h.conn = nil
-			go func() {
-				<-done
-				discard(conn)
-			}()
-			return fmt.Errorf("%w: the lock connection did not answer: %w", lockkit.ErrNotHeld, context.Cause(ctx))
-		}
-		err = context.Cause(ctx)
+		h.conn = nil
+		h.end(conn, func() {
+			h.kill()
+			<-done
+		})
+		return fmt.Errorf("%w: %w", lockkit.ErrNotHeld, context.Cause(ctx))
 	}
 	if err != nil {
-		h.lose()
-		discard(h.conn)
 		h.conn = nil
+		h.end(conn, nil)
 		return fmt.Errorf("%w: the lock connection failed: %w", lockkit.ErrNotHeld, err)
 	}
 	if last {
 		h.expiry.Stop()
-		_ = h.conn.Close()
+		_ = conn.Close()
 		h.conn = nil
 	}
 	return nil
+}
+
+// end closes the lease's Lost and, once it has closed, runs stop (if any)
+// and discards conn. It does not wait: the lease closes Lost when it sees
+// the error its caller returns, or sees gone, from goroutines of its own,
+// which may wait for the caller.
+func (h *held) end(conn *sql.Conn, stop func()) {
+	select {
+	case <-h.gone:
+	default:
+		close(h.gone)
+	}
+	lease := h.lease
+	go func() {
+		if lease != nil {
+			<-lease.Lost()
+		}
+		if stop != nil {
+			stop()
+		}
+		discard(conn)
+	}()
 }
 
 func (h *held) extend(ctx context.Context, ttl time.Duration) error {
@@ -390,19 +402,6 @@ func (h *held) extend(ctx context.Context, ttl time.Duration) error {
 		h.expiry.Reset(time.Until(sent.Add(ttl)))
 	}
 	return nil
-}
-
-// lose closes the lease's Lost and waits until it has: the lease watches
-// gone from a goroutine of its own.
-func (h *held) lose() {
-	select {
-	case <-h.gone:
-	default:
-		close(h.gone)
-	}
-	if h.lease != nil {
-		<-h.lease.Lost()
-	}
 }
 
 // drop ends a lease whose TTL ran out unrenewed: once Lost has closed (at
