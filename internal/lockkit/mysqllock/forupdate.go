@@ -36,7 +36,7 @@ const (
 	// killTimeout bounds the KILL sent for a cancelled waiter, which
 	// waits for it at most hangUpWait before it hangs up.
 	killTimeout = 2 * time.Second
-	hangUpWait  = 250 * time.Millisecond
+	hangUpWait  = 50 * time.Millisecond
 )
 
 // sessionLimits are set on every connection of a ForUpdateLocker's pool,
@@ -70,7 +70,9 @@ var sessionLimits = map[string]string{
 // Once the TTL has run out unrenewed, or the connection failed, the
 // connection is dropped, after Lost has closed and at once: the row is
 // never free while the holder may still trust its lease.
-// Grants are not fair.
+// Grants are fair: the waiters of a row queue in the server, and MariaDB
+// grants a row lock to its waiters first come, first served (since 10.6
+// there is no other scheduling; before, FCFS is the default).
 //
 // It needs MariaDB 10.3 or later (sequences, SET STATEMENT), and the right
 // to KILL its own user's connections.
@@ -160,7 +162,7 @@ func createForUpdate(ctx context.Context, pool *sql.DB, c config) error {
 
 // Capabilities of the row-lock backend: see ForUpdateLocker.
 func (l *ForUpdateLocker) Capabilities() lockkit.Capabilities {
-	return lockkit.Capabilities{Fencing: true, WaitNoPoll: true, LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
+	return lockkit.Capabilities{Fencing: true, WaitNoPoll: true, Fair: true, LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
 // Acquire waits on key's row lock until it is granted, ctx ends
