@@ -367,7 +367,7 @@ func (l *Locker) grant(key, node string, epoch uint64, session int64, fence uint
 	h.lease = lockkit.NewLease(lockkit.Grant{
 		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, h, ttl) },
-		Release: func(context.Context) error { return l.release(node, h) },
+		Release: func(ctx context.Context) error { return l.release(ctx, node, h) },
 		Gone:    h.gone,
 		Closed:  l.closed,
 	})
@@ -408,8 +408,10 @@ func (l *Locker) extend(node string, h *held, ttl time.Duration) error {
 }
 
 // release deletes the node. Its name holds a GUID and a sequence number
-// that no other client ever gets, so deleting it is owner-checked.
-func (l *Locker) release(node string, h *held) error {
+// that no other client ever gets, so deleting it is owner-checked. The
+// client takes no context, so the deletion runs in a goroutine and release
+// returns when ctx ends; the deletion goes on, retried if it fails.
+func (l *Locker) release(ctx context.Context, node string, h *held) error {
 	defer l.forget(node)
 	l.mu.Lock()
 	expired := !h.timer.Stop()
@@ -417,15 +419,27 @@ func (l *Locker) release(node string, h *held) error {
 	if expired {
 		return lockkit.ErrNotHeld
 	}
-	err := l.conn.Delete(node, -1)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, zk.ErrNoNode), l.conn.SessionID() != h.session:
-		return lockkit.ErrNotHeld // its session expired, and the node with it
-	default:
-		l.bury(node)
-		return l.fail(err)
+	deleted := make(chan error, 1)
+	if !l.background(func() { deleted <- l.conn.Delete(node, -1) }) {
+		return lockkit.ErrClosed // closing the session deletes the node
+	}
+	settle := func(err error) error {
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, zk.ErrNoNode), l.conn.SessionID() != h.session:
+			return lockkit.ErrNotHeld // its session expired, and the node with it
+		default:
+			l.bury(node)
+			return l.fail(err)
+		}
+	}
+	select {
+	case err := <-deleted:
+		return settle(err)
+	case <-ctx.Done():
+		l.background(func() { _ = settle(<-deleted) })
+		return context.Cause(ctx)
 	}
 }
 
