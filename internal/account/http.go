@@ -61,7 +61,7 @@ func (d *Domain) ForgetFences(ctx context.Context) error {
 
 // Checks are the account invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
-	return []audit.Check{{Name: "balance_drift", By: "by_account", Run: d.Store.Drift}}
+	return []audit.Check{{Name: "balance_drift", By: "by_account", Unit: "cents", Run: d.Store.Drift}}
 }
 
 type amountRequest struct {
