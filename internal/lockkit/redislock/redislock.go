@@ -21,6 +21,7 @@
 package redislock
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -169,12 +170,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	defer cancel()
 	defer context.AfterFunc(l.closing, cancel)()
 	fail := func(err error) (lockkit.Lease, error) {
-		if waitCtx.Err() == nil {
+		if !ended(waitCtx) {
 			return nil, err
 		}
 		switch {
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
+		case ended(ctx):
+			return nil, cmp.Or(ctx.Err(), context.DeadlineExceeded)
 		case l.closing.Err() != nil:
 			return nil, lockkit.ErrClosed
 		}
@@ -234,6 +235,14 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 			return fail(waitCtx.Err())
 		}
 	}
+}
+
+// ended reports whether ctx is done or past its deadline: a dial or read
+// that timed out on ctx's deadline can return before ctx itself is marked
+// done, and its error must still read as the wait's end, not an outage.
+func ended(ctx context.Context) bool {
+	deadline, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(deadline)
 }
 
 // attempt runs the acquire script once. It returns a lease, or how long to
