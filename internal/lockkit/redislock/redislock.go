@@ -286,15 +286,16 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Release: func(ctx context.Context) error {
-			ok, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel).Int()
+			res, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel).Result()
 			if err != nil {
 				return unavailable(ctx, err)
 			}
-			if ok == 0 {
+			next, freed := res.(string) // 0 (an integer): not ours
+			if !freed {
 				return lockkit.ErrNotHeld
 			}
 			// Our own waiters need not wait for the message's round trip.
-			l.room.wake(ks.channel, "")
+			l.room.wake(ks.channel, next)
 			return nil
 		},
 		Closed: l.closing.Done(),

@@ -2,7 +2,7 @@
 -- channel ARGV[2]. The message names the live head of the fair queue
 -- (KEYS[2] list, KEYS[3] deadlines), so that only the fair waiter whose
 -- turn it is wakes; with nobody queued it is empty, which wakes every
--- process's first waiter. Returns 1 if freed, 0 if not ours.
+-- process's first waiter. Returns the message if freed, 0 if not ours.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
@@ -19,5 +19,6 @@ if head then
     head = redis.call('LINDEX', KEYS[2], 0)
   end
 end
-redis.call('PUBLISH', ARGV[2], head or '')
-return 1
+head = head or ''
+redis.call('PUBLISH', ARGV[2], head)
+return head
