@@ -30,9 +30,13 @@ func TestConformanceCluster(t *testing.T) {
 func harness(t *testing.T, newClient func() redis.UniversalClient) locktest.Harness {
 	const prefix = "redislock-test:"
 	return locktest.Harness{
-		New: func(testing.TB) lockkit.Locker {
+		// The client outlives the Locker, as the service's does: what the
+		// Locker leaves behind at Close must not be hidden by the client's
+		// own Close.
+		New: func(tb testing.TB) lockkit.Locker {
 			c := newClient()
-			return closer{redislock.New(c, redislock.WithPrefix(prefix)), c}
+			tb.Cleanup(func() { c.Close() })
+			return redislock.New(c, redislock.WithPrefix(prefix))
 		},
 		Steal: func(t testing.TB, key string) {
 			c := newClient()
@@ -43,17 +47,6 @@ func harness(t *testing.T, newClient func() redis.UniversalClient) locktest.Harn
 		},
 		TTL: 300 * time.Millisecond,
 	}
-}
-
-// closer closes the client with the Locker, as a process would on exit.
-type closer struct {
-	*redislock.Locker
-	client redis.UniversalClient
-}
-
-func (c closer) Close() error {
-	_ = c.Locker.Close()
-	return c.client.Close()
 }
 
 func serverAddrs(t *testing.T, env string) []string { return testenv.RequireList(t, env) }
