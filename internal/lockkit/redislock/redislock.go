@@ -250,6 +250,10 @@ func ended(ctx context.Context) bool {
 // fair attempt to take or keep a place in the queue.
 func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog, queue bool) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
+	fairFlag := "0"
+	if o.Fair {
+		fairFlag = "1"
+	}
 	var res []int64
 	var err error
 	if o.Fair {
@@ -286,7 +290,7 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Release: func(ctx context.Context) error {
-			res, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel).Result()
+			res, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel, fairFlag).Result()
 			if err != nil {
 				return unavailable(ctx, err)
 			}

@@ -1,13 +1,18 @@
 -- Frees KEYS[1] if owner ARGV[1] still holds it, and tells the waiters on
--- channel ARGV[2]. The message names the live head of the fair queue
--- (KEYS[2] list, KEYS[3] deadlines), so that only the fair waiter whose
--- turn it is wakes; with nobody queued it is empty, which wakes every
--- process's first waiter. Returns the message if freed, 0 if not ours.
+-- channel ARGV[2]. A fair lease (ARGV[3] = '1') names the live head of the
+-- fair queue (KEYS[2] list, KEYS[3] deadlines), so that only the fair
+-- waiter whose turn it is wakes. An empty message (nobody queued, or a
+-- plain lease, which spares the queue lookup) wakes every process's first
+-- plain waiter and its fair waiters, who try, and the queue still decides.
+-- Returns the message if freed, 0 if not ours.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-local head = redis.call('LINDEX', KEYS[2], 0)
+local head = false
+if ARGV[3] == '1' then
+  head = redis.call('LINDEX', KEYS[2], 0)
+end
 if head then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
