@@ -166,6 +166,27 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	o, watchdog := lockkit.Resolve(opts)
 	owner := l.newOwner()
 	ks := l.keys(key)
+
+	wait := time.Duration(0)
+	// A plain arrival tries at once unless others here wait already (no
+	// barging past them); a fair one always calls, to take its place.
+	// This call runs under the caller's ctx alone: the wait's context
+	// costs a registration with the Locker's, which the uncontended path
+	// does without.
+	if o.Fair || !l.room.busy(ks.channel) {
+		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, o.Fair)
+		if lease != nil {
+			return lease, nil
+		}
+		if err != nil {
+			if ended(ctx) {
+				return nil, cmp.Or(ctx.Err(), context.DeadlineExceeded)
+			}
+			return nil, err
+		}
+		wait = pttl
+	}
+
 	waitCtx, cancel := o.WaitContext(ctx)
 	defer cancel()
 	defer context.AfterFunc(l.closing, cancel)()
@@ -180,20 +201,6 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 			return nil, lockkit.ErrClosed
 		}
 		return nil, lockkit.WaitErr(ctx, waitCtx)
-	}
-
-	wait := time.Duration(0)
-	// A plain arrival tries at once unless others here wait already (no
-	// barging past them); a fair one always calls, to take its place.
-	if o.Fair || !l.room.busy(ks.channel) {
-		lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, o.Fair)
-		if lease != nil {
-			return lease, nil
-		}
-		if err != nil {
-			return fail(err)
-		}
-		wait = pttl
 	}
 	w, subscribed, err := l.room.join(waitCtx, ks.channel, owner, o.Fair)
 	if err != nil {
