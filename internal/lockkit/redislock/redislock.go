@@ -1,23 +1,25 @@
-// Package redislock is the lockkit backend on Redis: SET NX PX and an INCR
-// fencing counter in one Lua script, owner-checked release and extend, and
-// waiters that wake on a release message instead of polling.
+// Package redislock is the lockkit backend on Redis: SET NX PX and a fencing
+// token in one Lua script, owner-checked release and extend, and waiters
+// that wake on a release message instead of polling (docs/backends-redis.md).
 //
 // It works on a single node, behind Sentinel and on a Cluster (through
 // go-redis UniversalClient): all keys of one lock share the hash tag {key}.
 //
-// Storage: each key ever locked keeps its fence counter, "{key}:fence", after
-// release, because a token that restarted from 1 would let a stale holder
-// through a fenced store. That is one small string per key, about 60-90 bytes
-// of Redis memory with its overhead; a service that locks millions of
-// distinct, short-lived keys (Redisson issue 6510) should lock a bounded set
-// of keys (e.g. per account, not per request) or expire counters it can prove
-// no store still compares against.
+// Tokens: the larger of the key's stored counter + 1 and the server's clock
+// in microseconds (fence.lua). A failover to a replica that missed the last
+// grants, a restart without persistence or an evicted counter so still
+// yields a token above every earlier one, unless the granting server's
+// clock reads earlier than the one that issued the last token did. A
+// failover can still leave two live grants; the fenced stores refuse the
+// older one's writes.
 //
-// Safety note: a Redis failover can lose a grant and its fence increment
-// that were not yet replicated, so a second holder may get a token that is
-// not higher than the first's. Fenced stores then refuse the older-looking
-// holder's writes or, if the counter went backwards, the new holder's: safety
-// is kept at the cost of liveness until the counter passes the old value.
+// Storage: each key ever locked keeps its fence counter, "{key}:fence", after
+// release. That is one small string per key, about 60-90 bytes of Redis
+// memory with its overhead; a service that locks millions of distinct,
+// short-lived keys (Redisson issue 6510) should lock a bounded set of keys
+// (e.g. per account, not per request). With tokens floored at the clock, a
+// counter may also be expired once no grant of its key is live: a new one
+// starts above it anyway.
 package redislock
 
 import (
