@@ -28,7 +28,7 @@
 # printed) that the Go tests read:
 #   SHOP_TEST_REDIS_ADDR SHOP_TEST_REDIS_CLUSTER_ADDRS SHOP_TEST_REDLOCK_ADDRS
 #   SHOP_TEST_MYSQL_DSN SHOP_TEST_ZK_ADDRS SHOP_TEST_ETCD_ENDPOINTS
-#   SHOP_TEST_MEMCACHED_ADDR
+#   SHOP_TEST_MEMCACHED_ADDR SHOP_TEST_PROMTOOL (a path)
 #   and with sentinel: SHOP_TEST_SENTINEL_ADDRS SHOP_TEST_SENTINEL_MASTER
 #   SHOP_TEST_SENTINEL_MASTER_ADDR SHOP_TEST_SENTINEL_REPLICA_ADDR
 #
@@ -556,7 +556,9 @@ cmd_up() {
 	user_set SHOP_TEST_MEMCACHED_ADDR "$DEF_MEMCACHED_ADDR" && use_mc=0
 	user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS" && use_sent=0
 
-	local -a pk=(iproute2:ss netcat-openbsd:nc)
+	# promtool (Debian's prometheus package) tests deploy/prometheus's
+	# alert rules; a tool, not a server: nothing to start.
+	local -a pk=(iproute2:ss netcat-openbsd:nc prometheus:promtool)
 	if ((use_redis || use_cluster || use_redlock || use_sent)); then
 		pk+=(redis-server:/usr/bin/redis-server redis-tools:redis-cli redis-sentinel:/usr/bin/redis-sentinel)
 	fi
@@ -600,6 +602,7 @@ cmd_up() {
 			v=SHOP_TEST_${v%%:*}
 			printf 'export %s=%s%s%s\n' "$v" "$q" "${!v:-${!d}}" "$q"
 		done
+		printf "export SHOP_TEST_PROMTOOL='%s'\n" "${SHOP_TEST_PROMTOOL:-$(command -v promtool)}"
 		if ((with_sentinel)) || user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS"; then
 			printf "export SHOP_TEST_SENTINEL_ADDRS='%s'\n" "${SHOP_TEST_SENTINEL_ADDRS:-$DEF_SENTINEL_ADDRS}"
 			printf "export SHOP_TEST_SENTINEL_MASTER='%s'\n" "${SHOP_TEST_SENTINEL_MASTER:-$SENTINEL_MASTER_NAME}"

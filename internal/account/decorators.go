@@ -76,6 +76,9 @@ func (l *locked) Transfer(ctx context.Context, from, to, amount int64) (t Transf
 	if from == to {
 		return l.next.Transfer(ctx, from, to, amount) // refused there; no lock needed
 	}
+	if err := refuseUnaffordable(ctx, l.store, from, amount); err != nil {
+		return Transfer{}, err
+	}
 	if err := l.exist(ctx, from, to); err != nil {
 		return Transfer{}, err
 	}

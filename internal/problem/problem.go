@@ -121,7 +121,14 @@ func add(m mapping) {
 	registry = append(registry, m)
 }
 
+// ErrShuttingDown is the cause with which shutdown cancels the requests
+// that outlived SHOP_SHUTDOWN_TIMEOUT: their transactions roll back, and
+// the client is told to retry elsewhere.
+var ErrShuttingDown = errors.New("this instance is shutting down")
+
 func init() {
+	add(mapping{target: ErrShuttingDown, status: http.StatusServiceUnavailable, slug: "shutting-down",
+		title: "Shutting down", retryAfter: 1, generic: "this instance is shutting down and stopped the request before it finished; retry it"})
 	// A lock held by someone else for longer than the wait timeout, or a
 	// lease lost before the write: the request changed nothing, the same
 	// request will most likely succeed in a moment, and the cause is on the
@@ -229,8 +236,9 @@ func Write(c *gin.Context, err error) {
 		if d.Status == http.StatusServiceUnavailable {
 			level = slog.LevelWarn
 		}
-		slog.Log(c.Request.Context(), level, "request failed",
-			"request_id", c.Writer.Header().Get(RequestIDHeader), "status", d.Status, "err", err)
+		// The request id comes with the context (the service's log handler
+		// adds it to every line of a request).
+		slog.Log(c.Request.Context(), level, "request failed", "status", d.Status, "err", err)
 	}
 	_ = c.Error(err) // for the request log
 	Render(c, d)
@@ -286,9 +294,7 @@ func Recover() gin.HandlerFunc {
 			if rec == http.ErrAbortHandler {
 				panic(rec)
 			}
-			slog.ErrorContext(c.Request.Context(), "panic in handler",
-				"request_id", c.Writer.Header().Get(RequestIDHeader), "panic", rec,
-				"stack", string(debug.Stack()))
+			slog.ErrorContext(c.Request.Context(), "panic in handler", "panic", rec, "stack", string(debug.Stack()))
 			if c.Writer.Written() {
 				return // too late for a problem body
 			}

@@ -73,6 +73,8 @@ func TestDecodeJSON(t *testing.T) {
 		{`{"n":1}`, "application/json", 0, ""},
 		{`{"n":1}`, "application/json; charset=utf-8", 0, ""},
 		{`{"n":1}`, "text/plain", 415, "send application/json"},
+		{`{"n":1}`, "", 415, "but no Content-Type; send application/json"},
+		{``, "", 400, "body is empty"},
 		{`{"n":"1"}`, "application/json", 400, "n must be an integer"},
 		{`{"n":1e400}`, "application/json", 400, "got 1e400"},
 		{`{"m":1}`, "application/json", 400, `unknown field "m"`},
@@ -87,7 +89,9 @@ func TestDecodeJSON(t *testing.T) {
 		var got error
 		r.POST("/", func(c *gin.Context) { var v req; got = DecodeJSON(c, &v) })
 		rq := httptest.NewRequest("POST", "/", strings.NewReader(tc.body))
-		rq.Header.Set("Content-Type", tc.ctype)
+		if tc.ctype != "" {
+			rq.Header.Set("Content-Type", tc.ctype)
+		}
 		r.ServeHTTP(httptest.NewRecorder(), rq)
 		if tc.status == 0 {
 			if got != nil {

@@ -36,6 +36,13 @@ func TestConformance(t *testing.T) {
 	addrs := serverAddrs(t)
 	locktest.Run(t, locktest.Harness{
 		New: func(t testing.TB) lockkit.Locker { return open(t, addrs) },
+		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker {
+			proxied := make([]string, len(addrs))
+			for i, a := range addrs {
+				proxied[i] = w.Proxy(a)
+			}
+			return open(t, proxied)
+		},
 		// An operator deletes the holder's node.
 		Steal: func(t testing.TB, key string) {
 			l := open(t, addrs)
