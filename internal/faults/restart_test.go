@@ -36,10 +36,9 @@ func TestLockServerRestart(t *testing.T) {
 			restartFault(t, backend, restartKinds[backend])
 		})
 	}
-	// Redis without persistence forgets the fence counters: the rows
-	// remember higher tokens than the restarted server hands out, so the
-	// fenced stores refuse every write until the counter has climbed past
-	// them again. Safety holds; liveness is what is measured.
+	// Redis without persistence forgets the fence counters and the grants:
+	// tokens floored at the server's clock still rise, so a holder from
+	// before the restart is refused and the new holders are not.
 	t.Run("redis-volatile", func(t *testing.T) {
 		needFull(t)
 		t.Parallel()
@@ -136,6 +135,10 @@ func restartFault(t *testing.T, backend, kind string) {
 	t.Cleanup(stopAll)
 
 	time.Sleep(1500 * time.Millisecond)
+	var stale *staleWriter
+	if kind == "redis-volatile" {
+		stale = newStaleWriter(t, r, a.URL, srv.addr, id+1)
+	}
 	downAt := time.Now()
 	srv.stop(syscall.SIGTERM)
 	stopped := time.Now()
@@ -198,15 +201,14 @@ func restartFault(t *testing.T, backend, kind string) {
 	if !recovered.IsZero() {
 		res.Recovery = recovered.Sub(upAt)
 	}
+	if stale != nil {
+		res.Stale += stale.verify(t, r, a.URL)
+	}
 	report(res)
 	t.Logf("%+v (down %v, stop took %v)", res, upAt.Sub(downAt).Round(time.Millisecond), stopped.Sub(downAt).Round(time.Millisecond))
 
-	if kind == "redis-volatile" {
-		if refused["fenced"] == 0 || lost != 0 || !lin {
-			t.Errorf("a fence counter reset by the restart: want writes refused (fenced) and nothing lost; got %s, drift %d, linearizable %s",
-				counts(refused), lost, verdict)
-		}
-		return
+	if kind == "redis-volatile" && refused["fenced"] != 0 {
+		t.Errorf("%d writes of live holders refused as stale: the restarted server's tokens went back", refused["fenced"])
 	}
 	if recovered.IsZero() {
 		t.Errorf("no request succeeded within 90s of the %s restart: the service did not recover by itself", kind)

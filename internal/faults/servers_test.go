@@ -123,9 +123,8 @@ func newServer(t *testing.T, kind, host string) *server {
 			"--appendonly", "no", "--dir", s.dir, "--protected-mode", "no"}
 		s.ready = redisReady(s.addr)
 	case "redis":
-		// appendfsync always: the fence counter must survive a restart,
-		// or every later grant's token is lower than the one stored on
-		// the rows, and every write is refused (docs/faults.md, fault 3).
+		// appendfsync always: the restart keeps every grant and counter,
+		// the persistent case beside redis-volatile (docs/faults.md, fault 3).
 		s.args = []string{"redis-server", "--port", fmt.Sprint(port), "--bind", host, "--save", "",
 			"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir, "--protected-mode", "no",
 			"--enable-debug-command", "yes"}
