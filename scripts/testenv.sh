@@ -13,7 +13,8 @@
 # Servers (all on 127.0.0.1):
 #   MariaDB        3306          reused if it answers (root, empty password), else started
 #   Redis          6379          reused if it answers PING, else started (data in $SHOP_TESTENV_DIR)
-#   Redis Cluster  17001-17003   3 masters, no replicas (cluster bus on port+10000)
+#   Redis Cluster  17001-17006   3 masters (17001-17003 when created), a replica
+#                                each (17004-17006); cluster bus on port+10000
 #   Redlock Redis  17101-17103   3 independent masters
 #   ZooKeeper      12181         standalone, minSessionTimeout=1000, 4lw commands enabled
 #   etcd           12379/12380   client/peer
@@ -42,7 +43,7 @@
 #   SHOP_TESTENV_DIR          state, data, logs, pid files (default /tmp/shop-testenv)
 #   SHOP_TESTENV_PORT_OFFSET  added to every private port above (not to 3306/6379),
 #                             e.g. 1000 for a second, independent environment
-#   SHOP_TESTENV_CLUSTER_PORT, SHOP_TESTENV_REDLOCK_PORT (first of three),
+#   SHOP_TESTENV_CLUSTER_PORT (first of six), SHOP_TESTENV_REDLOCK_PORT (first of three),
 #   SHOP_TESTENV_SENTINEL_REDIS_PORT (master; replica is +1),
 #   SHOP_TESTENV_SENTINEL_PORT (first of three), SHOP_TESTENV_ZK_PORT,
 #   SHOP_TESTENV_ETCD_PORT, SHOP_TESTENV_ETCD_PEER_PORT, SHOP_TESTENV_MEMCACHED_PORT
@@ -371,8 +372,11 @@ ensure_mariadb() {
 }
 
 ensure_cluster() {
-	local p0=$CLUSTER_PORT p alive=0 name
-	local ports=("$p0" $((p0 + 1)) $((p0 + 2)))
+	# Three masters and a replica for each: a test fails a shard over
+	# (CLUSTER FAILOVER on its replica) and checks every client can still lock.
+	local p0=$CLUSTER_PORT p i alive=0 name
+	local masters=("$p0" $((p0 + 1)) $((p0 + 2))) replicas=($((p0 + 3)) $((p0 + 4)) $((p0 + 5)))
+	local ports=("${masters[@]}" "${replicas[@]}")
 	for p in "${ports[@]}"; do redis_ok "$p" && alive=$((alive + 1)); done
 	for p in "${ports[@]}"; do
 		# When some nodes are still up, keep nodes.conf so a restarted node rejoins.
@@ -390,11 +394,24 @@ ensure_cluster() {
 		cluster_blank "$p" || all_blank=0
 	done
 	if ((!all_ok && all_blank)); then
-		log "creating Redis Cluster on ${ports[*]}"
-		timeout 60 redis-cli --cluster create "$H:${ports[0]}" "$H:${ports[1]}" "$H:${ports[2]}" \
-			--cluster-replicas 0 --cluster-yes >"$DIR/redis-cluster-create.log" 2>&1 ||
+		log "creating Redis Cluster on ${ports[*]} (3 masters, 1 replica each)"
+		local addrs=()
+		for p in "${ports[@]}"; do addrs+=("$H:$p"); done
+		timeout 60 redis-cli --cluster create "${addrs[@]}" \
+			--cluster-replicas 1 --cluster-yes >"$DIR/redis-cluster-create.log" 2>&1 ||
 			{ tail -n 30 "$DIR/redis-cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
 	fi
+	# A cluster made by an older testenv.sh has no replicas: give each
+	# master the blank node of the same rank.
+	for i in 0 1 2; do
+		p=${replicas[i]}
+		cluster_blank "$p" || continue
+		cluster_ok "${masters[i]}" || die "cannot add $H:$p as a replica: $H:${masters[i]} is not in a healthy cluster"
+		log "adding $H:$p as a replica of $H:${masters[i]}"
+		timeout 60 redis-cli --cluster add-node "$H:$p" "$H:${masters[i]}" --cluster-slave \
+			--cluster-master-id "$(rcli "${masters[i]}" cluster myid)" >>"$DIR/redis-cluster-create.log" 2>&1 ||
+			{ tail -n 30 "$DIR/redis-cluster-create.log" >&2; die "redis-cli --cluster add-node failed"; }
+	done
 	for p in "${ports[@]}"; do
 		wait_for "redis cluster node $H:$p (cluster_state:ok)" "$DIR/redis-cluster-$p/redis.log" cluster_ok "$p"
 	done
@@ -687,7 +704,7 @@ cmd_status() {
 	else
 		status_line redis-6379 "$H:6379" redis_ok 6379
 	fi
-	for p in "$CLUSTER_PORT" $((CLUSTER_PORT + 1)) $((CLUSTER_PORT + 2)); do
+	for p in $(seq "$CLUSTER_PORT" $((CLUSTER_PORT + 5))); do
 		status_line "redis-cluster-$p" "$H:$p" cluster_ok "$p"
 	done
 	for p in "$REDLOCK_PORT" $((REDLOCK_PORT + 1)) $((REDLOCK_PORT + 2)); do

@@ -224,7 +224,10 @@ func (a *app) startCloser(orders *order.Service, log *slog.Logger) {
 
 // openRedis connects to SHOP_REDIS_ADDRS, or starts the embedded server.
 func openRedis(cfg config.Config, a *app, log *slog.Logger) (redis.UniversalClient, error) {
-	opts := &redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster}
+	// ContextTimeoutEnabled: without it go-redis bounds a call by its read
+	// timeout and retries (seconds) instead of the caller's context, so a
+	// lock wait or request deadline means nothing while Redis is unreachable.
+	opts := &redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster, ContextTimeoutEnabled: true}
 	if cfg.EmbeddedRedis() {
 		m := miniredis.NewMiniRedis()
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
