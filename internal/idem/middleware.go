@@ -219,16 +219,24 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string) {
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
 	defer fcancel()
 	if panicked != nil {
-		if panicked == http.ErrAbortHandler || p.RerunServerErrors || w.Written() {
+		if p.RerunServerErrors {
 			release()
 			c.Writer = w.ResponseWriter
 			panic(panicked) // Recover, further out, answers 500
 		}
-		// A panic may come after a write that landed: answer the 500 here,
-		// through the capture, so that it is stored like any other 500.
-		slog.ErrorContext(fctx, "panic in handler", "request_id", w.Header().Get(problem.RequestIDHeader),
-			"panic", panicked, "stack", string(stack))
-		problem.Write(c, errors.New("panic"))
+		// A panic may come after a write that landed, also one after the
+		// answer was sent or one that aborts the connection: the key keeps
+		// what the client was sent, or a 500 written here through the
+		// capture, so that a retry does not run the handler again.
+		if panicked == http.ErrAbortHandler {
+			defer panic(panicked) // after the store: net/http still cuts the connection
+		} else {
+			slog.ErrorContext(fctx, "panic in handler", "request_id", w.Header().Get(problem.RequestIDHeader),
+				"panic", panicked, "stack", string(stack))
+		}
+		if !w.Written() {
+			problem.Write(c, errors.New("panic"))
+		}
 	}
 	c.Writer = w.ResponseWriter
 
