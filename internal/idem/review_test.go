@@ -2,7 +2,9 @@ package idem
 
 import (
 	"net/http"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -60,4 +62,36 @@ func TestFingerprintCaseFoldedDuplicates(t *testing.T) {
 	if second.Header().Get(ReplayedHeader) == "true" {
 		t.Fatalf("a request meaning a deposit of 100 was answered with the replay %s", second.Body)
 	}
+}
+
+// TestRecordExpiringMidRunKeepsKeyInUse: a client's key whose record
+// reaches its TTL while a request with it still runs (a retry near the end
+// of the day, a handler waiting for its locks) is still in use: a
+// duplicate must get 409, not run the handler alongside the first.
+func TestRecordExpiringMidRunKeepsKeyInUse(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	f := newFixture(t, Options{TTL: ttl})
+	entered, finish := make(chan struct{}), make(chan struct{})
+	var running atomic.Int64
+	f.handler = func(c *gin.Context) {
+		if running.Add(1) == 1 {
+			close(entered)
+			<-finish
+		}
+		defer running.Add(-1)
+		f.calls.Add(1)
+		c.JSON(http.StatusOK, gin.H{"done": true})
+	}
+	key := uuid()
+	done := make(chan struct{})
+	go func() { defer close(done); f.do("POST", optional, 1, key, `{"amount":100}`) }()
+	<-entered
+	time.Sleep(2 * ttl)
+	w := f.do("POST", optional, 1, key, `{"amount":100}`)
+	close(finish)
+	<-done
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times with one key at once; the duplicate got %d %s", n, w.Code, w.Body)
+	}
+	want(t, w, http.StatusConflict, "idempotency-key-in-use")
 }
