@@ -27,6 +27,7 @@ import (
 	"syscall"
 
 	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
@@ -186,6 +187,14 @@ func From(err error) (Details, http.Header) {
 		return details(m.status, m.slug, m.title, detail), h
 	}
 	switch {
+	case errors.Is(err, mysql.ErrInvalidConn):
+		// The driver sent a statement and the connection broke before the
+		// reply: a COMMIT may have landed (seen in TestLockServerRestart:
+		// a deposit answered so was in the balance). Neither "nothing was
+		// changed" nor a bug; and no Retry-After, which would invite a
+		// blind retry of a change that may have been applied.
+		return details(http.StatusServiceUnavailable, "outcome-unknown", "Outcome unknown",
+			"the database connection broke before it confirmed this request's change, which may or may not have been applied; read the resource before retrying, or retry with the same Idempotency-Key"), h
 	case unreachable(err):
 		h.Set("Retry-After", "1")
 		return details(http.StatusServiceUnavailable, "unavailable", "Dependency unavailable",

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/lockbench/shop/internal/lockkit"
 )
@@ -32,6 +33,13 @@ func TestFrom(t *testing.T) {
 		{"busy", lockkit.ErrNotAcquired, 503, "lock-busy", "wait timeout", "1"},
 		{"unavailable-hides-address", fmt.Errorf("%w: dial 10.0.0.7:6379", lockkit.ErrUnavailable), 503, "unavailable", "unreachable", "1"},
 		{"net-error", &net.OpError{Op: "dial", Err: errors.New("refused")}, 503, "unavailable", "unreachable", "1"},
+		// A statement whose connection MariaDB closed before the reply, as
+		// it stopped: seen in make faults, TestLockServerRestart, from the
+		// account store, which passes gorm's errors up unwrapped. It may
+		// have committed, so it is neither unavailable (nothing changed)
+		// nor internal; and no Retry-After.
+		{"mysql-reply-lost", fmt.Errorf("deposit: %w", mysql.ErrInvalidConn), 503, "outcome-unknown", "may or may not have been applied", ""},
+		{"mysql-statement-error", &mysql.MySQLError{Number: 1146, Message: "Table 'secret' doesn't exist"}, 500, "internal", "request id", ""},
 		{"internal-hides-message", errors.New("pq: secret table missing"), 500, "internal", "request id", ""},
 		{"made-here", BadRequest("quantity must be a positive integer, got -3"), 400, "invalid-input", "got -3", ""},
 	} {
