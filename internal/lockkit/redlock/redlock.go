@@ -287,8 +287,8 @@ func tally(err error) (down, notOurs int) {
 }
 
 // Close stops every lease's watchdog; waiters get ErrClosed. It returns
-// once the attempts its waiters left behind have finished, each bounded by
-// two operation timeouts. Leases still held expire by their TTL; the
+// once every attempt in flight has finished, also those whose callers left,
+// each bounded by two operation timeouts. Leases still held expire by their TTL; the
 // clients stay open.
 func (l *Locker) Close() error {
 	l.once.Do(func() {
