@@ -5,11 +5,16 @@
 // every extra buyer only lengthens the queue, and everyone's wait grows
 // until the whole queue times out together. Wrap bounds, per key and per
 // process, the number of requests waiting, and refuses at once a request
-// whose expected wait (the waiters ahead of it times the recent interval
-// between grants) already exceeds its wait timeout. Refusals are
-// lockkit.ErrNotAcquired, which shop answers with 503 lock-busy and
-// Retry-After; the buyers who are admitted keep a wait near one queue's
-// length.
+// whose expected wait (the waiters ahead of it in this process times the
+// recent time a holder keeps the key) already exceeds its wait timeout;
+// the wait timeout bounds the rest. Refusals are lockkit.ErrNotAcquired,
+// which shop answers with 503 lock-busy and Retry-After; the buyers who
+// are admitted keep a wait near one queue's length.
+//
+// The estimate counts only this process's waiters, so with several
+// processes it is low, never high: it refuses early only what the wait
+// timeout would refuse late, and never a request that would have been
+// served in time.
 package admission
 
 import (
@@ -21,7 +26,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
-// ewmaWeight is the weight of the newest interval in the estimate: enough
+// ewmaWeight is the weight of the newest hold in the estimate: enough
 // history to ride over one slow hand-off, short enough to follow a load
 // change within a few dozen grants.
 const ewmaWeight = 0.1
@@ -43,10 +48,10 @@ type locker struct {
 // queue is one key's traffic in this process.
 type queue struct {
 	waiting, holding int
-	lastGrant        time.Time
-	// interval estimates the time between two grants of the key while it
-	// is contended: what each waiter ahead of a newcomer costs it.
-	interval time.Duration
+	// hold estimates how long a holder of this process keeps the key:
+	// what each waiter ahead of a newcomer costs it at the least.
+	hold     time.Duration
+	lastUsed time.Time
 }
 
 func (l *locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
@@ -62,12 +67,11 @@ func (l *locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		l.mu.Unlock()
 		return nil, fmt.Errorf("%w: %d requests of this instance already wait for %s", lockkit.ErrNotAcquired, q.waiting, key)
 	}
-	if expected := time.Duration(q.waiting+q.holding) * q.interval; o.WaitTimeout > 0 && expected > o.WaitTimeout {
+	if expected := time.Duration(q.waiting) * q.hold; o.WaitTimeout > 0 && expected > o.WaitTimeout {
 		l.mu.Unlock()
 		return nil, fmt.Errorf("%w: the wait for %s is expected to take %s, more than the %s allowed",
 			lockkit.ErrNotAcquired, key, expected.Round(time.Millisecond), o.WaitTimeout)
 	}
-	queued := q.waiting+q.holding > 0
 	q.waiting++
 	l.mu.Unlock()
 
@@ -79,26 +83,22 @@ func (l *locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	// Only a request that found the key busy measures the queue: after an
-	// idle spell the gap since the last grant says nothing about the time
-	// each grant takes.
-	if queued && !q.lastGrant.IsZero() {
-		if d := now.Sub(q.lastGrant); q.interval == 0 {
-			q.interval = d
-		} else {
-			q.interval += time.Duration(ewmaWeight * float64(d-q.interval))
-		}
-	}
-	q.lastGrant = now
 	q.holding++
-	return &lease{Lease: grant, done: func() { l.released(q) }}, nil
+	granted := time.Now()
+	return &lease{Lease: grant, done: func() { l.released(q, granted) }}, nil
 }
 
-func (l *locker) released(q *queue) {
+func (l *locker) released(q *queue, granted time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q.holding--
+	now := time.Now()
+	if d := now.Sub(granted); q.hold == 0 {
+		q.hold = d
+	} else {
+		q.hold += time.Duration(ewmaWeight * float64(d-q.hold))
+	}
+	q.lastUsed = now
 }
 
 // Keys idle for idleAfter are dropped once the map holds sweepAbove of
@@ -114,7 +114,7 @@ func (l *locker) sweep() {
 		return
 	}
 	for key, q := range l.keys {
-		if q.waiting == 0 && q.holding == 0 && time.Since(q.lastGrant) > idleAfter {
+		if q.waiting == 0 && q.holding == 0 && time.Since(q.lastUsed) > idleAfter {
 			delete(l.keys, key)
 		}
 	}

@@ -60,10 +60,10 @@ func TestWaitersPastTheBoundAreTurnedAway(t *testing.T) {
 	_ = lease.Release(ctx)
 }
 
-// TestExpectedWaitPastTheTimeoutIsRefused: once grants of a key have come
-// 40 ms apart, a request that finds one holder and three waiters ahead of
-// it expects 160 ms; with a 50 ms wait timeout it is refused at once
-// instead of waiting 50 ms for nothing.
+// TestExpectedWaitPastTheTimeoutIsRefused: once holders of a key have kept
+// it 40 ms each, a request that finds three waiters ahead of it expects at
+// least 120 ms; with a 50 ms wait timeout it is refused at once instead of
+// waiting 50 ms for nothing.
 func TestExpectedWaitPastTheTimeoutIsRefused(t *testing.T) {
 	ctx := context.Background()
 	backend := newCounting()
@@ -71,7 +71,7 @@ func TestExpectedWaitPastTheTimeoutIsRefused(t *testing.T) {
 	l := admission.Wrap(backend, 0)
 	const hold = 40 * time.Millisecond
 
-	// A queue of back-to-back grants teaches the wrapper the interval.
+	// Holders teach the wrapper how long the key is kept.
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
