@@ -4,6 +4,7 @@
 //	shop migrate                  create or extend the database tables, then exit
 //	shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
 //	shop healthcheck              exit 0 if this host's shop answers /readyz with 200, else 1
+//	shop ceiling [-n 300]         time the serialized part of one hot-SKU purchase (capacity runs)
 //
 // docs/config.md lists the variables, docs/api.md the routes.
 package main
@@ -37,6 +38,7 @@ const usage = `usage:
   shop migrate                  create or extend the database tables, then exit
   shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
   shop healthcheck              exit 0 if the shop at SHOP_HTTP_ADDR on this host is ready, else 1
+  shop ceiling [-n 300]         time the serialized part of one hot-SKU purchase (capacity runs)
 `
 
 func main() {
@@ -87,6 +89,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 0
 	case "token":
 		return token(cfg, args[1:], stdout, stderr)
+	case "ceiling":
+		return ceiling(context.Background(), cfg, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

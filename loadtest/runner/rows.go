@@ -71,6 +71,11 @@ func baseSpec(name string, instances int) spec {
 		}
 		return spec{Name: name, Backend: "local", Strategy: "lock", Flows: allFlows, Expect: expectClean,
 			Why: "one process: an in-process mutex is enough"}
+	case "optimistic":
+		// No lock: stock and balances are written over the version they
+		// read. Likes and orders would run under none, so they stay out.
+		return spec{Name: name, Backend: "none", Strategy: name, Flows: []string{"seckill", "balance"}, Expect: expectClean,
+			Why: "versioned writes, retried; no lock"}
 	case "atomic-sql", "atomic-redis":
 		// Reference rows: the stock needs no lock, so only the seckill runs
 		// and the lock backend is none (nothing else may be guarded by it).
@@ -95,6 +100,13 @@ type latency struct {
 // result is one row's measurements, audit and verdict.
 type result struct {
 	Spec spec `json:"spec"`
+
+	// Rate is the seckill rate offered: -rate, or -fraction of
+	// ProbedCapacity, the highest rate the probe held within the SLO.
+	Rate           int     `json:"rate"`
+	ProbedCapacity float64 `json:"probed_capacity,omitempty"`
+	// RetriesPerSale: the optimistic row's extra attempts per request.
+	RetriesPerSale float64 `json:"optimistic_retries_per_request,omitempty"`
 
 	// Seckill, phase 1.
 	OrdersPerSec float64 `json:"orders_per_sec"` // units sold / time of the last sale
