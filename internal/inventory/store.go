@@ -150,30 +150,49 @@ func writeStock(tx *gorm.DB, prod Product, fence uint64) error {
 // Decrement is the atomic strategies' write: one transaction with the
 // guarded UPDATE (stock >= quantity is checked by the database, in the same
 // statement that decrements), the per-user limit and the purchase row.
+//
+// A product without a per-user limit (the hot path of a flash sale) takes
+// no read: the UPDATE's own condition tells it from a limited one, and the
+// transaction is UPDATE + INSERT. Only when the UPDATE matches nothing
+// (sold out, unknown SKU, or a limit to count) is the row read.
 func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var prod Product
-		if err := tx.Where("sku = ?", p.SKU).Take(&prod).Error; errors.Is(err, gorm.ErrRecordNotFound) {
-			return fmt.Errorf("%w: no product %q", ErrNotFound, p.SKU)
-		} else if err != nil {
-			return err
-		}
-		if err := countLimit(tx, prod, *p); err != nil {
-			return err
-		}
-		res := tx.Exec("UPDATE products SET stock = stock - ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock >= ?",
+		res := tx.Exec("UPDATE products SET stock = stock - ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock >= ? AND per_user_limit = 0",
 			p.Quantity, time.Now().UTC(), p.SKU, p.Quantity)
 		if res.Error != nil {
 			return res.Error
 		}
 		if res.RowsAffected == 0 {
-			if p.Quantity == 1 {
-				return fmt.Errorf("%w: no units left", ErrSoldOut)
+			var prod Product
+			if err := tx.Where("sku = ?", p.SKU).Take(&prod).Error; errors.Is(err, gorm.ErrRecordNotFound) {
+				return fmt.Errorf("%w: no product %q", ErrNotFound, p.SKU)
+			} else if err != nil {
+				return err
 			}
-			return fmt.Errorf("%w: fewer than %d left", ErrSoldOut, p.Quantity)
+			if prod.PerUserLimit <= 0 {
+				return decrementSoldOut(p.Quantity)
+			}
+			if err := countLimit(tx, prod, *p); err != nil {
+				return err
+			}
+			res = tx.Exec("UPDATE products SET stock = stock - ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock >= ?",
+				p.Quantity, time.Now().UTC(), p.SKU, p.Quantity)
+			if res.Error != nil {
+				return res.Error
+			}
+			if res.RowsAffected == 0 {
+				return decrementSoldOut(p.Quantity)
+			}
 		}
 		return tx.Create(p).Error
 	})
+}
+
+func decrementSoldOut(quantity int64) error {
+	if quantity == 1 {
+		return fmt.Errorf("%w: no units left", ErrSoldOut)
+	}
+	return fmt.Errorf("%w: fewer than %d left", ErrSoldOut, quantity)
 }
 
 // countLimit adds p's units to the user's total for the SKU, refusing when
