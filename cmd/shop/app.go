@@ -132,7 +132,7 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	products, err := inventory.NewService(productStore, inventory.Options{
 		Strategy: cfg.StockStrategy, Locker: locker, LockOptions: lockOpts, Mirror: mirror,
 		Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
-		Retry: retry, OptimisticMetrics: retryMetrics,
+		Retry: retry, OptimisticMetrics: retryMetrics, Combine: cfg.StockCombine,
 	})
 	if err != nil {
 		return nil, err

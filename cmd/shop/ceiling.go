@@ -83,6 +83,7 @@ func measureCeiling(ctx context.Context, cfg config.Config, sku string, n int) (
 		mirror = inventory.NewMirror(rdb, cfg.KeyPrefix)
 	}
 	store := inventory.NewStore(db.DB, mirror)
+	// Combine stays off: the ceiling is one sale's window, one client.
 	svc, err := inventory.NewService(store, inventory.Options{Strategy: cfg.StockStrategy, Locker: timed, Mirror: mirror})
 	if err != nil {
 		return rep, err

@@ -143,6 +143,11 @@ type Config struct {
 	// versioned writes one request of an optimistic strategy tries before
 	// 503 conflict with Retry-After.
 	OptimisticAttempts int
+	// StockCombine is SHOP_STOCK_COMBINE (default 0): above 1, the lock
+	// strategy serves up to this many queued purchases of one SKU per
+	// process under one grant, in one transaction; 0 or 1 grants each
+	// purchase alone.
+	StockCombine int
 	// LockMaxWaiters is SHOP_LOCK_MAX_WAITERS (default 64, 0 = no bound):
 	// the most requests of one process that wait for one lock key; more,
 	// or a queue whose expected wait passes SHOP_LOCK_WAIT_TIMEOUT, are
@@ -201,6 +206,7 @@ func Load(getenv func(string) string) (Config, error) {
 		BalanceStrategy:      p.oneOf("SHOP_BALANCE_STRATEGY", BalanceLock, []string{BalanceLock, BalanceOptimistic}),
 		OptimisticAttempts:   int(p.int("SHOP_OPTIMISTIC_ATTEMPTS", 8, 1)),
 		LockMaxWaiters:       int(p.int("SHOP_LOCK_MAX_WAITERS", 64, 0)),
+		StockCombine:         int(p.int("SHOP_STOCK_COMBINE", 0, 0)),
 		IdemTTL:              p.positiveDuration("SHOP_IDEM_TTL", 24*time.Hour),
 		CriticalSectionDelay: p.duration("SHOP_CRITICAL_SECTION_DELAY", 0),
 		JWTSecret:            p.str("SHOP_JWT_SECRET", ""),
@@ -262,6 +268,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("balance_strategy", c.BalanceStrategy),
 		slog.Int("optimistic_attempts", c.OptimisticAttempts),
 		slog.Int("lock_max_waiters", c.LockMaxWaiters),
+		slog.Int("stock_combine", c.StockCombine),
 		slog.Duration("idem_ttl", c.IdemTTL),
 		slog.Duration("critical_section_delay", c.CriticalSectionDelay),
 		slog.String("jwt_secret", mask(c.JWTSecret)),

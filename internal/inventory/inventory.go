@@ -119,6 +119,10 @@ type Options struct {
 	// CriticalSectionDelay stands in for business work: between read and
 	// write under the lock; before the atomic write in the atomic strategies.
 	CriticalSectionDelay time.Duration
+	// Combine, above 1, is the most purchases of one SKU that the lock
+	// strategy serves under one grant (combine.go); 0 or 1 serves each
+	// purchase under its own.
+	Combine int
 	// Retry bounds the optimistic strategy's attempts; zero is
 	// optimistic.DefaultPolicy. OptimisticMetrics, if set, counts them.
 	Retry             optimistic.Policy
@@ -130,8 +134,12 @@ func NewService(store *Store, o Options) (Service, error) {
 	var s Service
 	switch o.Strategy {
 	case StrategyLock, "":
-		s = &locked{next: &readCheckWrite{store: store, delay: o.CriticalSectionDelay},
+		l := &locked{next: &readCheckWrite{store: store, delay: o.CriticalSectionDelay},
 			locker: o.Locker, opts: o.LockOptions, store: store}
+		s = l
+		if o.Combine > 1 {
+			s = newCombined(l, o)
+		}
 	case StrategyAtomicSQL:
 		s = &atomicSQL{store: store, delay: o.CriticalSectionDelay}
 	case StrategyAtomicRedis:

@@ -219,7 +219,7 @@ func parseRows(s string, capacity bool) ([]string, error) {
 	}
 	for _, f := range fields {
 		if !isRow(f) {
-			return nil, fmt.Errorf("-backends has %q; want some of %s", f, strings.Join(allRows, " "))
+			return nil, fmt.Errorf("-backends has %q; want some of %s, or a lock backend + %q", f, strings.Join(allRows, " "), combinedSuffix)
 		}
 	}
 	return fields, nil
@@ -238,7 +238,12 @@ func parseFlows(s string) ([]string, error) {
 	return fields, nil
 }
 
-func isRow(name string) bool { return slices.Contains(allRows, name) }
+func isRow(name string) bool {
+	if base, ok := strings.CutSuffix(name, combinedSuffix); ok {
+		return slices.Contains(capacityRows, base) && baseSpec(base, 1).Strategy == "lock"
+	}
+	return slices.Contains(allRows, name)
+}
 
 func (o options) validate() error {
 	var errs []error

@@ -41,7 +41,17 @@ type spec struct {
 	Flows    []string    `json:"flows"`
 	Expect   expectation `json:"expect"`
 	Why      string      `json:"why"`
+	// Combine is SHOP_STOCK_COMBINE: rows named <backend>+combined serve
+	// up to this many queued purchases of the hot SKU per grant.
+	Combine int `json:"combine,omitempty"`
 }
+
+// combinedSuffix marks a lock row whose instances combine the buyers of
+// one SKU under one grant (SHOP_STOCK_COMBINE=combineBatch).
+const (
+	combinedSuffix = "+combined"
+	combineBatch   = 32
+)
 
 var allFlows = []string{"seckill", "balance", "likes", "orders"}
 
@@ -60,6 +70,12 @@ func rowSpec(name string, instances int, flows []string) spec {
 }
 
 func baseSpec(name string, instances int) spec {
+	if base, ok := strings.CutSuffix(name, combinedSuffix); ok {
+		s := baseSpec(base, instances)
+		s.Name, s.Combine = name, combineBatch
+		s.Why += fmt.Sprintf("; up to %d queued buyers per grant", combineBatch)
+		return s
+	}
 	switch name {
 	case "none":
 		return spec{Name: name, Backend: "none", Strategy: "lock", Flows: allFlows, Expect: expectDamage,
