@@ -68,7 +68,9 @@ func newCombined(single *locked, o Options) *combined {
 		maxBatch: o.Combine, delay: o.CriticalSectionDelay, queues: map[string]*skuQueue{}}
 }
 
-func (c *combined) Get(ctx context.Context, sku string) (Product, error) { return c.single.Get(ctx, sku) }
+func (c *combined) Get(ctx context.Context, sku string) (Product, error) {
+	return c.single.Get(ctx, sku)
+}
 
 func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantity int64) (Purchase, error) {
 	if err := validate(sku, quantity); err != nil {
