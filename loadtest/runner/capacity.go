@@ -68,6 +68,10 @@ type capacityResult struct {
 	// error budget; Overload is the step at twice that rate.
 	Held     float64     `json:"held_rate"`
 	Overload *stepResult `json:"overload,omitempty"`
+	// Flood is a step at the row's ceiling (at least 4x held): how many
+	// sales per second the key still makes when offered more than it can
+	// take, the rest turned away.
+	Flood *stepResult `json:"flood,omitempty"`
 	// RetriesPerSale is the optimistic strategy's extra attempts per
 	// request that ended (0 for the others).
 	RetriesPerSale float64 `json:"retries_per_sale,omitempty"`
@@ -255,6 +259,12 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 		log.Info("overload step", "row", s.Name, "rate", fmt.Sprintf("%.0f", over.Rate), "p99_ms", fmt.Sprintf("%.1f", over.P99),
 			"turned_away", fmt.Sprintf("%.2f", float64(over.Busy)/float64(max(over.Offered, 1))))
 	}
+	if ctx.Err() == nil {
+		flood := b.offer(ctx, max(4*res.Held, res.Ceiling.CeilingPerSec, c.Start), c.Step, c.SLO, c.MaxErrors)
+		res.Flood = &flood
+		log.Info("flood step", "row", s.Name, "rate", fmt.Sprintf("%.0f", flood.Rate), "sold_per_s", fmt.Sprintf("%.0f", flood.SalesPerS),
+			"p99_ms", fmt.Sprintf("%.1f", flood.P99))
+	}
 	if s.Strategy == "optimistic" {
 		res.RetriesPerSale, err = retriesPerRequest(ctx, re.urls)
 		if err != nil {
@@ -378,7 +388,8 @@ func (r capacityReport) markdown() string {
 		"are not 201. **Held** is the last rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
 		"client in a loop against the same servers in the same run (`shop ceiling`): for a lock, acquire + the statements "+
 		"inside + release; for the lock-free rows, the whole purchase. **At 2×** is a step at twice the rate held: the p99 of "+
-		"the sales and the share turned away with 503.\n\n",
+		"the sales and the share turned away with 503. **Flooded** is a step at the ceiling (at least 4× held): the sales "+
+		"per second the key still makes when offered more than it takes.\n\n",
 		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors)
 	var atomicSQL float64
 	for _, res := range r.Results {
@@ -386,8 +397,8 @@ func (r capacityReport) markdown() string {
 			atomicSQL = res.Held
 		}
 	}
-	b.WriteString("| row | serialized ms/sale | ceiling/s | held/s | × ceiling | × atomic-sql | p99 at held | at 2×: p99 of sales | at 2×: turned away | retries/request |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| row | serialized ms/sale | ceiling/s | held/s | × ceiling | × atomic-sql | p99 at held | at 2×: p99 of sales | at 2×: turned away | flooded: offered → sold/s (p99) | retries/request |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.Results {
 		if res.Err != "" {
 			fmt.Fprintf(&b, "| %s | did not run: %s | | | | | | | | |\n", res.Spec.Name, strings.ReplaceAll(res.Err, "|", "/"))
@@ -406,13 +417,16 @@ func (r capacityReport) markdown() string {
 		if atomicSQL > 0 {
 			xs = fmt.Sprintf("%.2f", res.Held/atomicSQL)
 		}
-		retries := ""
+		retries, flood := "", "—"
 		if res.Spec.Strategy == "optimistic" {
 			retries = fmt.Sprintf("%.2f", res.RetriesPerSale)
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.0f | %.0f | %.2f | %s | %s | %s | %s | %s |\n", res.Spec.Name,
+		if f := res.Flood; f != nil {
+			flood = fmt.Sprintf("%.0f → %.0f (%.0f ms)", f.Rate, f.SalesPerS, f.P99)
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %.0f | %.0f | %.2f | %s | %s | %s | %s | %s | %s |\n", res.Spec.Name,
 			res.Ceiling.SerializedMicros/1000, res.Ceiling.CeilingPerSec, res.Held, res.Held/res.Ceiling.CeilingPerSec,
-			xs, p99, over99, away, retries)
+			xs, p99, over99, away, flood, retries)
 	}
 	return b.String()
 }
