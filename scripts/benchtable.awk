@@ -75,6 +75,12 @@ END {
       raw = "u" SUBSEP g SUBSEP "raw-roundtrip"; p = peerOf("u", g)
       xr = (ksubj[k] == "raw-roundtrip") ? "" : cell(ratios(k, "cycles/s", raw, "cycles/s"))
       xp = (p == "" || k == p || ksubj[k] == "raw-roundtrip") ? "" : cell(ratios(k, "cycles/s", p, "cycles/s"))
+      # shop's rows also beside every other peer of the group.
+      if (ksubj[k] ~ /^shop-/) for (j = 1; j <= n["u"]; j++) {
+        o = order["u", j]
+        if (o != p && kgroup[o] == g && ksubj[o] != "raw-roundtrip" && ksubj[o] !~ /^shop-/)
+          xp = xp "; × " ksubj[o] " " cell(ratios(k, "cycles/s", o, "cycles/s"))
+      }
       printf "| %s | %s | %.0f | %s | %s |\n", g, ksubj[k], median1(k, "cycles/s"), xr, xp
     }
   }
