@@ -261,6 +261,8 @@ func (r report) costs() []cost {
 		per := 1000 / res.OrdersPerSec
 		c := cost{Name: res.Spec.Name, PerSale: ms(per)}
 		switch {
+		case res.OrdersPerSec >= 0.95*float64(res.Rate) && r.Options.Rate == 0:
+			c.Overhead = "hidden: offered a share of its capacity, by design (make capacity measures it)"
 		case res.OrdersPerSec >= 0.95*float64(res.Rate):
 			c.Overhead = "hidden: sold as fast as buyers arrived (raise -rate)"
 		case res.Spec.Expect == expectDamage:
