@@ -7,7 +7,7 @@
 # internal/deploytest builds the binary with the flags of the `go build`
 # line below and checks the result is static: keep that line one RUN.
 
-ARG GO_VERSION=1.26
+ARG GO_VERSION=1.26.8
 
 FROM golang:${GO_VERSION}-bookworm AS build
 WORKDIR /src
@@ -22,6 +22,8 @@ COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/shop ./cmd/shop
 
+# distroless publishes no version tags, only digests: for a release, pin
+# this line to the digest `docker buildx imagetools inspect` prints.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/shop /shop
 # nonroot (65532): the process needs no privilege; :8080 is above 1024.

@@ -7,18 +7,18 @@ BIN := $(CURDIR)/bin
 # variables to use servers of your own instead).
 WITH_SERVERS := scripts/with-testenv.sh
 
-.PHONY: help run build test test-unit vet fmt bench servers-up servers-down
+.PHONY: help run build test test-unit vet fmt bench servers-up servers-down openapi-lint
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-run: ## Start one instance on :8080 on the embedded default (SQLite + in-process Redis); needs only Go
-	$(GO) run ./cmd/shop serve
+run: ## Start one instance on :8080, SHOP_ENV=dev (public dev secrets), on SQLite + in-process Redis; needs only Go
+	SHOP_ENV=dev $(GO) run ./cmd/shop serve
 
 build: ## Build bin/shop, static, as the Docker image does
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/shop ./cmd/shop
 
-test: ## Install and start the test servers on loopback, then go vet and go test -race ./...
+test: openapi-lint ## Lint openapi.yaml, install and start the test servers on loopback, then go vet and go test -race ./...
 	$(WITH_SERVERS) bash -c '$(GO) vet ./... && $(GO) test -race -count=1 -timeout 15m ./...'
 
 test-unit: ## Only the tests that need no server (the rest skip; never use this in CI)
@@ -30,6 +30,16 @@ vet: ## go vet and gofmt check
 
 fmt: ## gofmt the tree
 	gofmt -w .
+
+# Redocly CLI, pinned by tools/openapi-lint/package-lock.json; needs Node
+# 20.19+ or 22.12+ (Redocly's own requirement) and npm.
+OPENAPI_LINT := tools/openapi-lint
+openapi-lint: $(OPENAPI_LINT)/node_modules/.package-lock.json ## Lint internal/apidoc/openapi.yaml with Redocly's recommended rules, warnings as errors
+	cd $(OPENAPI_LINT) && REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true \
+		npx --no-install redocly lint --config redocly.yaml ../../internal/apidoc/openapi.yaml
+
+$(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.json
+	cd $(OPENAPI_LINT) && npm ci --no-audit --no-fund
 
 # make bench: BENCH_ROUNDS rounds, each running every subject once (A B A B
 # ...), so that a drift in the machine's speed lands on both sides of each

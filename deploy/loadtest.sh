@@ -7,15 +7,16 @@
 #   deploy/loadtest.sh                       # all flows, 100/s for 15 s
 #   FLOWS=seckill RATE=200 deploy/loadtest.sh
 #
-# Needs docker compose, curl and the stack's dev admin token (or
-# SHOP_ADMIN_TOKEN). One backend per run: SHOP_LOCK_BACKEND=x make up, then
+# Needs docker compose, curl and the stack's admin token: SHOP_ADMIN_TOKEN,
+# or the one make up wrote to .env. One backend per run: SHOP_LOCK_BACKEND=x make up, then
 # this again; Grafana keeps each run apart by its backend label.
 set -eu
 cd "$(dirname "$0")/.."
 
 COMPOSE="${COMPOSE:-docker compose}"
 LB="http://127.0.0.1:${LB_PORT:-8080}"
-ADMIN="${SHOP_ADMIN_TOKEN:-shop-dev-admin-token}"
+ADMIN="${SHOP_ADMIN_TOKEN:-$(sed -n 's/^SHOP_ADMIN_TOKEN=//p' .env 2>/dev/null)}"
+[ -n "$ADMIN" ] || { echo "no admin token: set SHOP_ADMIN_TOKEN or run make up (it writes .env)" >&2; exit 2; }
 # The flows draw users up to 300 (orders use 100..300); the runner mints 500.
 USERS="${USERS:-500}"
 STOCK="${STOCK:-200}"

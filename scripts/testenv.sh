@@ -13,7 +13,8 @@
 # Servers (all on 127.0.0.1):
 #   MariaDB        3306          reused if it answers (root, empty password), else started
 #   Redis          6379          reused if it answers PING, else started (data in $SHOP_TESTENV_DIR)
-#   Redis Cluster  17001-17003   3 masters, no replicas (cluster bus on port+10000)
+#   Redis Cluster  17001-17006   3 masters (17001-17003 when created), a replica
+#                                each (17004-17006); cluster bus on port+10000
 #   Redlock Redis  17101-17103   3 independent masters
 #   ZooKeeper      12181         standalone, minSessionTimeout=1000, 4lw commands enabled
 #   etcd           12379/12380   client/peer
@@ -27,7 +28,7 @@
 # printed) that the Go tests read:
 #   SHOP_TEST_REDIS_ADDR SHOP_TEST_REDIS_CLUSTER_ADDRS SHOP_TEST_REDLOCK_ADDRS
 #   SHOP_TEST_MYSQL_DSN SHOP_TEST_ZK_ADDRS SHOP_TEST_ETCD_ENDPOINTS
-#   SHOP_TEST_MEMCACHED_ADDR
+#   SHOP_TEST_MEMCACHED_ADDR SHOP_TEST_PROMTOOL (a path)
 #   and with sentinel: SHOP_TEST_SENTINEL_ADDRS SHOP_TEST_SENTINEL_MASTER
 #   SHOP_TEST_SENTINEL_MASTER_ADDR SHOP_TEST_SENTINEL_REPLICA_ADDR
 #
@@ -42,7 +43,7 @@
 #   SHOP_TESTENV_DIR          state, data, logs, pid files (default /tmp/shop-testenv)
 #   SHOP_TESTENV_PORT_OFFSET  added to every private port above (not to 3306/6379),
 #                             e.g. 1000 for a second, independent environment
-#   SHOP_TESTENV_CLUSTER_PORT, SHOP_TESTENV_REDLOCK_PORT (first of three),
+#   SHOP_TESTENV_CLUSTER_PORT (first of six), SHOP_TESTENV_REDLOCK_PORT (first of three),
 #   SHOP_TESTENV_SENTINEL_REDIS_PORT (master; replica is +1),
 #   SHOP_TESTENV_SENTINEL_PORT (first of three), SHOP_TESTENV_ZK_PORT,
 #   SHOP_TESTENV_ETCD_PORT, SHOP_TESTENV_ETCD_PEER_PORT, SHOP_TESTENV_MEMCACHED_PORT
@@ -371,8 +372,11 @@ ensure_mariadb() {
 }
 
 ensure_cluster() {
-	local p0=$CLUSTER_PORT p alive=0 name
-	local ports=("$p0" $((p0 + 1)) $((p0 + 2)))
+	# Three masters and a replica for each: a test fails a shard over
+	# (CLUSTER FAILOVER on its replica) and checks every client can still lock.
+	local p0=$CLUSTER_PORT p i alive=0 name
+	local masters=("$p0" $((p0 + 1)) $((p0 + 2))) replicas=($((p0 + 3)) $((p0 + 4)) $((p0 + 5)))
+	local ports=("${masters[@]}" "${replicas[@]}")
 	for p in "${ports[@]}"; do redis_ok "$p" && alive=$((alive + 1)); done
 	for p in "${ports[@]}"; do
 		# When some nodes are still up, keep nodes.conf so a restarted node rejoins.
@@ -390,11 +394,24 @@ ensure_cluster() {
 		cluster_blank "$p" || all_blank=0
 	done
 	if ((!all_ok && all_blank)); then
-		log "creating Redis Cluster on ${ports[*]}"
-		timeout 60 redis-cli --cluster create "$H:${ports[0]}" "$H:${ports[1]}" "$H:${ports[2]}" \
-			--cluster-replicas 0 --cluster-yes >"$DIR/redis-cluster-create.log" 2>&1 ||
+		log "creating Redis Cluster on ${ports[*]} (3 masters, 1 replica each)"
+		local addrs=()
+		for p in "${ports[@]}"; do addrs+=("$H:$p"); done
+		timeout 60 redis-cli --cluster create "${addrs[@]}" \
+			--cluster-replicas 1 --cluster-yes >"$DIR/redis-cluster-create.log" 2>&1 ||
 			{ tail -n 30 "$DIR/redis-cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
 	fi
+	# A cluster made by an older testenv.sh has no replicas: give each
+	# master the blank node of the same rank.
+	for i in 0 1 2; do
+		p=${replicas[i]}
+		cluster_blank "$p" || continue
+		cluster_ok "${masters[i]}" || die "cannot add $H:$p as a replica: $H:${masters[i]} is not in a healthy cluster"
+		log "adding $H:$p as a replica of $H:${masters[i]}"
+		timeout 60 redis-cli --cluster add-node "$H:$p" "$H:${masters[i]}" --cluster-slave \
+			--cluster-master-id "$(rcli "${masters[i]}" cluster myid)" >>"$DIR/redis-cluster-create.log" 2>&1 ||
+			{ tail -n 30 "$DIR/redis-cluster-create.log" >&2; die "redis-cli --cluster add-node failed"; }
+	done
 	for p in "${ports[@]}"; do
 		wait_for "redis cluster node $H:$p (cluster_state:ok)" "$DIR/redis-cluster-$p/redis.log" cluster_ok "$p"
 	done
@@ -539,7 +556,9 @@ cmd_up() {
 	user_set SHOP_TEST_MEMCACHED_ADDR "$DEF_MEMCACHED_ADDR" && use_mc=0
 	user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS" && use_sent=0
 
-	local -a pk=(iproute2:ss netcat-openbsd:nc)
+	# promtool (Debian's prometheus package) tests deploy/prometheus's
+	# alert rules; a tool, not a server: nothing to start.
+	local -a pk=(iproute2:ss netcat-openbsd:nc prometheus:promtool)
 	if ((use_redis || use_cluster || use_redlock || use_sent)); then
 		pk+=(redis-server:/usr/bin/redis-server redis-tools:redis-cli redis-sentinel:/usr/bin/redis-sentinel)
 	fi
@@ -583,6 +602,7 @@ cmd_up() {
 			v=SHOP_TEST_${v%%:*}
 			printf 'export %s=%s%s%s\n' "$v" "$q" "${!v:-${!d}}" "$q"
 		done
+		printf "export SHOP_TEST_PROMTOOL='%s'\n" "${SHOP_TEST_PROMTOOL:-$(command -v promtool)}"
 		if ((with_sentinel)) || user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS"; then
 			printf "export SHOP_TEST_SENTINEL_ADDRS='%s'\n" "${SHOP_TEST_SENTINEL_ADDRS:-$DEF_SENTINEL_ADDRS}"
 			printf "export SHOP_TEST_SENTINEL_MASTER='%s'\n" "${SHOP_TEST_SENTINEL_MASTER:-$SENTINEL_MASTER_NAME}"
@@ -684,7 +704,7 @@ cmd_status() {
 	else
 		status_line redis-6379 "$H:6379" redis_ok 6379
 	fi
-	for p in "$CLUSTER_PORT" $((CLUSTER_PORT + 1)) $((CLUSTER_PORT + 2)); do
+	for p in $(seq "$CLUSTER_PORT" $((CLUSTER_PORT + 5))); do
 		status_line "redis-cluster-$p" "$H:$p" cluster_ok "$p"
 	done
 	for p in "$REDLOCK_PORT" $((REDLOCK_PORT + 1)) $((REDLOCK_PORT + 2)); do

@@ -30,7 +30,7 @@ import (
 
 const (
 	testSecret = "api-test-secret-0123456789abcdef0123"
-	testAdmin  = "api-test-admin-token"
+	testAdmin  = "api-test-admin-token-0123456789abcdef"
 )
 
 // newTestServer runs the whole service in this process on the embedded
@@ -40,7 +40,7 @@ func newTestServer(t *testing.T, env map[string]string) (*httptest.Server, *app)
 	t.Helper()
 	vars := map[string]string{
 		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
-		"SHOP_MAX_BODY_BYTES": "1024",
+		"SHOP_MAX_BODY_BYTES": "1024", "SHOP_ALLOW_RESET": "true",
 	}
 	for k, v := range env {
 		vars[k] = v
@@ -450,5 +450,58 @@ func TestLockServerDown(t *testing.T) {
 	_ = json.Unmarshal(c.run(t, srv, apiCase{name: "account-unchanged", method: "GET", path: "/api/v1/accounts/5000", token: shoptestToken(t, 5000), status: 200}), &a)
 	if a.Balance != 100 {
 		t.Errorf("balance %d after a refused withdrawal, want 100", a.Balance)
+	}
+}
+
+// TestResetRefusedInProduction: production refuses the reset unless
+// SHOP_ALLOW_RESET says otherwise, and the refused reset changes nothing.
+func TestResetRefusedInProduction(t *testing.T) {
+	srv, _ := newTestServer(t, map[string]string{"SHOP_ALLOW_RESET": ""})
+	c := newContract(t, srv.URL)
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/accounts", token: testAdmin, body: `{"id":7,"balance_cents":700}`, status: 201})
+	c.run(t, srv, apiCase{name: "reset-403", method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 403, detail: "SHOP_ALLOW_RESET"})
+	var a struct {
+		Balance int64 `json:"balance_cents"`
+	}
+	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "GET", path: "/api/v1/accounts/7", token: shoptestToken(t, 7), status: 200}), &a)
+	if a.Balance != 700 {
+		t.Errorf("balance %d after a refused reset, want 700", a.Balance)
+	}
+}
+
+// TestProductNameCountsCharacters: openapi.yaml's maxLength 200 counts
+// characters, as MariaDB's VARCHAR(200) does; a name of 200 non-ASCII
+// characters is 400 bytes and must be accepted, 201 characters refused.
+func TestProductNameCountsCharacters(t *testing.T) {
+	srv, _ := newTestServer(t, nil)
+	c := newContract(t, srv.URL)
+	product := func(name string) string {
+		return fmt.Sprintf(`{"sku":"name-%d","name":%q,"stock":1,"price_cents":1}`, len([]rune(name)), name)
+	}
+	c.run(t, srv, apiCase{name: "name-200-chars", method: "POST", path: "/admin/v1/products", token: testAdmin,
+		body: product(strings.Repeat("é", 200)), status: 201})
+	c.run(t, srv, apiCase{name: "name-201-chars", method: "POST", path: "/admin/v1/products", token: testAdmin,
+		body: product(strings.Repeat("é", 201)), status: 400, detail: "at most 200 characters, got 201"})
+}
+
+// TestTransferDoesNotTellWhichAccountsExist: a transfer the sender cannot
+// afford gets the same answer whether the recipient exists or not, so that
+// nobody learns which account ids exist by asking for more than they have.
+func TestTransferDoesNotTellWhichAccountsExist(t *testing.T) {
+	srv, _ := newTestServer(t, nil)
+	c := newContract(t, srv.URL)
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
+	u1 := shoptestToken(t, 1)
+	var answers []problem.Details
+	for _, to := range []int64{2, 987654} {
+		body := c.run(t, srv, apiCase{name: fmt.Sprintf("to-%d", to), method: "POST", path: "/api/v1/transfers", token: u1,
+			body: fmt.Sprintf(`{"from":1,"to":%d,"amount_cents":9000000000}`, to), status: 422})
+		var p problem.Details
+		_ = json.Unmarshal(body, &p)
+		p.Instance, p.RequestID = "", ""
+		answers = append(answers, p)
+	}
+	if answers[0] != answers[1] {
+		t.Errorf("an existing and a missing recipient answer differently:\n%+v\n%+v", answers[0], answers[1])
 	}
 }

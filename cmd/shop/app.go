@@ -14,6 +14,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/account"
@@ -48,6 +49,8 @@ func models() []any {
 // app is one shop process's wiring: open it, serve its handler, close it.
 type app struct {
 	handler http.Handler
+	// metrics serves /metrics; on its own listener when SHOP_METRICS_ADDR is set.
+	metrics http.Handler
 	// ready are the dependency checks of /readyz.
 	ready    []readyCheck
 	stopping atomic.Bool
@@ -71,7 +74,8 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		}
 	}()
 
-	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns})
+	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns,
+		SlowQuery: cfg.SlowQuery, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -117,12 +121,19 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		lockOpts = append(lockOpts, lockkit.WithWaitTimeout(cfg.LockWaitTimeout))
 	}
 
+	// Idempotency records live in Redis whatever the lock backend: each is
+	// fenced by its own run number, not by a lock.
+	tokens, err := idem.New(rdb, idem.Options{TTL: cfg.IdemTTL, MaxTokens: cfg.IdemMaxTokens, Prefix: cfg.KeyPrefix})
+	if err != nil {
+		return nil, err
+	}
+
 	accountStore := account.NewStore(db.DB)
 	a.accounts = accountStore
 	accounts := &account.Domain{Store: accountStore, Service: account.NewService(accountStore, account.Options{
 		Locker: locker, LockOptions: lockOpts, Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
 		Strategy: cfg.BalanceStrategy, Retry: retry, OptimisticMetrics: retryMetrics,
-	})}
+	}), Idempotent: tokens.Optional()}
 
 	var mirror *inventory.Mirror
 	if cfg.StockStrategy == config.StockAtomicRedis {
@@ -143,17 +154,11 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err != nil {
 		return nil, err
 	}
-	// The in-flight marker keeps the watchdog lease (renewed while the order
-	// runs, gone 30 s after a crash) whatever SHOP_LOCK_TTL says.
-	tokens, err := idem.New(rdb, idem.Options{Locker: locker, TTL: cfg.IdemTTL, Prefix: cfg.KeyPrefix})
-	if err != nil {
-		return nil, err
-	}
 	orderStore := order.NewStore(db.DB)
 
 	domains := []domain{
 		accounts,
-		&inventory.Domain{Service: products, Store: productStore},
+		&inventory.Domain{Service: products, Store: productStore, Idempotent: tokens.Optional()},
 		&like.Domain{Service: likes},
 		&order.Domain{Service: order.NewService(orderStore, products, accounts.Service), Store: orderStore, Idem: tokens},
 	}
@@ -180,6 +185,21 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	}
 	auditor := audit.New(checks, resetters)
 	auditor.RegisterMetrics(reg)
+	if !cfg.AllowReset {
+		auditor.DisableReset()
+	}
+	// Asked at each scrape, so that an alert sees what /readyz would say
+	// without anyone probing it (deploy/prometheus/alerts.yml).
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "shop_ready",
+		Help: "1 when /readyz would answer 200: every dependency answered within the budget and the instance is not shutting down.",
+	}, func() float64 {
+		if len(a.readiness(context.Background())) > 0 {
+			return 0
+		}
+		return 1
+	}))
+	a.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	a.handler = newRouter(routerDeps{
 		cfg:     cfg,
 		log:     log,
@@ -187,6 +207,7 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		auditor: auditor,
 		domains: domains,
 		reg:     reg,
+		metrics: a.metrics,
 		ready:   a.readiness,
 	})
 	return a, nil
@@ -194,7 +215,10 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 
 // openRedis connects to SHOP_REDIS_ADDRS, or starts the embedded server.
 func openRedis(cfg config.Config, a *app, log *slog.Logger) (redis.UniversalClient, error) {
-	opts := &redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster}
+	// ContextTimeoutEnabled: without it go-redis bounds a call by its read
+	// timeout and retries (seconds) instead of the caller's context, so a
+	// lock wait or request deadline means nothing while Redis is unreachable.
+	opts := &redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster, ContextTimeoutEnabled: true}
 	if cfg.EmbeddedRedis() {
 		m := miniredis.NewMiniRedis()
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
@@ -209,18 +233,51 @@ func openRedis(cfg config.Config, a *app, log *slog.Logger) (redis.UniversalClie
 	return rdb, nil
 }
 
-// readiness pings every dependency, each with its own short deadline.
+// readinessBudget bounds a whole /readyz answer: under the 2 s of the
+// probes (shop healthcheck, compose), so that a slow dependency is named in
+// the answer rather than the probe timing out without a reason.
+const readinessBudget = 1500 * time.Millisecond
+
+// errReadyTimeout marks a dependency that did not answer within the budget.
+var errReadyTimeout = fmt.Errorf("no answer within %s", readinessBudget)
+
+// readiness pings every dependency at once, all within readinessBudget; a
+// ping still running at the deadline is reported as errReadyTimeout.
 func (a *app) readiness(ctx context.Context) (down map[string]error) {
 	if a.stopping.Load() {
 		return map[string]error{"shutdown": errors.New("this instance is shutting down")}
 	}
-	down = map[string]error{}
+	ctx, cancel := context.WithTimeout(ctx, readinessBudget)
+	defer cancel()
+	type result struct {
+		name string
+		err  error
+	}
+	results := make(chan result, len(a.ready)) // buffered: a late ping never blocks
 	for _, c := range a.ready {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := c.ping(cctx); err != nil {
-			down[c.name] = err
+		go func() { results <- result{c.name, c.ping(ctx)} }()
+	}
+	down = map[string]error{}
+	waiting := map[string]bool{}
+	for _, c := range a.ready {
+		waiting[c.name] = true
+	}
+	for len(waiting) > 0 {
+		select {
+		case r := <-results:
+			delete(waiting, r.name)
+			if errors.Is(r.err, context.DeadlineExceeded) {
+				r.err = errReadyTimeout
+			}
+			if r.err != nil {
+				down[r.name] = r.err
+			}
+		case <-ctx.Done():
+			for name := range waiting {
+				down[name] = errReadyTimeout
+			}
+			return down
 		}
-		cancel()
 	}
 	return down
 }

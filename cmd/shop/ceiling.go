@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -39,15 +38,12 @@ type ceilingReport struct {
 // other buyers of the same SKU must wait for. Its inverse is the ceiling
 // of that SKU's sales rate: no number of buyers can beat it. The load
 // test's capacity run prints it beside the rate it measured.
-func ceiling(ctx context.Context, cfg config.Config, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("ceiling", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	n := fs.Int("n", 300, "sales to time (after 20 not timed)")
-	sku := fs.String("sku", "lt-ceiling", "SKU to create and sell (its stock is reset)")
-	if err := fs.Parse(args); err != nil || *n < 1 {
+func ceiling(ctx context.Context, cfg config.Config, n int, sku string, stdout, stderr io.Writer) int {
+	if n < 1 || !inventory.ValidSKU(sku) {
+		fmt.Fprintf(stderr, "shop ceiling: -n must be at least 1 and -sku a valid SKU\n")
 		return 2
 	}
-	rep, err := measureCeiling(ctx, cfg, *sku, *n)
+	rep, err := measureCeiling(ctx, cfg, sku, n)
 	if err != nil {
 		fmt.Fprintf(stderr, "shop ceiling: %v\n", err)
 		return 1

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/lockbench/shop/internal/apidoc"
 	"github.com/lockbench/shop/internal/audit"
@@ -30,6 +30,7 @@ type routerDeps struct {
 	auditor *audit.Auditor
 	domains []domain
 	reg     *prometheus.Registry
+	metrics http.Handler
 	ready   func(context.Context) map[string]error
 }
 
@@ -50,7 +51,9 @@ func newRouter(d routerDeps) http.Handler {
 
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", readyz(d.ready))
-	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg})))
+	if d.cfg.MetricsAddr == "" {
+		r.GET("/metrics", gin.WrapH(d.metrics))
+	}
 	apidoc.Register(r)
 
 	api := r.Group("/api/v1", d.auth.User())
@@ -71,6 +74,9 @@ func readyz(ready func(context.Context) map[string]error) gin.HandlerFunc {
 		}
 		names := make([]string, 0, len(down))
 		for name, err := range down {
+			if errors.Is(err, errReadyTimeout) {
+				name += " (timed out)"
+			}
 			names = append(names, name)
 			slog.WarnContext(c.Request.Context(), "not ready", "dependency", name, "err", err)
 		}
@@ -93,6 +99,7 @@ func requestID(c *gin.Context) {
 		id = hex.EncodeToString(b[:])
 	}
 	c.Header(problem.RequestIDHeader, id)
+	c.Request = c.Request.WithContext(withRequestID(c.Request.Context(), id))
 	c.Next()
 }
 
@@ -105,8 +112,8 @@ func accessLog(log *slog.Logger) gin.HandlerFunc {
 		if status >= 500 {
 			level = slog.LevelWarn
 		}
+		// request_id comes from the context (requestIDHandler).
 		attrs := []slog.Attr{
-			slog.String("request_id", c.Writer.Header().Get(problem.RequestIDHeader)),
 			slog.String("method", c.Request.Method),
 			slog.String("path", c.Request.URL.Path),
 			slog.String("route", route(c)),
@@ -132,6 +139,21 @@ func route(c *gin.Context) string {
 	return "unmatched"
 }
 
+// knownMethods are the methods a metric label may carry as sent; any other
+// is counted as OTHER, or each made-up method would mint new series
+// (CVE-2022-21698, fixed in promhttp the same way).
+var knownMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+}
+
+func methodLabel(m string) string {
+	if knownMethods[m] {
+		return m
+	}
+	return "OTHER"
+}
+
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
@@ -149,14 +171,21 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"route", "method"}),
 	}
-	reg.MustRegister(m.requests, m.duration)
+	b := readBuildInfo()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "shop_build_info",
+		Help:        "Always 1; the labels say which build of shop this process runs.",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	build.Set(1)
+	reg.MustRegister(m.requests, m.duration, build)
 	return m
 }
 
 func (m *httpMetrics) observe(c *gin.Context) {
 	start := time.Now()
 	c.Next()
-	rt := route(c)
-	m.requests.WithLabelValues(rt, c.Request.Method, strconv.Itoa(c.Writer.Status())).Inc()
-	m.duration.WithLabelValues(rt, c.Request.Method).Observe(time.Since(start).Seconds())
+	rt, method := route(c), methodLabel(c.Request.Method)
+	m.requests.WithLabelValues(rt, method, strconv.Itoa(c.Writer.Status())).Inc()
+	m.duration.WithLabelValues(rt, method).Observe(time.Since(start).Seconds())
 }

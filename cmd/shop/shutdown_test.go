@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/config"
 	"github.com/lockbench/shop/internal/shoptest"
 )
 
@@ -85,5 +90,167 @@ func TestGracefulShutdown(t *testing.T) {
 	client.Must(t, http.StatusOK, "GET", again.URL+"/admin/v1/audit", admin, nil).JSON(t, &audit)
 	if !audit.OK {
 		t.Error("audit not ok after the shutdown")
+	}
+}
+
+// syncBuffer is a log sink that serve's logger and the test share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// serveInProcess runs serve with vars in a goroutine and returns its base
+// URL, its logs, the function that stops it (SIGTERM) and a channel
+// closed when serve has returned, with its result.
+func serveInProcess(t *testing.T, vars map[string]string) (base string, logs *syncBuffer, stop func(), served *serveResult) {
+	t.Helper()
+	cfg, err := config.Load(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs = &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	served = &serveResult{done: make(chan struct{})}
+	go func() {
+		served.err = serve(ctx, cfg, slog.New(slog.NewJSONHandler(logs, nil)))
+		close(served.done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-served.done:
+		case <-time.After(30 * time.Second):
+			t.Error("serve did not return 30 s after its context ended")
+		}
+	})
+	listening := regexp.MustCompile(`"msg":"listening","addr":"([^"]+)"`)
+	for deadline := time.Now().Add(30 * time.Second); base == ""; time.Sleep(10 * time.Millisecond) {
+		if m := listening.FindStringSubmatch(logs.String()); m != nil {
+			base = "http://" + m[1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve never listened:\n%s", logs)
+		}
+	}
+	return base, logs, cancel, served
+}
+
+type serveResult struct {
+	done chan struct{}
+	err  error // once done is closed
+}
+
+// TestShutdownFailsReadinessFirst: after SIGTERM, /readyz answers 503
+// while the listener still serves requests, for SHOP_DRAIN_DELAY, so that
+// a load balancer stops sending new ones before any is refused.
+func TestShutdownFailsReadinessFirst(t *testing.T) {
+	base, logs, stop, served := serveInProcess(t, map[string]string{
+		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
+		"SHOP_HTTP_ADDR": "127.0.0.1:0", "SHOP_DRAIN_DELAY": "2s",
+	})
+	client := shoptest.NewClient(2)
+	defer client.Close()
+	client.Must(t, http.StatusOK, "GET", base+"/readyz", "", nil)
+	stop()
+	var r shoptest.Response
+	for deadline := time.Now().Add(10 * time.Second); r.Status != http.StatusServiceUnavailable; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if r, err = client.Do(context.Background(), "GET", base+"/readyz", "", nil); err != nil {
+			t.Fatalf("/readyz refused before it ever said 503: %v\n%s", err, logs)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still %d after SIGTERM", r.Status)
+		}
+	}
+	if !strings.Contains(string(r.Body), "shutdown") {
+		t.Errorf("/readyz during the drain: %s; want it to name the shutdown", r.Body)
+	}
+	// Readiness failed, and the instance still answers.
+	client.Must(t, http.StatusOK, "GET", base+"/healthz", "", nil)
+	<-served.done
+	if served.err != nil {
+		t.Errorf("serve: %v", served.err)
+	}
+	if _, err := client.Do(context.Background(), "GET", base+"/healthz", "", nil); err == nil {
+		t.Error("the listener still accepts after serve returned")
+	}
+}
+
+// TestShutdownNeverClosesStoresUnderAHandler runs serve in this process
+// with a shutdown timeout (500 ms) shorter than a withdrawal's critical
+// section (3 s) and stops it while the withdrawal holds its lock. The
+// stores may close only once that handler has returned: serve must not
+// return before the request's log line, the handler must never meet a
+// closed database, and the client gets a whole answer, not a cut
+// connection.
+func TestShutdownNeverClosesStoresUnderAHandler(t *testing.T) {
+	vars := map[string]string{
+		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
+		"SHOP_HTTP_ADDR": "127.0.0.1:0", "SHOP_SQLITE_PATH": t.TempDir() + "/shop.db",
+		"SHOP_CRITICAL_SECTION_DELAY": "3s", "SHOP_SHUTDOWN_TIMEOUT": "500ms", "SHOP_DRAIN_DELAY": "0",
+		"SHOP_ALLOW_RESET": "true",
+	}
+	base, logs, stop, served := serveInProcess(t, vars)
+	client := shoptest.NewClient(4)
+	defer client.Close()
+	client.Must(t, http.StatusOK, "POST", base+"/admin/v1/reset", testAdmin, nil)
+	tok := shoptest.Token(t, testSecret, 1)
+
+	done := make(chan shoptest.Response, 1)
+	go func() {
+		r, err := client.Do(context.Background(), "POST", base+"/api/v1/accounts/1/withdraw", tok, `{"amount_cents":100}`)
+		if err != nil {
+			r.Body = []byte("transport error: " + err.Error())
+		}
+		done <- r
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		m := client.Must(t, http.StatusOK, "GET", base+"/metrics", "", nil)
+		if strings.Contains(string(m.Body), `shop_lock_wait_seconds_count{backend="redis",class="account"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the withdrawal never took its lock")
+		}
+	}
+	stop()
+
+	select {
+	case <-served.done:
+		if served.err == nil || !strings.Contains(served.err.Error(), "cancelled") {
+			t.Errorf("serve: %v; want the overrun reported", served.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("serve did not return 20 s after its context ended:\n%s", logs)
+	}
+	atReturn := logs.String()
+	res := <-done
+	// Give a handler that outlived serve the time to hit the closed stores.
+	time.Sleep(3 * time.Second)
+	all := logs.String()
+
+	if !strings.Contains(atReturn, `"path":"/api/v1/accounts/1/withdraw"`) {
+		t.Errorf("serve returned, and so closed the stores, before the withdrawal's handler returned")
+	}
+	if strings.Contains(all, "database is closed") {
+		t.Errorf("a handler ran on a closed database")
+	}
+	if res.Status != http.StatusServiceUnavailable {
+		t.Errorf("in-flight withdrawal cut by the shutdown answered %d %s; want 503", res.Status, res.Body)
+	}
+	if t.Failed() {
+		t.Logf("logs:\n%s", all)
 	}
 }

@@ -186,6 +186,9 @@ func (s *core) Transfer(ctx context.Context, from, to, amount int64) (Transfer, 
 	if from == to {
 		return Transfer{}, fmt.Errorf("%w: from and to are both %d", ErrSameAccount, from)
 	}
+	if err := refuseUnaffordable(ctx, s.store, from, amount); err != nil {
+		return Transfer{}, err
+	}
 	out := Transfer{From: from, To: to, Amount: amount}
 	err := s.update(ctx, "transfer", []int64{from, to}, func(ctx context.Context, accts []*Account) error {
 		src, dst := accts[0], accts[1]
@@ -201,6 +204,17 @@ func (s *core) Transfer(ctx context.Context, from, to, amount int64) (Transfer, 
 		return work(ctx, s.delay)
 	})
 	return out, err
+}
+
+// refuseUnaffordable checks the sender's own balance before anything looks
+// the recipient up: asking for more than one has must not tell whether an
+// account exists (404 for a missing one, 422 for another user's). The read
+// is unlocked and only refuses early; the locked read decides.
+func refuseUnaffordable(ctx context.Context, store *Store, from, amount int64) error {
+	if src, err := store.Get(ctx, from); err == nil && src.Balance < amount {
+		return fmt.Errorf("%w: balance is %d cents, transfer asks %d", ErrInsufficientFunds, src.Balance, amount)
+	}
+	return nil
 }
 
 // work stands in for the business work between read and write

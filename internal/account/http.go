@@ -26,16 +26,27 @@ func init() {
 type Domain struct {
 	Service Service
 	Store   *Store
+	// Idempotent guards the routes that move money (idem's Optional: a
+	// retry with the same Idempotency-Key gets the first answer); nil
+	// leaves them plain POSTs.
+	Idempotent gin.HandlerFunc
 }
 
 // Register adds the user routes to api (which authenticates users) and the
 // admin routes to admin (which checks the admin token).
 func (d *Domain) Register(api, admin *gin.RouterGroup) {
 	api.GET("/accounts/:id", d.get)
-	api.POST("/accounts/:id/deposit", d.deposit)
-	api.POST("/accounts/:id/withdraw", d.withdraw)
-	api.POST("/transfers", d.transfer)
+	api.POST("/accounts/:id/deposit", d.guarded(d.deposit)...)
+	api.POST("/accounts/:id/withdraw", d.guarded(d.withdraw)...)
+	api.POST("/transfers", d.guarded(d.transfer)...)
 	admin.POST("/accounts", d.put)
+}
+
+func (d *Domain) guarded(h gin.HandlerFunc) []gin.HandlerFunc {
+	if d.Idempotent == nil {
+		return []gin.HandlerFunc{h}
+	}
+	return []gin.HandlerFunc{d.Idempotent, h}
 }
 
 // Reset implements audit.Resetter.
@@ -50,7 +61,7 @@ func (d *Domain) ForgetFences(ctx context.Context) error {
 
 // Checks are the account invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
-	return []audit.Check{{Name: "balance_drift", By: "by_account", Run: d.Store.Drift}}
+	return []audit.Check{{Name: "balance_drift", By: "by_account", Unit: "cents", Run: d.Store.Drift}}
 }
 
 type amountRequest struct {

@@ -15,6 +15,7 @@ package audit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -34,6 +35,10 @@ type Check struct {
 	Name string
 	// By names the breakdown member, e.g. "by_sku".
 	By string
+	// Unit is what the drift counts: "cents", "units" (of stock), "likes",
+	// "orders". It is the unit label of shop_audit_drift, so that no query
+	// adds cents to units; empty is "count".
+	Unit string
 	// Run returns the drift of each item that drifted (zero entries may be
 	// left out). It must read in one statement or one snapshot, so that a
 	// write in flight is counted entirely or not at all.
@@ -66,6 +71,7 @@ type Report struct {
 	CheckedAt time.Time
 	Drifts    map[string]Drift
 	by        map[string]string
+	units     map[string]string
 }
 
 // MarshalJSON writes {"ok":…, "checked_at":…, "<check>":{"total":n,"<by>":{…}}}.
@@ -81,12 +87,24 @@ func (r Report) MarshalJSON() ([]byte, error) {
 	return json.Marshal(out)
 }
 
+// ErrResetDisabled answers POST /reset on an Auditor whose reset is off.
+var ErrResetDisabled = errors.New("the reset is disabled on this instance (production); set SHOP_ALLOW_RESET=true to allow it")
+
+func init() {
+	problem.Register(ErrResetDisabled, http.StatusForbidden, "reset-disabled", "Reset disabled")
+}
+
 // Auditor runs checks and resets.
 type Auditor struct {
-	checks    []Check
-	resetters []Resetter
-	metrics   *metrics // nil until RegisterMetrics
+	checks        []Check
+	resetters     []Resetter
+	metrics       *metrics // nil until RegisterMetrics
+	resetDisabled bool
 }
+
+// DisableReset makes POST /reset answer 403 and change nothing: in
+// production one wrong request would otherwise wipe every balance.
+func (a *Auditor) DisableReset() { a.resetDisabled = true }
 
 // New returns an Auditor over the given checks and resetters. Resetters run
 // in order; put a domain that refers to another's rows first.
@@ -105,8 +123,8 @@ type metrics struct {
 }
 
 // RegisterMetrics registers on reg, from the next audit on:
-//   - shop_audit_drift{check}: the Total of each check (oversold_units,
-//     balance_drift, like_drift, duplicate_orders, ...);
+//   - shop_audit_drift{check,unit}: the Total of each check (oversold_units,
+//     balance_drift, like_drift, duplicate_orders, ...) in its Unit;
 //   - shop_audit_ok: 1 when every drift was zero, else 0;
 //   - shop_audit_checked_timestamp_seconds: when that audit ran.
 //
@@ -119,8 +137,8 @@ func (a *Auditor) RegisterMetrics(reg prometheus.Registerer) {
 	m := &metrics{
 		drift: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "shop_audit_drift",
-			Help: "Total drift each audit check found in the last audit (0: the invariant holds).",
-		}, []string{"check"}),
+			Help: "Total drift each audit check found in the last audit (0: the invariant holds), in the check's unit.",
+		}, []string{"check", "unit"}),
 		ok: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "shop_audit_ok",
 			Help: "1 if the last audit found no drift at all, 0 if any check drifted.",
@@ -136,7 +154,7 @@ func (a *Auditor) RegisterMetrics(reg prometheus.Registerer) {
 
 func (m *metrics) set(r Report) {
 	for name, d := range r.Drifts {
-		m.drift.WithLabelValues(name).Set(float64(d.Total))
+		m.drift.WithLabelValues(name, r.units[name]).Set(float64(d.Total))
 	}
 	ok := 0.0
 	if r.OK {
@@ -148,7 +166,7 @@ func (m *metrics) set(r Report) {
 
 // Audit runs every check.
 func (a *Auditor) Audit(ctx context.Context) (Report, error) {
-	r := Report{OK: true, CheckedAt: time.Now().UTC(), Drifts: map[string]Drift{}, by: map[string]string{}}
+	r := Report{OK: true, CheckedAt: time.Now().UTC(), Drifts: map[string]Drift{}, by: map[string]string{}, units: map[string]string{}}
 	for _, c := range a.checks {
 		by, err := c.Run(ctx)
 		if err != nil {
@@ -167,6 +185,10 @@ func (a *Auditor) Audit(ctx context.Context) (Report, error) {
 		}
 		r.Drifts[c.Name] = d
 		r.by[c.Name] = c.By
+		r.units[c.Name] = c.Unit
+		if c.Unit == "" {
+			r.units[c.Name] = "count"
+		}
 	}
 	if a.metrics != nil {
 		a.metrics.set(r)
@@ -211,6 +233,10 @@ type resetRequest struct {
 }
 
 func (a *Auditor) postReset(c *gin.Context) {
+	if a.resetDisabled {
+		problem.Write(c, ErrResetDisabled)
+		return
+	}
 	req := resetRequest{Fixture: Fixtures[0]}
 	// The body is optional: an empty one resets to the default fixture.
 	if c.Request.ContentLength != 0 {

@@ -33,8 +33,9 @@ func TestAuditSetsGauges(t *testing.T) {
 	stock := &drifts{by: map[string]int64{"sku-1": 3, "sku-2": 0}}
 	balance := &drifts{by: map[string]int64{"1": -40, "2": 15}}
 	a := New([]Check{
-		{Name: "oversold_units", By: "by_sku", Run: stock.run},
-		{Name: "balance_drift", By: "by_account", Run: balance.run},
+		{Name: "oversold_units", By: "by_sku", Unit: "units", Run: stock.run},
+		{Name: "balance_drift", By: "by_account", Unit: "cents", Run: balance.run},
+		{Name: "unitless_drift", By: "by_key", Run: (&drifts{}).run},
 	}, nil)
 	reg := prometheus.NewPedanticRegistry()
 	a.RegisterMetrics(reg)
@@ -51,10 +52,11 @@ func TestAuditSetsGauges(t *testing.T) {
 		t.Fatalf("audit: %d %s", rec.Code, rec.Body)
 	}
 	want := `
-# HELP shop_audit_drift Total drift each audit check found in the last audit (0: the invariant holds).
+# HELP shop_audit_drift Total drift each audit check found in the last audit (0: the invariant holds), in the check's unit.
 # TYPE shop_audit_drift gauge
-shop_audit_drift{check="balance_drift"} 55
-shop_audit_drift{check="oversold_units"} 3
+shop_audit_drift{check="balance_drift",unit="cents"} 55
+shop_audit_drift{check="oversold_units",unit="units"} 3
+shop_audit_drift{check="unitless_drift",unit="count"} 0
 # HELP shop_audit_ok 1 if the last audit found no drift at all, 0 if any check drifted.
 # TYPE shop_audit_ok gauge
 shop_audit_ok 0
@@ -73,8 +75,8 @@ shop_audit_ok 0
 	if got := testutil.ToFloat64(a.metrics.ok); got != 1 {
 		t.Errorf("clean audit: shop_audit_ok %v, want 1", got)
 	}
-	for _, check := range []string{"oversold_units", "balance_drift"} {
-		if got := testutil.ToFloat64(a.metrics.drift.WithLabelValues(check)); got != 0 {
+	for check, unit := range map[string]string{"oversold_units": "units", "balance_drift": "cents"} {
+		if got := testutil.ToFloat64(a.metrics.drift.WithLabelValues(check, unit)); got != 0 {
 			t.Errorf("clean audit: shop_audit_drift{check=%q} %v, want 0", check, got)
 		}
 	}

@@ -24,6 +24,8 @@ const leeway = 30 * time.Second
 
 const userKey = "auth.user"
 
+var hs256 = jwt.SigningMethodHS256.Alg()
+
 // Auth checks user tokens and the admin token. It is safe for concurrent use.
 type Auth struct {
 	secret []byte
@@ -58,23 +60,28 @@ func (a *Auth) Token(user int64, ttl time.Duration, now time.Time) (string, erro
 // at, so a token cannot choose how it is checked.
 func (a *Auth) Verify(token string) (int64, error) {
 	var claims jwt.RegisteredClaims
-	_, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return a.secret, nil },
-		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
+	parsed, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return a.secret, nil },
+		jwt.WithValidMethods([]string{hs256}),
 		jwt.WithExpirationRequired(),
 		jwt.WithLeeway(leeway),
 	)
+	// The library reports a refused algorithm as an invalid signature;
+	// the token's own header tells the two apart.
+	var wrongAlg bool
+	if parsed != nil {
+		alg, ok := parsed.Header["alg"].(string)
+		wrongAlg = ok && alg != hs256
+	}
 	switch {
+	case err != nil && wrongAlg,
+		errors.Is(err, jwt.ErrTokenUnverifiable):
+		return 0, errors.New("the token's algorithm is not accepted; only HS256 is")
 	case errors.Is(err, jwt.ErrTokenExpired):
 		return 0, errors.New("the token has expired")
 	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
 		return 0, errors.New("the token has no exp claim")
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
-		if strings.Contains(err.Error(), "signing method") {
-			return 0, errors.New("the token's algorithm is not accepted; only HS256 is")
-		}
 		return 0, errors.New("the token's signature is invalid")
-	case errors.Is(err, jwt.ErrTokenUnverifiable):
-		return 0, errors.New("the token's algorithm is not accepted; only HS256 is")
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return 0, errors.New("the token is malformed")
 	case err != nil:

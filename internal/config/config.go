@@ -61,7 +61,8 @@ const DefaultHTTPAddr = ":8080"
 const (
 	// EnvDev allows the public dev secrets and logs text by default.
 	EnvDev = "dev"
-	// EnvProduction refuses to start without real secrets and logs JSON.
+	// EnvProduction (the default) refuses to start without real secrets and
+	// logs JSON: a forgotten SHOP_ENV must not serve the public dev secrets.
 	EnvProduction = "production"
 )
 
@@ -75,18 +76,24 @@ const (
 
 // minSecretLen is the shortest JWT secret accepted: HS256 keys shorter than
 // the hash output (32 bytes) make brute force cheaper than the algorithm
-// promises (RFC 7518 section 3.2).
+// promises (RFC 7518 section 3.2). Production holds the admin token to the
+// same length: it guards every balance and the reset.
 const minSecretLen = 32
 
 // Config is every setting of a shop process. Load fills it; the zero value
 // is not meaningful.
 type Config struct {
-	// Env is SHOP_ENV: dev (default) or production. Production refuses the
-	// dev secrets and defaults the log format to json.
+	// Env is SHOP_ENV: production (default) or dev. Production refuses the
+	// dev secrets and admin tokens under 32 bytes, refuses the reset unless
+	// AllowReset, and defaults the log format to json.
 	Env string
 	// HTTPAddr is SHOP_HTTP_ADDR, the listen address (default :8080). Port 0
 	// picks a free port; the bound address is logged.
 	HTTPAddr string
+	// MetricsAddr is SHOP_METRICS_ADDR: when set, /metrics is served on this
+	// address only and not on HTTPAddr, so that the audit results and the
+	// process's internals stay off the public port.
+	MetricsAddr string
 	// LockBackend is SHOP_LOCK_BACKEND, one of Backends (default redis).
 	LockBackend string
 	// RedisAddrs is SHOP_REDIS_ADDRS, comma-separated. Empty (default) starts
@@ -157,6 +164,9 @@ type Config struct {
 	// idempotency token lives from its issue. A retry after that gets 422
 	// and must look the order up instead.
 	IdemTTL time.Duration
+	// IdemMaxTokens is SHOP_IDEM_MAX_TOKENS (default 1000, at least 1): the
+	// live idempotency tokens one user may hold; minting more is 429.
+	IdemMaxTokens int
 	// CriticalSectionDelay is SHOP_CRITICAL_SECTION_DELAY (default 0): a
 	// sleep between the read and the write of every read-modify-write,
 	// standing in for business work. It widens the race window that the
@@ -165,8 +175,8 @@ type Config struct {
 	// JWTSecret is SHOP_JWT_SECRET: the HS256 key for user tokens, at least
 	// 32 bytes. Dev default: DevJWTSecret.
 	JWTSecret string
-	// AdminToken is SHOP_ADMIN_TOKEN: the bearer token of /admin routes.
-	// Dev default: DevAdminToken.
+	// AdminToken is SHOP_ADMIN_TOKEN: the bearer token of /admin routes, at
+	// least 32 bytes in production. Dev default: DevAdminToken.
 	AdminToken string
 	// LogFormat is SHOP_LOG_FORMAT: text or json. Default text in dev, json
 	// in production.
@@ -174,8 +184,20 @@ type Config struct {
 	// LogLevel is SHOP_LOG_LEVEL: debug, info (default), warn or error.
 	LogLevel slog.Level
 	// ShutdownTimeout is SHOP_SHUTDOWN_TIMEOUT (default 15s): how long
-	// in-flight requests may run after SIGTERM before they are cut.
+	// in-flight requests may run, once the listener is closed, before
+	// their contexts are cancelled.
 	ShutdownTimeout time.Duration
+	// DrainDelay is SHOP_DRAIN_DELAY (default 5s in production, 0 in dev):
+	// after SIGTERM, /readyz answers 503 for this long while requests are
+	// still served, so that a load balancer stops sending new ones before
+	// the listener closes.
+	DrainDelay time.Duration
+	// AllowReset is SHOP_ALLOW_RESET (default true in dev, false in
+	// production): whether POST /admin/v1/reset may wipe the data.
+	AllowReset bool
+	// SlowQuery is SHOP_SLOW_QUERY (default 200ms): SQL statements slower
+	// than this are logged at WARN. 0 turns the log off.
+	SlowQuery time.Duration
 	// MaxBodyBytes is SHOP_MAX_BODY_BYTES (default 65536): larger request
 	// bodies are refused with 413.
 	MaxBodyBytes int64
@@ -186,8 +208,9 @@ type Config struct {
 func Load(getenv func(string) string) (Config, error) {
 	p := parser{getenv: getenv}
 	c := Config{
-		Env:                  p.oneOf("SHOP_ENV", EnvDev, []string{EnvDev, EnvProduction}),
+		Env:                  p.oneOf("SHOP_ENV", EnvProduction, []string{EnvProduction, EnvDev}),
 		HTTPAddr:             p.addr("SHOP_HTTP_ADDR", DefaultHTTPAddr),
+		MetricsAddr:          p.str("SHOP_METRICS_ADDR", ""),
 		LockBackend:          p.oneOf("SHOP_LOCK_BACKEND", "redis", Backends),
 		RedisAddrs:           p.addrs("SHOP_REDIS_ADDRS"),
 		RedisSentinelMaster:  p.str("SHOP_REDIS_SENTINEL_MASTER", ""),
@@ -208,18 +231,27 @@ func Load(getenv func(string) string) (Config, error) {
 		LockMaxWaiters:       int(p.int("SHOP_LOCK_MAX_WAITERS", 64, 0)),
 		StockCombine:         int(p.int("SHOP_STOCK_COMBINE", 0, 0)),
 		IdemTTL:              p.positiveDuration("SHOP_IDEM_TTL", 24*time.Hour),
+		IdemMaxTokens:        int(p.int("SHOP_IDEM_MAX_TOKENS", 1000, 1)),
 		CriticalSectionDelay: p.duration("SHOP_CRITICAL_SECTION_DELAY", 0),
 		JWTSecret:            p.str("SHOP_JWT_SECRET", ""),
 		AdminToken:           p.str("SHOP_ADMIN_TOKEN", ""),
 		LogLevel:             p.level("SHOP_LOG_LEVEL"),
 		ShutdownTimeout:      p.duration("SHOP_SHUTDOWN_TIMEOUT", 15*time.Second),
 		MaxBodyBytes:         p.int("SHOP_MAX_BODY_BYTES", 64<<10, 1),
+		SlowQuery:            p.duration("SHOP_SLOW_QUERY", 200*time.Millisecond),
 	}
-	defaultFormat := "text"
-	if c.Env == EnvProduction {
-		defaultFormat = "json"
+	// Production defaults suit a process behind a load balancer; dev ones a
+	// developer's terminal, where Ctrl-C should stop at once.
+	dev := c.Env == EnvDev
+	c.LogFormat = p.oneOf("SHOP_LOG_FORMAT", pick(dev, "text", "json"), []string{"text", "json"})
+	c.DrainDelay = p.duration("SHOP_DRAIN_DELAY", pick(dev, 0, 5*time.Second))
+	c.AllowReset = p.bool("SHOP_ALLOW_RESET", dev)
+	if c.MetricsAddr != "" {
+		c.MetricsAddr = p.addr("SHOP_METRICS_ADDR", "")
+		if c.MetricsAddr == c.HTTPAddr {
+			p.fail("SHOP_METRICS_ADDR", "is SHOP_HTTP_ADDR; leave it empty to serve /metrics there")
+		}
 	}
-	c.LogFormat = p.oneOf("SHOP_LOG_FORMAT", defaultFormat, []string{"text", "json"})
 
 	if c.MySQLDSN != "" {
 		dsn, err := normalizeDSN(c.MySQLDSN)
@@ -236,6 +268,13 @@ func Load(getenv func(string) string) (Config, error) {
 	return c, errors.Join(p.errs...)
 }
 
+func pick[T any](cond bool, yes, no T) T {
+	if cond {
+		return yes
+	}
+	return no
+}
+
 // Dev reports whether the public dev credentials are in use.
 func (c Config) Dev() bool {
 	return c.JWTSecret == DevJWTSecret || c.AdminToken == DevAdminToken
@@ -250,6 +289,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("env", c.Env),
 		slog.String("http_addr", c.HTTPAddr),
+		slog.String("metrics_addr", orDefault(c.MetricsAddr, "(http_addr)")),
 		slog.String("lock_backend", c.LockBackend),
 		slog.String("redis_addrs", orDefault(strings.Join(c.RedisAddrs, ","), "(embedded)")),
 		slog.String("redis_sentinel_master", c.RedisSentinelMaster),
@@ -270,12 +310,16 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("lock_max_waiters", c.LockMaxWaiters),
 		slog.Int("stock_combine", c.StockCombine),
 		slog.Duration("idem_ttl", c.IdemTTL),
+		slog.Int("idem_max_tokens", c.IdemMaxTokens),
 		slog.Duration("critical_section_delay", c.CriticalSectionDelay),
 		slog.String("jwt_secret", mask(c.JWTSecret)),
 		slog.String("admin_token", mask(c.AdminToken)),
 		slog.String("log_format", c.LogFormat),
 		slog.String("log_level", c.LogLevel.String()),
 		slog.Duration("shutdown_timeout", c.ShutdownTimeout),
+		slog.Duration("drain_delay", c.DrainDelay),
+		slog.Bool("allow_reset", c.AllowReset),
+		slog.Duration("slow_query", c.SlowQuery),
 		slog.Int64("max_body_bytes", c.MaxBodyBytes),
 	)
 }
@@ -352,6 +396,8 @@ func (p *parser) secrets(c *Config) {
 		p.fail("SHOP_ADMIN_TOKEN", "is required when SHOP_ENV=%s", c.Env)
 	case c.Env == EnvProduction && c.AdminToken == DevAdminToken:
 		p.fail("SHOP_ADMIN_TOKEN", "is the public dev token; production needs its own")
+	case c.Env == EnvProduction && len(c.AdminToken) < minSecretLen:
+		p.fail("SHOP_ADMIN_TOKEN", "is %d bytes; production needs at least %d (openssl rand -hex 32)", len(c.AdminToken), minSecretLen)
 	}
 }
 
@@ -439,6 +485,19 @@ func (p *parser) int(name string, def, min int64) int64 {
 	return n
 }
 
+func (p *parser) bool(name string, def bool) bool {
+	v := p.str(name, "")
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		p.fail(name, "is %q; want true or false", v)
+		return def
+	}
+	return b
+}
+
 func (p *parser) level(name string) slog.Level {
 	var l slog.Level
 	if v := p.str(name, "info"); l.UnmarshalText([]byte(v)) != nil {
@@ -467,10 +526,17 @@ func (p *parser) addrs(name string) []string {
 	return out
 }
 
+// addr checks a listen address here, so that a port net.Listen would
+// refuse is a configuration error (exit 2), not a failure at start.
 func (p *parser) addr(name, def string) string {
 	v := p.str(name, def)
-	if _, _, err := net.SplitHostPort(v); err != nil {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
 		p.fail(name, "is %q; want host:port or :port", v)
+		return v
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		p.fail(name, "is %q; the port must be a number from 0 to 65535", v)
 	}
 	return v
 }

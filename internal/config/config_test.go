@@ -12,14 +12,33 @@ import (
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
-func TestDefaultsRunWithOnlyGo(t *testing.T) {
-	c, err := Load(env(nil))
+// Nothing set is production: a forgotten SHOP_ENV must not serve the
+// public dev secrets.
+func TestNothingSetIsProduction(t *testing.T) {
+	_, err := Load(env(nil))
+	if err == nil {
+		t.Fatal("started with no secrets")
+	}
+	for _, name := range []string{"SHOP_JWT_SECRET", "SHOP_ADMIN_TOKEN"} {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("error does not name %s:\n%v", name, err)
+		}
+	}
+	c, err := Load(env(map[string]string{"SHOP_JWT_SECRET": strings.Repeat("s", 32), "SHOP_ADMIN_TOKEN": strings.Repeat("a", 32)}))
+	if err != nil || c.Env != EnvProduction || c.AllowReset || c.DrainDelay != 5*time.Second || c.LogFormat != "json" {
+		t.Errorf("secrets only: %+v, %v", c, err)
+	}
+}
+
+func TestDevRunsWithOnlyGo(t *testing.T) {
+	c, err := Load(env(map[string]string{"SHOP_ENV": "dev"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.HTTPAddr != ":8080" || c.LockBackend != "redis" || !c.EmbeddedRedis() || c.MySQLDSN != "" ||
 		c.StockStrategy != StockLock || c.LikeStrategy != LikeLock || c.IdemTTL != 24*time.Hour || c.LogFormat != "text" || c.LockWaitTimeout != 10*time.Second ||
-		c.JWTSecret != DevJWTSecret || c.AdminToken != DevAdminToken || !c.Dev() {
+		c.JWTSecret != DevJWTSecret || c.AdminToken != DevAdminToken || !c.Dev() ||
+		!c.AllowReset || c.DrainDelay != 0 || c.MetricsAddr != "" || c.SlowQuery != 200*time.Millisecond {
 		t.Errorf("defaults: %+v", c)
 	}
 }
@@ -37,13 +56,19 @@ func TestInvalidValuesAreAllReported(t *testing.T) {
 		"SHOP_MYSQL_DSN":              "not a dsn",
 		"SHOP_LIKE_STRATEGY":          "optimistic",
 		"SHOP_IDEM_TTL":               "1 day",
+		"SHOP_HTTP_ADDR":              ":99999",
+		"SHOP_METRICS_ADDR":           "127.0.0.1:-1",
+		"SHOP_ALLOW_RESET":            "maybe",
+		"SHOP_DRAIN_DELAY":            "5",
+		"SHOP_SLOW_QUERY":             "fast",
 	}))
 	if err == nil {
 		t.Fatal("no error")
 	}
 	for _, name := range []string{"SHOP_LOCK_BACKEND", "SHOP_LOCK_TTL", "SHOP_CRITICAL_SECTION_DELAY",
 		"SHOP_STOCK_STRATEGY", "SHOP_REDIS_ADDRS", "SHOP_DB_MAX_CONNS", "SHOP_MYSQL_DSN",
-		"SHOP_LIKE_STRATEGY", "SHOP_IDEM_TTL", "SHOP_BALANCE_STRATEGY", "SHOP_LOCK_MAX_WAITERS"} {
+		"SHOP_LIKE_STRATEGY", "SHOP_IDEM_TTL", "SHOP_HTTP_ADDR", "SHOP_METRICS_ADDR", "SHOP_ALLOW_RESET",
+		"SHOP_DRAIN_DELAY", "SHOP_SLOW_QUERY", "SHOP_BALANCE_STRATEGY", "SHOP_LOCK_MAX_WAITERS"} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s:\n%v", name, err)
 		}
@@ -55,13 +80,14 @@ func TestProductionRefusesDevSecrets(t *testing.T) {
 		"unset":       {"SHOP_ENV": "production"},
 		"dev secrets": {"SHOP_ENV": "production", "SHOP_JWT_SECRET": DevJWTSecret, "SHOP_ADMIN_TOKEN": DevAdminToken},
 		"short":       {"SHOP_ENV": "production", "SHOP_JWT_SECRET": "short", "SHOP_ADMIN_TOKEN": "x"},
+		"short admin": {"SHOP_ENV": "production", "SHOP_JWT_SECRET": strings.Repeat("s", 32), "SHOP_ADMIN_TOKEN": strings.Repeat("a", 31)},
 	} {
 		if _, err := Load(env(vars)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
 	c, err := Load(env(map[string]string{"SHOP_ENV": "production",
-		"SHOP_JWT_SECRET": strings.Repeat("s", 32), "SHOP_ADMIN_TOKEN": "admin"}))
+		"SHOP_JWT_SECRET": strings.Repeat("s", 32), "SHOP_ADMIN_TOKEN": strings.Repeat("a", 32)}))
 	if err != nil || c.LogFormat != "json" || c.Dev() {
 		t.Errorf("production: %+v, %v", c, err)
 	}
@@ -69,7 +95,7 @@ func TestProductionRefusesDevSecrets(t *testing.T) {
 
 func TestBackendNeedsItsServers(t *testing.T) {
 	for _, b := range []string{"redlock", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached"} {
-		if _, err := Load(env(map[string]string{"SHOP_LOCK_BACKEND": b})); err == nil {
+		if _, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_LOCK_BACKEND": b})); err == nil {
 			t.Errorf("%s without servers: accepted", b)
 		}
 	}
@@ -78,7 +104,7 @@ func TestBackendNeedsItsServers(t *testing.T) {
 func TestLogValueMasksSecrets(t *testing.T) {
 	c, err := Load(env(map[string]string{
 		"SHOP_JWT_SECRET":  "jwt-secret-value-0123456789abcdefgh",
-		"SHOP_ADMIN_TOKEN": "admin-token-value",
+		"SHOP_ADMIN_TOKEN": "admin-token-value-0123456789abcdef",
 		"SHOP_MYSQL_DSN":   "shop:dsn-password@tcp(127.0.0.1:3306)/shop",
 	}))
 	if err != nil {
@@ -101,14 +127,31 @@ func TestLogValueMasksSecrets(t *testing.T) {
 // into 422, so 0 is refused rather than read as "off".
 func TestIdemTTLMustBePositive(t *testing.T) {
 	for _, v := range []string{"0", "0s", "-1h", "24"} {
-		_, err := Load(env(map[string]string{"SHOP_IDEM_TTL": v}))
+		_, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_IDEM_TTL": v}))
 		if err == nil || !strings.Contains(err.Error(), "SHOP_IDEM_TTL") {
 			t.Errorf("SHOP_IDEM_TTL=%s: %v", v, err)
 		}
 	}
-	c, err := Load(env(map[string]string{"SHOP_IDEM_TTL": "90m", "SHOP_LIKE_STRATEGY": "hashtag"}))
+	c, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_IDEM_TTL": "90m", "SHOP_LIKE_STRATEGY": "hashtag"}))
 	if err != nil || c.IdemTTL != 90*time.Minute || c.LikeStrategy != LikeHashTag {
 		t.Errorf("valid values: %+v, %v", c, err)
+	}
+}
+
+// A cap of 0 would refuse every token: it is refused rather than read as
+// "no cap", which would let one user fill Redis.
+func TestIdemMaxTokens(t *testing.T) {
+	for _, v := range []string{"0", "-1", "many"} {
+		_, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_IDEM_MAX_TOKENS": v}))
+		if err == nil || !strings.Contains(err.Error(), "SHOP_IDEM_MAX_TOKENS") {
+			t.Errorf("SHOP_IDEM_MAX_TOKENS=%s: %v", v, err)
+		}
+	}
+	for v, want := range map[string]int{"": 1000, "5": 5} {
+		c, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_IDEM_MAX_TOKENS": v}))
+		if err != nil || c.IdemMaxTokens != want {
+			t.Errorf("SHOP_IDEM_MAX_TOKENS=%q: %d, %v; want %d", v, c.IdemMaxTokens, err, want)
+		}
 	}
 }
 
@@ -124,5 +167,16 @@ func TestStrategyNamesMatchTheDomains(t *testing.T) {
 		if pair[0] != pair[1] {
 			t.Errorf("config says %q, the domain %q", pair[0], pair[1])
 		}
+	}
+}
+
+func TestMetricsAddr(t *testing.T) {
+	dev := map[string]string{"SHOP_ENV": "dev", "SHOP_METRICS_ADDR": "127.0.0.1:9100"}
+	if c, err := Load(env(dev)); err != nil || c.MetricsAddr != "127.0.0.1:9100" {
+		t.Errorf("SHOP_METRICS_ADDR=127.0.0.1:9100: %+v, %v", c, err)
+	}
+	dev["SHOP_METRICS_ADDR"] = ":8080"
+	if _, err := Load(env(dev)); err == nil || !strings.Contains(err.Error(), "SHOP_METRICS_ADDR") {
+		t.Errorf("metrics on the HTTP address: %v", err)
 	}
 }

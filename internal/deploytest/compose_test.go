@@ -33,9 +33,17 @@ var oneShot = []string{"migrate", "redis-cluster-init", "k6"}
 func loadCompose(t *testing.T, env map[string]string) *types.Project {
 	t.Helper()
 	root := repoRoot(t)
-	var list []string
+	// The secrets make up writes to .env; a test that wants them unset
+	// passes them empty.
+	full := map[string]string{"SHOP_JWT_SECRET": strings.Repeat("j", 32), "SHOP_ADMIN_TOKEN": strings.Repeat("a", 32)}
 	for k, v := range env {
-		list = append(list, k+"="+v)
+		full[k] = v
+	}
+	var list []string
+	for k, v := range full {
+		if v != "" {
+			list = append(list, k+"="+v)
+		}
 	}
 	opts, err := cli.NewProjectOptions(
 		[]string{filepath.Join(root, "docker-compose.yml")},
@@ -250,7 +258,7 @@ func checkAddresses(t *testing.T, p *types.Project, s types.ServiceConfig, cfg c
 		server string // image repository
 		addrs  []string
 	}{
-		{"SHOP_MYSQL_DSN", "mysql", []string{dsn.Addr}},
+		{"SHOP_MYSQL_DSN", "mariadb", []string{dsn.Addr}},
 		{"SHOP_REDIS_ADDRS", "redis", cfg.RedisAddrs},
 		{"SHOP_REDLOCK_ADDRS", "redis", cfg.RedlockAddrs},
 		{"SHOP_ZK_ADDRS", "zookeeper", cfg.ZKAddrs},
@@ -281,7 +289,7 @@ func checkAddresses(t *testing.T, p *types.Project, s types.ServiceConfig, cfg c
 			}
 			// migrate only needs MySQL; what it is given beyond that is
 			// there so that config.Load accepts the same environment.
-			waits := s.Name != "migrate" || v.server == "mysql"
+			waits := s.Name != "migrate" || v.server == "mariadb"
 			if _, ok := s.DependsOn[host]; waits && !ok && !clustered(target) {
 				t.Errorf("%s does not wait for %s, which %s names", s.Name, host, v.name)
 			}
@@ -362,7 +370,7 @@ func listenPort(t *testing.T, s types.ServiceConfig) int {
 	switch imageRepo(s.Image) {
 	case "redis":
 		port = orDefault(flagValue(s.Command, "--port"), "6379")
-	case "mysql":
+	case "mariadb":
 		port = orDefault(flagValue(s.Command, "--port"), "3306")
 	case "zookeeper":
 		port = orDefault(envOf(s)["ZOO_PORT"], "2181")
@@ -462,20 +470,29 @@ func TestComposeMountsExist(t *testing.T) {
 func TestComposeScrapesAndBalancesEveryInstance(t *testing.T) {
 	root := repoRoot(t)
 	p := loadCompose(t, nil)
-	var want []string
+	var want, wantScraped []string
 	for _, s := range serving(p) {
 		_, port, err := net.SplitHostPort(envOf(s)["SHOP_HTTP_ADDR"])
 		if err != nil {
 			t.Fatalf("%s: SHOP_HTTP_ADDR: %v", s.Name, err)
 		}
 		want = append(want, s.Name+":"+port)
+		// /metrics is served on SHOP_METRICS_ADDR when set, and only there.
+		metricsPort := port
+		if addr := envOf(s)["SHOP_METRICS_ADDR"]; addr != "" {
+			if _, metricsPort, err = net.SplitHostPort(addr); err != nil {
+				t.Fatalf("%s: SHOP_METRICS_ADDR: %v", s.Name, err)
+			}
+		}
+		wantScraped = append(wantScraped, s.Name+":"+metricsPort)
 	}
 	slices.Sort(want)
+	slices.Sort(wantScraped)
 
 	scraped := prometheusTargets(t, filepath.Join(root, "deploy/prometheus/prometheus.yml"), "shop")
 	slices.Sort(scraped)
-	if !slices.Equal(scraped, want) {
-		t.Errorf("Prometheus scrapes %v, the shop instances are %v", scraped, want)
+	if !slices.Equal(scraped, wantScraped) {
+		t.Errorf("Prometheus scrapes %v, the shop instances serve /metrics on %v", scraped, wantScraped)
 	}
 
 	nginx := readFile(t, filepath.Join(root, "deploy/nginx/nginx.conf"))
@@ -510,5 +527,43 @@ func TestComposeScrapesAndBalancesEveryInstance(t *testing.T) {
 	}
 	if got, want := envOf(k6)["SHOP_URLS"], "http://127.0.0.1:8080"; got != want || !strings.Contains(nginx, "listen 8080;") {
 		t.Errorf("k6 SHOP_URLS is %q, want %q where nginx listens", got, want)
+	}
+}
+
+// TestComposeNeedsSecrets: the stack runs in production, so compose itself
+// refuses to start it without secrets of its own (make up writes them to
+// .env), rather than shop failing in a restart loop.
+func TestComposeNeedsSecrets(t *testing.T) {
+	root := repoRoot(t)
+	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, "docker-compose.yml")},
+		cli.WithWorkingDirectory(root), cli.WithName("shop"), cli.WithEnv(nil), cli.WithInterpolation(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := opts.LoadProject(context.Background()); err == nil || !strings.Contains(err.Error(), "SHOP_JWT_SECRET") {
+		t.Errorf("compose loads without SHOP_JWT_SECRET (%v); want it refused", err)
+	}
+	for _, s := range shopServices(loadCompose(t, nil)) {
+		if got := envOf(s)["SHOP_ENV"]; got != "production" {
+			t.Errorf("%s: SHOP_ENV=%q by default, want production", s.Name, got)
+		}
+	}
+}
+
+// pinned is an image reference with a full version (1.2.3, v1.2.3, maybe a
+// variant suffix) or a digest: a floating tag such as 7.4 or latest
+// changes under a stack that was tested with another release.
+var pinned = regexp.MustCompile(`(:v?\d+\.\d+\.\d+(-[a-z0-9.]+)?(@sha256:[0-9a-f]{64})?|@sha256:[0-9a-f]{64})$`)
+
+func TestComposeImagesPinned(t *testing.T) {
+	p := loadCompose(t, nil)
+	for _, name := range p.ServiceNames() {
+		s := p.Services[name]
+		if s.Build != nil {
+			continue // built here, from the pinned Dockerfile
+		}
+		if !pinned.MatchString(s.Image) {
+			t.Errorf("%s runs %s: pin a full version (or a digest)", name, s.Image)
+		}
 	}
 }

@@ -180,26 +180,8 @@ func TestDashboardQueriesRegisteredMetrics(t *testing.T) {
 	}
 	used := map[string]bool{}
 	for _, q := range queries {
-		names := metricRef.FindAllString(q, -1)
-		var families []string
-		for _, name := range names {
-			family, ok := familyOf(name, registered)
-			if !ok {
-				t.Errorf("query %q: %s is not a metric the service registers", q, name)
-				continue
-			}
+		for _, family := range checkQuery(t, q, registered) {
 			used[family] = true
-			families = append(families, family)
-		}
-		// A label no series has makes `sum by` collapse everything into
-		// one line and a matcher select nothing: the panel shows "No data"
-		// or a wrong total without any error.
-		for _, label := range queryLabels(q) {
-			for _, family := range families {
-				if !slices.Contains(registered[family].labels, label) && !slices.Contains(targetLabels, label) {
-					t.Errorf("query %q: %s has no label %q (it has %v)", q, family, label, registered[family].labels)
-				}
-			}
 		}
 	}
 	for _, name := range required {
@@ -207,6 +189,33 @@ func TestDashboardQueriesRegisteredMetrics(t *testing.T) {
 			t.Errorf("the dashboard does not show %s", name)
 		}
 	}
+}
+
+// checkQuery reports each shop_ metric of the PromQL query q that the
+// service does not register, and each label it groups or matches by that
+// the metric lacks. It returns the families q uses.
+func checkQuery(t *testing.T, q string, registered map[string]metric) []string {
+	t.Helper()
+	var families []string
+	for _, name := range metricRef.FindAllString(q, -1) {
+		family, ok := familyOf(name, registered)
+		if !ok {
+			t.Errorf("query %q: %s is not a metric the service registers", q, name)
+			continue
+		}
+		families = append(families, family)
+	}
+	// A label no series has makes `sum by` collapse everything into one
+	// line and a matcher select nothing: the panel shows "No data", or the
+	// alert never fires, without any error.
+	for _, label := range queryLabels(q) {
+		for _, family := range families {
+			if !slices.Contains(registered[family].labels, label) && !slices.Contains(targetLabels, label) {
+				t.Errorf("query %q: %s has no label %q (it has %v)", q, family, label, registered[family].labels)
+			}
+		}
+	}
+	return families
 }
 
 // familyOf maps a series name to its metric family: a histogram's

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/problem"
+	"github.com/lockbench/shop/internal/shoptest"
 )
 
 // restartKinds maps each backend to the private server fault 3 restarts.
@@ -35,10 +36,9 @@ func TestLockServerRestart(t *testing.T) {
 			restartFault(t, backend, restartKinds[backend])
 		})
 	}
-	// Redis without persistence forgets the fence counters: the rows
-	// remember higher tokens than the restarted server hands out, so the
-	// fenced stores refuse every write until the counter has climbed past
-	// them again. Safety holds; liveness is what is measured.
+	// Redis without persistence forgets the fence counters and the grants:
+	// tokens floored at the server's clock still rise, so a holder from
+	// before the restart is refused and the new holders are not.
 	t.Run("redis-volatile", func(t *testing.T) {
 		needFull(t)
 		t.Parallel()
@@ -135,6 +135,10 @@ func restartFault(t *testing.T, backend, kind string) {
 	t.Cleanup(stopAll)
 
 	time.Sleep(1500 * time.Millisecond)
+	var stale *staleWriter
+	if kind == "redis-volatile" {
+		stale = newStaleWriter(t, r, a.URL, srv.addr, id+1)
+	}
 	downAt := time.Now()
 	srv.stop(syscall.SIGTERM)
 	stopped := time.Now()
@@ -162,7 +166,7 @@ func restartFault(t *testing.T, backend, kind string) {
 	stopAll()
 	r.hist.do(context.Background(), r.client, a.URL, tok, id, accInput{Kind: "get"})
 
-	var okDuring, ok, bad int
+	var okDuring, ok, unknown, bad int
 	refused := map[string]int{}
 	var bads []string
 	for _, o := range outcomes {
@@ -176,6 +180,12 @@ func restartFault(t *testing.T, backend, kind string) {
 		case o.Err == nil && o.Status == http.StatusServiceUnavailable && o.refused() &&
 			strings.HasPrefix(o.ContentType, problem.ContentType):
 			refused[o.Type]++
+		case o.Err == nil && o.Status == http.StatusServiceUnavailable && o.Type == "outcome-unknown" &&
+			strings.HasPrefix(o.ContentType, problem.ContentType):
+			// The database went away between a COMMIT and its reply: the
+			// service cannot know, and says so; the history places the
+			// deposit either way.
+			unknown++
 		default:
 			bad++
 			if len(bads) < 5 {
@@ -187,19 +197,18 @@ func restartFault(t *testing.T, backend, kind string) {
 	lin, verdict := r.hist.check(id)
 	lost := audit.BalanceDrift.ByAccount["1"]
 	res := row{Fault: "3 restart (" + kind + ")", Backend: backend, LostCents: lost, Linearizable: verdict, Fenced: refused["fenced"],
-		Stale: fmt.Sprintf("%d ok, 503: %s, other: %d", ok, counts(refused), bad)}
+		Stale: fmt.Sprintf("%d ok, 503: %s, outcome unknown: %d, other: %d", ok, counts(refused), unknown, bad)}
 	if !recovered.IsZero() {
 		res.Recovery = recovered.Sub(upAt)
+	}
+	if stale != nil {
+		res.Stale += stale.verify(t, r, a.URL)
 	}
 	report(res)
 	t.Logf("%+v (down %v, stop took %v)", res, upAt.Sub(downAt).Round(time.Millisecond), stopped.Sub(downAt).Round(time.Millisecond))
 
-	if kind == "redis-volatile" {
-		if refused["fenced"] == 0 || lost != 0 || !lin {
-			t.Errorf("a fence counter reset by the restart: want writes refused (fenced) and nothing lost; got %s, drift %d, linearizable %s",
-				counts(refused), lost, verdict)
-		}
-		return
+	if kind == "redis-volatile" && refused["fenced"] != 0 {
+		t.Errorf("%d writes of live holders refused as stale: the restarted server's tokens went back", refused["fenced"])
 	}
 	if recovered.IsZero() {
 		t.Errorf("no request succeeded within 90s of the %s restart: the service did not recover by itself", kind)
@@ -211,7 +220,21 @@ func restartFault(t *testing.T, backend, kind string) {
 		t.Errorf("no request was refused while %s was down; the outage went unseen", kind)
 	}
 	if bad != 0 {
-		t.Errorf("%d answers were neither 200 nor a 503 problem+json that changed nothing, e.g. %s", bad, strings.Join(bads, "; "))
+		t.Errorf("%d answers were neither 200, a 503 problem+json that changed nothing, nor one that says the outcome is unknown, e.g. %s",
+			bad, strings.Join(bads, "; "))
+	}
+	if bad != 0 || !lin {
+		// The body hides a 500's cause, and a 503 that changed something
+		// shows only as a history without a linearization; the service's
+		// log names both causes. A refused dial, the bulk of an outage's
+		// 503s, changed nothing.
+		for _, in := range []*shoptest.Instance{a, b} {
+			for line := range strings.Lines(in.Logs()) {
+				if strings.Contains(line, `"msg":"request failed"`) && !strings.Contains(line, "connect: connection refused") {
+					t.Logf("%s: %s", in.URL, line)
+				}
+			}
+		}
 	}
 	if fenceBackends[backend] && (lost != 0 || !lin) {
 		t.Errorf("restart lost updates: drift %d, linearizable %s\n%s", lost, verdict, r.hist.describe(id))

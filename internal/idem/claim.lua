@@ -1,16 +1,35 @@
--- Under the token's lock: binds the token to the request with fingerprint
--- ARGV[1], unless the record KEYS[1] already decides the answer.
--- Returns {} when the token is gone (expired, or never issued; HSET would
--- recreate it without a TTL), the whole record (HGETALL) when it holds a
--- stored response or another request's fingerprint, and {'claimed', '1'}
--- when this request may run.
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {}
+-- Decides what a request with an Idempotency-Key does, in one step.
+-- KEYS[1] the key's record (a hash: issued, fp, run, status, header, body, rid)
+-- KEYS[2] the in-flight lease of the record (value: the run holding it)
+-- ARGV[1] the request's fingerprint, ARGV[2] lease TTL (ms),
+-- ARGV[3] record TTL (ms), ARGV[4] '1' if the key must be a minted token
+-- Returns {'unknown'}, {'in-use'}, {'claimed', run}, or
+-- {'record', fp, status, header, body, rid} when the record decides.
+-- The run number fences the record: only the run that claimed it last may
+-- store a response or free it, whatever happened to its lease meanwhile.
+local rec, lease = KEYS[1], KEYS[2]
+if redis.call('EXISTS', rec) == 0 then
+  if ARGV[4] == '1' then
+    return {'unknown'}
+  end
+  -- A client-chosen key, first seen: it lives as long as a minted token.
+  redis.call('HSET', rec, 'fp', ARGV[1], 'run', 1)
+  redis.call('PEXPIRE', rec, ARGV[3])
+  redis.call('SET', lease, '1', 'PX', ARGV[2])
+  return {'claimed', '1'}
 end
-local status = redis.call('HGET', KEYS[1], 'status')
-local fp = redis.call('HGET', KEYS[1], 'fp')
-if status or (fp and fp ~= ARGV[1]) then
-  return redis.call('HGETALL', KEYS[1])
+if ARGV[4] == '1' and redis.call('HEXISTS', rec, 'issued') == 0 then
+  return {'unknown'}
 end
-redis.call('HSET', KEYS[1], 'fp', ARGV[1])
-return {'claimed', '1'}
+local f = redis.call('HMGET', rec, 'fp', 'status', 'header', 'body', 'rid')
+if f[2] or (f[1] and f[1] ~= ARGV[1]) then
+  return {'record', f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or ''}
+end
+if redis.call('EXISTS', lease) == 1 then
+  return {'in-use'}
+end
+-- Free, or its last run crashed (the lease expired): this request runs.
+local run = tostring(redis.call('HINCRBY', rec, 'run', 1))
+redis.call('HSET', rec, 'fp', ARGV[1])
+redis.call('SET', lease, run, 'PX', ARGV[2])
+return {'claimed', run}

@@ -1,38 +1,68 @@
 // Package idem makes unsafe requests safe to retry, following the IETF
 // Idempotency-Key draft (draft-ietf-httpapi-idempotency-key-header) and
-// Stripe's implementation of it.
+// Stripe's implementation of it. docs/api.md#idempotency is the client's
+// view; this is the wiring's.
 //
-// A client asks POST /api/v1/idempotency-tokens for a one-time token, then
-// sends it as the Idempotency-Key header of the request it may retry. The
-// first request with the token runs, under lock:idem:<user>:<token> taken
-// with TryAcquire, and its response is stored on the token with the
-// request's fingerprint (method, path, SHA-256 of the body). A retry gets the
-// stored response again, byte for byte, with Idempotent-Replayed: true.
+// The guards, one record per key:
 //
-// Answers of the middleware itself (all RFC 9457 problem+json):
-//   - 400 idempotency-key-missing: no Idempotency-Key header.
-//   - 422 idempotency-key-unknown: the token was never issued, has expired,
-//     or was issued to another user. The three look alike on purpose: a
-//     caller learns nothing about other users' tokens. 422 and not 404: the
-//     resource exists, the request's content (this header) is what cannot
-//     be processed; and not 403, which would confirm the token exists.
-//   - 422 idempotency-key-reused: the token was used for another request
-//     (another method, path or body), as the draft and Stripe answer.
-//   - 409 idempotency-key-in-use: a request with this token is running. A
-//     duplicate does not wait (TryAcquire), and nothing is stored for it.
+//   - Middleware() requires a token minted by POST /api/v1/idempotency-tokens
+//     (seed 000's scheme), for routes whose first call creates a row with no
+//     business number: POST /api/v1/orders. No header is 400; a key that was
+//     never minted for this user, or has expired, is 422
+//     idempotency-key-unknown.
 //
-// Which responses are stored (the token is then spent): every response of a
-// request that ran, errors included (sold out, insufficient funds), except
-//   - 5xx: the failure was on the server's side (a busy lock, a database
-//     down) and the handler changed nothing or left it for reconciliation;
-//     the token is freed and a retry runs again (Stripe does the same);
-//   - 400, 408, 413, 415, 429: the request was refused before it ran, so
-//     the client may fix it and send it again with the same token;
+//   - Optional() takes a key the client chose (a UUID, say), or none: the
+//     money-moving POSTs (deposit, withdraw, transfer, seckill purchase).
+//     Without the header the request runs as a plain POST.
+//
+//   - Guard(Policy{...}) is either, with the choice of RerunServerErrors.
+//     An order's payment takes the client's optional key and re-runs after
+//     a 5xx, because paying a paid order answers the same:
+//
+//     api.POST("/orders/:id/pay", d.Idem.Guard(idem.Policy{RerunServerErrors: true}), d.pay)
+//
+// All scope keys per user (the JWT's subject): one user's key never meets
+// another's. A key is 1 to 255 characters, bare (Stripe) or as a Structured
+// Field string (the draft); an empty, blank, over-long or non-ASCII key is
+// 400 idempotency-key-invalid.
+//
+// The first request with a key binds the key to its fingerprint (method,
+// path, query, user and the body as canonical JSON: key order, whitespace
+// and the spelling of numbers do not matter), runs, and its response is
+// stored on the key. A retry gets that response again (status, body,
+// Content-Type, Location, Cache-Control) with Idempotent-Replayed: true, a
+// new X-Request-Id, and Idempotency-Replayed-Request-Id naming the request
+// that produced it (the request_id a problem body carries). The same key
+// with another fingerprint is 422 idempotency-key-reused; the same key
+// while its first request runs is 409 idempotency-key-in-use.
+//
+// Which responses are stored: every response of a request that ran, errors
+// included (sold out, insufficient funds), 500 included (as Stripe does: a
+// 500 may come after a write that landed, and running the request again
+// could move money twice), except
+//   - 503: this service answers 503 only when nothing was changed (a busy
+//     or lost lock, a fenced write, a dependency down, shutting down), and
+//     asks for the retry that a stored 503 would refuse;
+//   - 400, 408, 413, 415, 429: refused before it ran, so the client may fix
+//     the request and send it again with the same key;
+//   - with Policy{RerunServerErrors: true}, every 5xx: for handlers whose own
+//     write records the key, so that running again finds the first outcome;
 //   - responses whose handler called DoNotStore.
 //
-// A crash mid-request does not block the token for ever: the in-flight
-// marker is the lock's lease, which expires (lockkit.DefaultLeaseTTL, 30 s,
-// unless LockOptions say otherwise) once its holder stops renewing it.
+// Bounded memory: every key idem writes has a TTL. A record lives as long
+// as the token it was minted as, or Options.TTL from its first request for
+// a client's key; the in-flight lease lives Options.Lease and is renewed
+// while its request runs, so that a crash blocks the key for one lease at
+// most. The lease is fenced by the record's own run number, not by a lock's
+// counter: a run whose lease lapsed and whose key was claimed again cannot
+// store or free it. A user holds at most Options.MaxTokens live tokens;
+// minting more is 429 idempotency-tokens-exhausted with Retry-After.
+//
+// Redis layout (one hash slot per user, so that it works on a Cluster):
+//
+//	<prefix>idem:{<user>}:<sha256(key)[:32]>      the record (hash)
+//	<prefix>idem:{<user>}:<sha256(key)[:32]>:run  its in-flight lease
+//	<prefix>idem:{<user>}:tokens                  the user's live minted tokens (sorted set)
 package idem
 
 import (
@@ -44,9 +74,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -56,36 +86,69 @@ import (
 
 // Header names.
 const (
-	// KeyHeader carries the token on the request.
+	// KeyHeader carries the key on the request.
 	KeyHeader = "Idempotency-Key"
 	// ReplayedHeader is "true" on a stored response sent again.
 	ReplayedHeader = "Idempotent-Replayed"
+	// ReplayedRequestIDHeader names, on a replay, the request whose
+	// response it is.
+	ReplayedRequestIDHeader = "Idempotency-Replayed-Request-Id"
 )
 
-// DefaultTTL is how long a token lives from its issue, used or not, unless
-// Options.TTL says otherwise. A retry later than that gets 422
-// idempotency-key-unknown and must look the outcome up instead.
+// DefaultTTL is how long a record lives, unless Options.TTL says
+// otherwise: a minted token from its minting, used or not; a client's key
+// from its first request. A retry later than that runs again (a client's
+// key) or gets 422 idempotency-key-unknown (a token), and should look the
+// outcome up instead.
 const DefaultTTL = 24 * time.Hour
 
+// DefaultMaxTokens is how many live tokens a user may hold, unless
+// Options.MaxTokens says otherwise. At DefaultTTL that is about one order
+// every 86 s, all day, per user; a minted token costs about 200 bytes of
+// Redis until it expires, plus the response stored on it.
+const DefaultMaxTokens = 1000
+
+// DefaultLease is how long a crashed request blocks its key; a live one
+// renews its lease every third of it.
+const DefaultLease = 30 * time.Second
+
 var (
-	//go:embed store.lua
-	storeLua string
+	//go:embed issue.lua
+	issueLua string
 	//go:embed claim.lua
 	claimLua string
-	//go:embed unclaim.lua
-	unclaimLua string
+	//go:embed renew.lua
+	renewLua string
+	//go:embed store.lua
+	storeLua string
+	//go:embed release.lua
+	releaseLua string
 
-	storeScript   = redis.NewScript(storeLua)
+	issueScript   = redis.NewScript(issueLua)
 	claimScript   = redis.NewScript(claimLua)
-	unclaimScript = redis.NewScript(unclaimLua)
+	renewScript   = redis.NewScript(renewLua)
+	storeScript   = redis.NewScript(storeLua)
+	releaseScript = redis.NewScript(releaseLua)
 )
 
-// ErrUnknownKey means a token that was never issued to this user or has
+// ErrUnknownKey means a token that was never minted for this user or has
 // expired.
 var ErrUnknownKey = errors.New("idempotency key unknown")
 
+// TokensExhaustedError is Issue's refusal when the user holds
+// Options.MaxTokens live tokens; RetryAfter is when the oldest expires.
+type TokensExhaustedError struct {
+	Max        int
+	RetryAfter time.Duration
+}
+
+func (e *TokensExhaustedError) Error() string {
+	return fmt.Sprintf("you hold %d live idempotency tokens, the most allowed; use them, or mint more once the oldest expires (in %s)",
+		e.Max, e.RetryAfter.Round(time.Second))
+}
+
 // tokenPattern is what Issue produces: 22 base64url characters (128 random
-// bits). Anything else is unknown without asking Redis.
+// bits). Anything else is unknown to Middleware without asking Redis.
 var tokenPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{22}$`)
 
 // Token is an issued idempotency token.
@@ -96,45 +159,65 @@ type Token struct {
 
 // Options configure New.
 type Options struct {
-	// Locker holds the in-flight marker, lock:idem:<user>:<token>.
-	Locker lockkit.Locker
-	// LockOptions are passed to TryAcquire. Without a TTL the lease is
-	// renewed while the request runs and expires 30 s after a crash.
-	LockOptions []lockkit.Option
-	// TTL is a token's lifetime; zero is DefaultTTL.
+	// TTL is a record's lifetime; zero is DefaultTTL.
 	TTL time.Duration
+	// Lease is how long a request's claim on its key outlives the last
+	// renewal; zero is DefaultLease.
+	Lease time.Duration
+	// MaxTokens caps the live tokens per user; zero is DefaultMaxTokens.
+	MaxTokens int
 	// Prefix namespaces the Redis keys (config SHOP_KEY_PREFIX).
 	Prefix string
+
+	// Deprecated: ignored. A key's in-flight marker is now its record's own
+	// lease, fenced by the record's run number; a lock per request left a
+	// fence counter behind for ever. Kept only so that callers written
+	// against the old Options compile until they drop it.
+	Locker lockkit.Locker
 }
 
-// Idem issues tokens and replays responses. It is safe for concurrent use.
+// Idem mints tokens and guards routes. It is safe for concurrent use.
 type Idem struct {
 	client redis.UniversalClient
 	o      Options
 }
 
-// New returns an Idem keeping tokens in client (a single node or a
-// Cluster: each token is one key).
+// New returns an Idem keeping its records in client (a single node, a
+// Sentinel set or a Cluster).
 func New(client redis.UniversalClient, o Options) (*Idem, error) {
-	if o.Locker == nil {
-		return nil, errors.New("idem: a Locker is required for the in-flight marker")
+	if client == nil {
+		return nil, errors.New("idem: a Redis client is required")
 	}
 	if o.TTL <= 0 {
 		o.TTL = DefaultTTL
 	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultLease
+	}
+	if o.MaxTokens <= 0 {
+		o.MaxTokens = DefaultMaxTokens
+	}
 	return &Idem{client: client, o: o}, nil
 }
 
-func (m *Idem) key(user int64, token string) string {
-	return m.o.Prefix + "idem:" + strconv.FormatInt(user, 10) + ":" + token
+// keys are a key's record and its lease. The key itself is hashed: it may
+// hold any character, braces included, and Redis need not see it.
+func (m *Idem) keys(user int64, key string) (record, lease string) {
+	record = m.userTag(user) + recordName(key)
+	return record, record + ":run"
 }
 
-// LockKey is the lock key of a token's in-flight marker.
-func LockKey(user int64, token string) string {
-	return "lock:idem:" + strconv.FormatInt(user, 10) + ":" + token
+func (m *Idem) userTag(user int64) string {
+	return m.o.Prefix + "idem:{" + strconv.FormatInt(user, 10) + "}:"
 }
 
-// Issue creates a token bound to user, valid for the configured TTL.
+func recordName(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:16])
+}
+
+// Issue mints a token bound to user, valid for the configured TTL, or
+// returns a *TokensExhaustedError.
 func (m *Idem) Issue(ctx context.Context, user int64) (Token, error) {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b) // never fails (crypto/rand, Go 1.24+)
@@ -142,88 +225,74 @@ func (m *Idem) Issue(ctx context.Context, user int64) (Token, error) {
 	// expires_at is when the client was told; Redis starts the TTL a little
 	// later, so the token never dies before the time the client was given.
 	t := Token{Key: base64.RawURLEncoding.EncodeToString(b), ExpiresAt: now.Add(m.o.TTL)}
-	k := m.key(user, t.Key)
-	_, err := m.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, k, "issued", now.Format(time.RFC3339Nano))
-		p.PExpire(ctx, k, m.o.TTL)
-		return nil
-	})
+	rec, _ := m.keys(user, t.Key)
+	// The index scores by this instance's clock: instances whose clocks
+	// differ by d count a token d early or late against the cap, no more.
+	res, err := issueScript.Run(ctx, m.client, []string{m.userTag(user) + "tokens", rec},
+		now.UnixMilli(), t.ExpiresAt.UnixMilli(), m.o.TTL.Milliseconds(), m.o.MaxTokens, recordName(t.Key)).Slice()
 	if err != nil {
 		return Token{}, fmt.Errorf("idem: issue: %w", err)
+	}
+	if len(res) == 2 {
+		oldest, _ := strconv.ParseFloat(fmt.Sprint(res[1]), 64)
+		wait := time.Duration(math.Max(0, oldest-float64(now.UnixMilli()))) * time.Millisecond
+		return Token{}, &TokensExhaustedError{Max: m.o.MaxTokens, RetryAfter: wait}
 	}
 	return t, nil
 }
 
-// record is a token's state in Redis.
+// record is the part of a key's record that decides a request's answer.
 type record struct {
-	fp     string // fingerprint of the request that ran first; "" if none yet
+	fp     string // fingerprint of the request that ran first; "" if none
 	status int    // 0 until a response is stored
 	header string // JSON of the stored headers
 	body   string
+	rid    string // X-Request-Id of the request that produced the response
 }
 
-func (m *Idem) load(ctx context.Context, user int64, token string) (record, error) {
-	if !tokenPattern.MatchString(token) {
-		return record{}, ErrUnknownKey
+// verdict is claim's answer.
+type verdict int
+
+const (
+	runIt verdict = iota
+	decided
+	unknownKey
+	inUse
+)
+
+// claim decides, in one round trip, what the request with key and
+// fingerprint fp does: run (with the run number that fences its record),
+// answer from the record, or be refused.
+func (m *Idem) claim(ctx context.Context, user int64, key, fp string, required bool) (v verdict, run string, rec record, err error) {
+	if required && !tokenPattern.MatchString(key) {
+		return unknownKey, "", record{}, nil
 	}
-	h, err := m.client.HGetAll(ctx, m.key(user, token)).Result()
+	recKey, leaseKey := m.keys(user, key)
+	req := "0"
+	if required {
+		req = "1"
+	}
+	res, err := claimScript.Run(ctx, m.client, []string{recKey, leaseKey},
+		fp, m.o.Lease.Milliseconds(), m.o.TTL.Milliseconds(), req).StringSlice()
 	if err != nil {
-		return record{}, fmt.Errorf("idem: read token: %w", err)
+		return 0, "", record{}, fmt.Errorf("idem: claim key: %w", err)
 	}
-	return parseRecord(h)
-}
-
-// claim binds the token to the request with fingerprint fp, in the same
-// step as it reads the record again under the token's lock (the first
-// request may have finished between the unlocked read and the grant). It
-// returns claimed, or the record that decides the answer instead.
-func (m *Idem) claim(ctx context.Context, user int64, token, fp string) (rec record, claimed bool, err error) {
-	res, err := claimScript.Run(ctx, m.client, []string{m.key(user, token)}, fp).StringSlice()
-	if err != nil {
-		return record{}, false, fmt.Errorf("idem: claim token: %w", err)
+	if len(res) == 0 || (res[0] == "claimed" && len(res) < 2) || (res[0] == "record" && len(res) < 6) {
+		return 0, "", record{}, fmt.Errorf("idem: claim key: unexpected reply %q", res)
 	}
-	h := make(map[string]string, len(res)/2)
-	for i := 0; i+1 < len(res); i += 2 {
-		h[res[i]] = res[i+1]
+	switch res[0] {
+	case "unknown":
+		return unknownKey, "", record{}, nil
+	case "in-use":
+		return inUse, "", record{}, nil
+	case "claimed":
+		return runIt, res[1], record{}, nil
 	}
-	if h["claimed"] == "1" {
-		return record{}, true, nil
-	}
-	rec, err = parseRecord(h)
-	return rec, false, err
-}
-
-// parseRecord reads a token's record from its hash; an empty hash is a
-// token that was never issued or has expired.
-func parseRecord(h map[string]string) (record, error) {
-	if len(h) == 0 {
-		return record{}, ErrUnknownKey
-	}
-	var err error
-	r := record{fp: h["fp"], header: h["header"], body: h["body"]}
-	if s := h["status"]; s != "" {
-		if r.status, err = strconv.Atoi(s); err != nil {
-			return record{}, fmt.Errorf("idem: token record has status %q: %w", s, err)
+	rec = record{fp: res[1], header: res[3], body: res[4], rid: res[5]}
+	if res[2] != "" {
+		if rec.status, err = strconv.Atoi(res[2]); err != nil {
+			return 0, "", record{}, fmt.Errorf("idem: record has status %q: %w", res[2], err)
 		}
 	}
-	return r, nil
-}
-
-// fingerprint identifies a request: method, path (with query) and the
-// SHA-256 of its body. Headers are left out: a retry may legitimately carry
-// a new Authorization token or request id.
-func fingerprint(method, path string, body []byte) string {
-	sum := sha256.Sum256(body)
-	h := sha256.Sum256([]byte(method + " " + path + " " + hex.EncodeToString(sum[:])))
-	return hex.EncodeToString(h[:])
-}
-
-// parseKey accepts the draft's form, a Structured Field string
-// ("Idempotency-Key: \"…\""), and Stripe's bare token.
-func parseKey(raw string) string {
-	raw = strings.TrimSpace(raw)
-	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' {
-		raw = raw[1 : len(raw)-1]
-	}
-	return raw
+	return decided, "", rec, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,8 +19,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/auth"
-	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/problem"
 	"github.com/lockbench/shop/internal/testenv"
 )
@@ -31,39 +30,78 @@ func TestMain(m *testing.M) {
 
 const testSecret = "idem-test-secret-of-at-least-32-bytes!"
 
-// fixture is a router with the middleware in front of a handler the test
+// Routes of the fixture, one per guard.
+const (
+	required = "/api/v1/things"       // Middleware(): minted tokens only
+	optional = "/api/v1/accounts/1/x" // Optional(): the client's keys, or none
+	rerun    = "/api/v1/orders/1/pay" // Guard(Policy{RerunServerErrors: true})
+)
+
+// fixture is a router with the guards in front of a handler the test
 // steers, on the real Redis.
 type fixture struct {
-	t       *testing.T
+	t       testing.TB
 	idem    *Idem
 	router  *gin.Engine
 	auth    *auth.Auth
 	client  redis.UniversalClient
 	prefix  string
 	calls   atomic.Int64
-	handler func(c *gin.Context) // what POST /things does
+	handler func(c *gin.Context) // what every guarded route does
 }
 
-func newFixture(t *testing.T, o Options) *fixture {
-	client := redis.NewClient(&redis.Options{Addr: testenv.Require(t, "SHOP_TEST_REDIS_ADDR")})
+func singleNode(t testing.TB) redis.UniversalClient {
+	return redis.NewClient(&redis.Options{Addr: testenv.Require(t, "SHOP_TEST_REDIS_ADDR")})
+}
+
+func cluster(t testing.TB) redis.UniversalClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RequireList(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")})
+}
+
+// onBoth runs test on a single node and on a Cluster.
+func onBoth(t *testing.T, test func(t *testing.T, client func(testing.TB) redis.UniversalClient)) {
+	t.Run("single", func(t *testing.T) { test(t, singleNode) })
+	t.Run("cluster", func(t *testing.T) { test(t, cluster) })
+}
+
+// scan calls fn for every key matching pattern, on every master of a
+// Cluster.
+func scan(ctx context.Context, t testing.TB, client redis.UniversalClient, pattern string, fn func(c redis.UniversalClient, key string)) {
+	t.Helper()
+	var mu sync.Mutex // ForEachMaster runs on the masters at once
+	each := func(ctx context.Context, c *redis.Client) error {
+		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for it.Next(ctx) {
+			mu.Lock()
+			fn(c, it.Val())
+			mu.Unlock()
+		}
+		return it.Err()
+	}
+	var err error
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, each)
+	case *redis.Client:
+		err = each(ctx, c)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newFixture(t testing.TB, o Options) *fixture { return newFixtureOn(t, singleNode(t), o) }
+
+func newFixtureOn(t testing.TB, client redis.UniversalClient, o Options) *fixture {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	prefix := "idem_test:" + hex.EncodeToString(b) + ":"
-	locker := redislock.New(client, redislock.WithPrefix(prefix))
 	t.Cleanup(func() {
 		ctx := context.Background()
-		it := client.Scan(ctx, 0, prefix+"*", 500).Iterator()
-		for it.Next(ctx) {
-			client.Del(ctx, it.Val())
-		}
-		it = client.Scan(ctx, 0, "{"+prefix+"*", 500).Iterator()
-		for it.Next(ctx) {
-			client.Del(ctx, it.Val())
-		}
-		locker.Close()
+		scan(ctx, t, client, prefix+"*", func(c redis.UniversalClient, key string) { c.Del(ctx, key) })
 		client.Close()
 	})
-	o.Locker, o.Prefix = locker, prefix
+	o.Prefix = prefix
 	m, err := New(client, o)
 	if err != nil {
 		t.Fatal(err)
@@ -77,16 +115,26 @@ func newFixture(t *testing.T, o Options) *fixture {
 		}
 		n := f.calls.Add(1)
 		c.Header("Location", "/things/1")
-		c.JSON(http.StatusCreated, gin.H{"call": n, "got": body})
+		c.JSON(http.StatusCreated, gin.H{"call": n, "got": body, "key": Key(c)})
 	}
 	gin.SetMode(gin.TestMode)
 	r := gin.New()
-	r.Use(problem.Recover())
+	r.Use(newRequestID, problem.Recover())
 	api := r.Group("/api/v1", f.auth.User())
 	m.Register(api)
 	api.POST("/things", m.Middleware(), func(c *gin.Context) { f.handler(c) })
+	api.POST("/accounts/:id/x", m.Optional(), func(c *gin.Context) { f.handler(c) })
+	api.POST("/orders/:id/pay", m.Guard(Policy{RerunServerErrors: true}), func(c *gin.Context) { f.handler(c) })
 	f.router = r
 	return f
+}
+
+// newRequestID stands in for cmd/shop's request id middleware: every
+// exchange gets an id of its own.
+func newRequestID(c *gin.Context) {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	c.Header(problem.RequestIDHeader, hex.EncodeToString(b))
 }
 
 func (f *fixture) bearer(user int64) string {
@@ -110,6 +158,7 @@ func (f *fixture) do(method, path string, user int64, key, body string) *httptes
 }
 
 func (f *fixture) token(user int64) string {
+	f.t.Helper()
 	w := f.do("POST", "/api/v1/idempotency-tokens", user, "", "")
 	if w.Code != http.StatusCreated {
 		f.t.Fatalf("issue: %d %s", w.Code, w.Body)
@@ -124,185 +173,329 @@ func (f *fixture) token(user int64) string {
 	return tok.Key
 }
 
+func uuid() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	h := hex.EncodeToString(b)
+	return h[:8] + "-" + h[8:12] + "-4" + h[13:16] + "-a" + h[17:20] + "-" + h[20:]
+}
+
 func want(t *testing.T, w *httptest.ResponseRecorder, status int, fragment string) {
 	t.Helper()
 	if w.Code != status || !strings.Contains(w.Body.String(), fragment) {
 		t.Fatalf("got %d %s; want %d with %q", w.Code, w.Body, status, fragment)
 	}
+	if status >= 400 && w.Header().Get("Content-Type") != problem.ContentType {
+		t.Fatalf("a %d with Content-Type %q", w.Code, w.Header().Get("Content-Type"))
+	}
+}
+
+// wantReplay checks that again is first sent again, marked as a replay.
+func wantReplay(t *testing.T, first, again *httptest.ResponseRecorder) {
+	t.Helper()
+	if again.Code != first.Code || again.Body.String() != first.Body.String() {
+		t.Fatalf("replay %d %s; want %d %s", again.Code, again.Body, first.Code, first.Body)
+	}
+	firstID := first.Header().Get(problem.RequestIDHeader)
+	if again.Header().Get(ReplayedHeader) != "true" || again.Header().Get(ReplayedRequestIDHeader) != firstID ||
+		again.Header().Get(problem.RequestIDHeader) == firstID {
+		t.Fatalf("replay headers %v; first X-Request-Id %q", again.Header(), firstID)
+	}
+	for _, h := range storedHeaders {
+		if again.Header().Get(h) != first.Header().Get(h) {
+			t.Fatalf("replayed %s %q, first %q", h, again.Header().Get(h), first.Header().Get(h))
+		}
+	}
 }
 
 func TestReplay(t *testing.T) {
+	onBoth(t, func(t *testing.T, client func(testing.TB) redis.UniversalClient) {
+		f := newFixtureOn(t, client(t), Options{})
+		token := f.token(1)
+		for _, tc := range []struct {
+			name, path, key string
+			forms           []string // other spellings of key
+		}{
+			{"required-token", required, token, []string{`"` + token + `"`, " " + token + "\t"}},
+			{"optional-uuid", optional, uuid(), nil},
+			{"optional-sf-string", optional, `"a key, with \"quotes\""`, []string{`  "a key, with \"quotes\""`}},
+			{"optional-255", optional, strings.Repeat("k", MaxKeyLength), nil},
+			{"optional-minted-token", optional, f.token(1), nil},
+			{"rerun-uuid", rerun, uuid(), nil},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				before := f.calls.Load()
+				first := f.do("POST", tc.path, 1, tc.key, `{"a":1}`)
+				want(t, first, http.StatusCreated, `"got":{"a":1}`)
+				if first.Header().Get(ReplayedHeader) != "" || first.Header().Get(ReplayedRequestIDHeader) != "" {
+					t.Fatal("the first response says it is a replay")
+				}
+				for _, form := range append([]string{tc.key}, tc.forms...) {
+					wantReplay(t, first, f.do("POST", tc.path, 1, form, `{"a":1}`))
+				}
+				if n := f.calls.Load() - before; n != 1 {
+					t.Fatalf("handler ran %d times, want 1", n)
+				}
+				want(t, f.do("POST", tc.path, 1, tc.key, `{"a":2}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
+				want(t, f.do("POST", tc.path+"?x=1", 1, tc.key, `{"a":1}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
+			})
+		}
+	})
+}
+
+// TestFingerprintIsCanonicalJSON: a retry that spells the same JSON
+// differently (spaces, key order, 1.0 for 1, escapes) is the same request;
+// another value anywhere is another request.
+func TestFingerprintIsCanonicalJSON(t *testing.T) {
 	f := newFixture(t, Options{})
-	key := f.token(1)
-	first := f.do("POST", "/api/v1/things", 1, key, `{"a":1}`)
-	want(t, first, http.StatusCreated, `"call":1`)
-	if first.Header().Get(ReplayedHeader) != "" {
-		t.Fatal("the first response says it is a replay")
-	}
-	for _, form := range []string{key, `"` + key + `"`} { // Stripe's bare form and the draft's sf-string
-		again := f.do("POST", "/api/v1/things", 1, form, `{"a":1}`)
-		if again.Code != first.Code || again.Body.String() != first.Body.String() {
-			t.Fatalf("replay %d %s; want %d %s", again.Code, again.Body, first.Code, first.Body)
+	for _, path := range []string{required, optional} {
+		key := uuid()
+		if path == required {
+			key = f.token(1)
 		}
-		if again.Header().Get(ReplayedHeader) != "true" || again.Header().Get("Location") != "/things/1" ||
-			again.Header().Get("Content-Type") != first.Header().Get("Content-Type") {
-			t.Fatalf("replay headers %v", again.Header())
+		first := f.do("POST", path, 1, key, `{"a":1,"b":[true,null,"x"],"c":{"d":-0.5}}`)
+		want(t, first, http.StatusCreated, `"a":1`)
+		for _, tc := range []struct{ name, body string }{
+			{"spaces", `{"a":1, "b":[true, null, "x"], "c":{"d":-0.5}}`},
+			{"indented-reordered", "{\n  \"c\": {\"d\": -0.50},\n  \"b\": [true,null,\"x\"],\n  \"a\": 1\n}"},
+			{"number-spellings", `{"a":1.0,"b":[true,null,"x"],"c":{"d":-5e-1}}`},
+			{"string-escape", `{"a":10E-1,"b":[true,null,"\u0078"],"c":{"d":-0.05e+1}}`},
+		} {
+			t.Run(path+"/same-"+tc.name, func(t *testing.T) { wantReplay(t, first, f.do("POST", path, 1, key, tc.body)) })
+		}
+		for _, tc := range []struct{ name, body string }{
+			{"value", `{"a":2,"b":[true,null,"x"],"c":{"d":-0.5}}`},
+			{"array-order", `{"a":1,"b":[null,true,"x"],"c":{"d":-0.5}}`},
+			{"member-missing", `{"a":1,"b":[true,null,"x"]}`},
+			{"string-for-number", `{"a":"1","b":[true,null,"x"],"c":{"d":-0.5}}`},
+			{"sign", `{"a":1,"b":[true,null,"x"],"c":{"d":0.5}}`},
+		} {
+			t.Run(path+"/other-"+tc.name, func(t *testing.T) {
+				want(t, f.do("POST", path, 1, key, tc.body), http.StatusUnprocessableEntity, "idempotency-key-reused")
+			})
 		}
 	}
-	if n := f.calls.Load(); n != 1 {
-		t.Fatalf("handler ran %d times, want 1", n)
-	}
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":2}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
-	want(t, f.do("POST", "/api/v1/things?x=1", 1, key, `{"a":1}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
 }
 
 func TestRefusals(t *testing.T) {
 	f := newFixture(t, Options{TTL: 300 * time.Millisecond})
-	key := f.token(1)
+	token := f.token(1)
+	clientKey := uuid()
+	want(t, f.do("POST", optional, 1, clientKey, `{}`), http.StatusCreated, `"call":1`)
 	for _, tc := range []struct {
 		name string
+		path string
 		user int64
 		key  string
 		code int
 		slug string
 	}{
-		{"missing-400", 1, "", 400, "idempotency-key-missing"},
-		{"never-issued-422", 1, "AAAAAAAAAAAAAAAAAAAAAA", 422, "idempotency-key-unknown"},
-		{"malformed-422", 1, "not a token", 422, "idempotency-key-unknown"},
-		{"other-user-422", 2, key, 422, "idempotency-key-unknown"},
+		{"required-missing-400", required, 1, "", 400, "idempotency-key-missing"},
+		{"required-never-issued-422", required, 1, "AAAAAAAAAAAAAAAAAAAAAA", 422, "idempotency-key-unknown"},
+		{"required-made-up-422", required, 1, "made-up", 422, "idempotency-key-unknown"},
+		{"required-uuid-422", required, 1, uuid(), 422, "idempotency-key-unknown"},
+		{"required-client-key-422", required, 1, clientKey, 422, "idempotency-key-unknown"},
+		{"required-other-user-422", required, 2, token, 422, "idempotency-key-unknown"},
+		{"blank-400", optional, 1, " ", 400, "is empty"},
+		{"tab-400", required, 1, "\t", 400, "is empty"},
+		{"empty-sf-string-400", optional, 1, `""`, 400, "is empty"},
+		{"blank-sf-string-400", required, 1, `" "`, 400, "is empty"},
+		{"256-400", optional, 1, strings.Repeat("k", MaxKeyLength+1), 400, "256 characters"},
+		{"inner-space-400", optional, 1, "not a token", 400, "' ' at byte 3"},
+		{"list-400", optional, 1, token + ",other", 400, "','"},
+		{"non-ascii-400", optional, 1, "clé", 400, "at byte 2"},
+		{"unclosed-quote-400", optional, 1, `"abc`, 400, "Structured Field string"},
+		{"bad-escape-400", optional, 1, `"a\b"`, 400, "Structured Field string"},
+		{"after-quote-400", optional, 1, `"a"b`, 400, "Structured Field string"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := f.do("POST", "/api/v1/things", tc.user, tc.key, `{}`)
+			w := f.do("POST", tc.path, tc.user, tc.key, `{}`)
 			want(t, w, tc.code, tc.slug)
-			if w.Header().Get("Content-Type") != problem.ContentType {
-				t.Fatalf("Content-Type %q", w.Header().Get("Content-Type"))
-			}
 		})
 	}
+	t.Run("two-headers-400", func(t *testing.T) {
+		req := httptest.NewRequest("POST", optional, strings.NewReader(`{}`))
+		req.Header.Set("Authorization", f.bearer(1))
+		req.Header.Add(KeyHeader, "a")
+		req.Header.Add(KeyHeader, "b")
+		w := httptest.NewRecorder()
+		f.router.ServeHTTP(w, req)
+		want(t, w, 400, "not 2")
+	})
+	if n := f.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times for refused requests", n-1)
+	}
 	time.Sleep(400 * time.Millisecond)
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{}`), 422, "idempotency-key-unknown")
-	if n := f.calls.Load(); n != 0 {
-		t.Fatalf("handler ran %d times for refused requests", n)
+	t.Run("required-expired-422", func(t *testing.T) {
+		want(t, f.do("POST", required, 1, token, `{}`), 422, "idempotency-key-unknown")
+	})
+	t.Run("optional-expired-runs-again", func(t *testing.T) {
+		want(t, f.do("POST", optional, 1, clientKey, `{}`), 201, `"call":2`)
+	})
+}
+
+// TestKeysArePerUser: two users with the same key never meet; a user's
+// key on another route is another request.
+func TestKeysArePerUser(t *testing.T) {
+	f := newFixture(t, Options{})
+	key := uuid()
+	want(t, f.do("POST", optional, 1, key, `{"a":1}`), 201, `"call":1`)
+	want(t, f.do("POST", optional, 2, key, `{"a":1}`), 201, `"call":2`)
+	want(t, f.do("POST", optional, 2, key, `{"a":2}`), 422, "idempotency-key-reused")
+	want(t, f.do("POST", rerun, 1, key, `{"a":1}`), 422, "idempotency-key-reused")
+	token := f.token(1)
+	want(t, f.do("POST", optional, 1, token, `{"a":1}`), 201, `"call":3`)
+	want(t, f.do("POST", required, 1, token, `{"a":1}`), 422, "idempotency-key-reused")
+}
+
+func TestNoKeyOnOptionalRouteRunsEveryTime(t *testing.T) {
+	f := newFixture(t, Options{})
+	for i := int64(1); i <= 3; i++ {
+		w := f.do("POST", optional, 1, "", `{"a":1}`)
+		want(t, w, http.StatusCreated, `"key":""`)
+		if w.Header().Get(ReplayedHeader) != "" || f.calls.Load() != i {
+			t.Fatalf("call %d: %v, handler ran %d times", i, w.Header(), f.calls.Load())
+		}
 	}
 }
 
 func TestConcurrentDuplicateGets409(t *testing.T) {
-	f := newFixture(t, Options{})
-	entered, release := make(chan struct{}), make(chan struct{})
-	inner := f.handler
-	f.handler = func(c *gin.Context) {
-		close(entered)
-		<-release
-		inner(c)
-	}
-	key := f.token(1)
-	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- f.do("POST", "/api/v1/things", 1, key, `{"a":1}`) }()
-	<-entered
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":1}`), http.StatusConflict, "idempotency-key-in-use")
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":2}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
-	close(release)
-	first := <-done
-	want(t, first, http.StatusCreated, `"call":1`)
-	again := f.do("POST", "/api/v1/things", 1, key, `{"a":1}`)
-	if again.Body.String() != first.Body.String() || again.Header().Get(ReplayedHeader) != "true" {
-		t.Fatalf("after the 409s: %d %s %v", again.Code, again.Body, again.Header())
-	}
+	onBoth(t, func(t *testing.T, client func(testing.TB) redis.UniversalClient) {
+		f := newFixtureOn(t, client(t), Options{})
+		for _, path := range []string{required, optional} {
+			t.Run(path, func(t *testing.T) {
+				entered, release := make(chan struct{}), make(chan struct{})
+				inner := f.handler
+				f.handler = func(c *gin.Context) {
+					close(entered)
+					<-release
+					inner(c)
+				}
+				defer func() { f.handler = inner }()
+				key := uuid()
+				if path == required {
+					key = f.token(1)
+				}
+				done := make(chan *httptest.ResponseRecorder)
+				go func() { done <- f.do("POST", path, 1, key, `{"a":1}`) }()
+				<-entered
+				w := f.do("POST", path, 1, key, `{"a":1}`)
+				want(t, w, http.StatusConflict, "idempotency-key-in-use")
+				if w.Header().Get("Retry-After") != "1" {
+					t.Fatalf("409 without Retry-After: %v", w.Header())
+				}
+				want(t, f.do("POST", path, 1, key, `{"a":2}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
+				close(release)
+				first := <-done
+				want(t, first, http.StatusCreated, `"got":{"a":1}`)
+				wantReplay(t, first, f.do("POST", path, 1, key, `{"a":1}`))
+			})
+		}
+	})
 }
 
-func TestServerErrorsAndRefusedRequestsAreNotStored(t *testing.T) {
+// TestWhatIsStored: which answers a retry gets again, and which let it run
+// again, per guard.
+func TestWhatIsStored(t *testing.T) {
 	f := newFixture(t, Options{})
-	inner := f.handler
-	fail := map[int64]int{1: http.StatusServiceUnavailable} // call -> status
-	var n atomic.Int64
+	var status atomic.Int64
 	f.handler = func(c *gin.Context) {
-		if status, ok := fail[n.Add(1)]; ok {
-			problem.Write(c, problem.New(status, "busy", "try again"))
+		n := f.calls.Add(1)
+		if s := int(status.Load()); s != 0 {
+			problem.Write(c, problem.New(s, "steered", "steered"))
 			return
 		}
-		inner(c)
+		c.JSON(http.StatusOK, gin.H{"call": n})
 	}
-	key := f.token(1)
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":1}`), http.StatusServiceUnavailable, "busy")
-	// A malformed body is refused by the handler with 400, not stored...
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":`), http.StatusBadRequest, "invalid-input")
-	// ...so the token still runs the request, even with another body.
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":3}`), http.StatusCreated, `"got":{"a":3}`)
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":1}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
-}
-
-func TestBusinessErrorsAreReplayed(t *testing.T) {
-	f := newFixture(t, Options{})
-	var n atomic.Int64
-	f.handler = func(c *gin.Context) {
-		n.Add(1)
-		problem.Write(c, problem.New(http.StatusConflict, "sold-out", "no units left"))
+	for _, tc := range []struct {
+		name   string
+		path   string
+		status int
+		stored bool
+	}{
+		{"409-stored", optional, 409, true},
+		{"422-stored", optional, 422, true},
+		{"404-stored", optional, 404, true},
+		{"500-stored", optional, 500, true},
+		{"502-stored", optional, 502, true},
+		{"503-rerun", optional, 503, false},
+		{"400-rerun", optional, 400, false},
+		{"408-rerun", optional, 408, false},
+		{"413-rerun", optional, 413, false},
+		{"415-rerun", optional, 415, false},
+		{"429-rerun", optional, 429, false},
+		{"required-500-rerun", required, 500, false},
+		{"required-409-stored", required, 409, true},
+		{"rerun-500-rerun", rerun, 500, false},
+		{"rerun-504-rerun", rerun, 504, false},
+		{"rerun-422-stored", rerun, 422, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := uuid()
+			if tc.path == required {
+				key = f.token(1)
+			}
+			status.Store(int64(tc.status))
+			first := f.do("POST", tc.path, 1, key, `{}`)
+			want(t, first, tc.status, "steered")
+			status.Store(0)
+			before := f.calls.Load()
+			again := f.do("POST", tc.path, 1, key, `{}`)
+			if tc.stored {
+				wantReplay(t, first, again)
+				return
+			}
+			want(t, again, http.StatusOK, `"call"`)
+			if f.calls.Load() != before+1 {
+				t.Fatal("the retry did not run")
+			}
+		})
 	}
-	key := f.token(1)
-	first := f.do("POST", "/api/v1/things", 1, key, `{}`)
-	want(t, first, http.StatusConflict, "sold-out")
-	again := f.do("POST", "/api/v1/things", 1, key, `{}`)
-	if again.Code != first.Code || again.Body.String() != first.Body.String() || again.Header().Get(ReplayedHeader) != "true" {
-		t.Fatalf("replay of an error: %d %s", again.Code, again.Body)
-	}
-	if again.Header().Get("Content-Type") != problem.ContentType {
-		t.Fatalf("replayed Content-Type %q", again.Header().Get("Content-Type"))
-	}
-	if n.Load() != 1 {
-		t.Fatalf("handler ran %d times", n.Load())
-	}
-}
-
-func TestDoNotStore(t *testing.T) {
-	f := newFixture(t, Options{})
-	var n atomic.Int64
-	f.handler = func(c *gin.Context) {
-		if n.Add(1) == 1 {
-			DoNotStore(c)
-			c.JSON(http.StatusConflict, gin.H{"pending": true})
-			return
+	t.Run("refused-then-another-body", func(t *testing.T) {
+		// A request refused before it ran frees its key for any body.
+		key := uuid()
+		status.Store(400)
+		want(t, f.do("POST", optional, 1, key, `{"a":`), 400, "steered")
+		status.Store(0)
+		want(t, f.do("POST", optional, 1, key, `{"a":3}`), 200, `"call"`)
+		want(t, f.do("POST", optional, 1, key, `{"a":1}`), 422, "idempotency-key-reused")
+	})
+	t.Run("do-not-store", func(t *testing.T) {
+		var n atomic.Int64
+		f.handler = func(c *gin.Context) {
+			if n.Add(1) == 1 {
+				DoNotStore(c)
+				problem.Write(c, problem.New(http.StatusConflict, "pending", "an earlier attempt is still running"))
+				return
+			}
+			c.JSON(http.StatusOK, gin.H{"done": true})
 		}
-		c.JSON(http.StatusOK, gin.H{"done": true})
-	}
-	key := f.token(1)
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{}`), http.StatusConflict, "pending")
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{}`), http.StatusOK, "done")
+		key := uuid()
+		want(t, f.do("POST", optional, 1, key, `{}`), http.StatusConflict, "pending")
+		want(t, f.do("POST", optional, 1, key, `{}`), http.StatusOK, "done")
+	})
 }
 
-// TestCrashedHolderExpires: a process that took the in-flight marker and
-// died blocks the token only until its lease runs out.
-func TestCrashedHolderExpires(t *testing.T) {
-	f := newFixture(t, Options{})
-	key := f.token(1)
-	crashed, err := f.idem.o.Locker.TryAcquire(context.Background(), LockKey(1, key), lockkit.WithTTL(300*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = crashed // never released: its process is gone
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{}`), http.StatusConflict, "idempotency-key-in-use")
-	// Lost closes at the holder's own deadline, which is never later than
-	// the server's: the server may keep the grant a few ms more.
-	<-crashed.Lost()
-	deadline := time.Now().Add(time.Second)
-	w := f.do("POST", "/api/v1/things", 1, key, `{}`)
-	for w.Code == http.StatusConflict && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-		w = f.do("POST", "/api/v1/things", 1, key, `{}`)
-	}
-	want(t, w, http.StatusCreated, `"call":1`)
-}
-
-func TestPanicFreesToken(t *testing.T) {
+// TestPanic: a panic is a 500 like any other. On an Optional route it is
+// stored, since the handler may have written before it; where server
+// errors rerun, the key is freed.
+func TestPanic(t *testing.T) {
 	f := newFixture(t, Options{})
 	inner := f.handler
 	var n atomic.Int64
 	f.handler = func(c *gin.Context) {
-		if n.Add(1) == 1 {
+		if n.Add(1)%2 == 1 {
 			panic("boom")
 		}
 		inner(c)
 	}
-	key := f.token(1)
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":1}`), http.StatusInternalServerError, "internal")
-	want(t, f.do("POST", "/api/v1/things", 1, key, `{"a":2}`), http.StatusCreated, `"call":1`)
+	key := uuid()
+	first := f.do("POST", optional, 1, key, `{"a":1}`)
+	want(t, first, http.StatusInternalServerError, "internal")
+	wantReplay(t, first, f.do("POST", optional, 1, key, `{"a":1}`))
+
+	n.Store(0)
+	key = uuid()
+	want(t, f.do("POST", rerun, 1, key, `{"a":1}`), http.StatusInternalServerError, "internal")
+	want(t, f.do("POST", rerun, 1, key, `{"a":2}`), http.StatusCreated, `"got":{"a":2}`)
 }

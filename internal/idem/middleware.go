@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
+	"runtime/debug"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -22,73 +24,76 @@ import (
 // (Date, X-Request-Id, Retry-After) belong to the answer they were sent with.
 var storedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
 
-// maxStoredBody caps what is kept per token; a larger response is sent but
-// not stored, and the token is freed.
+// maxStoredBody caps what is kept per key; a larger response is sent but
+// not stored, and the key is freed.
 const maxStoredBody = 1 << 20
 
 // finishTimeout bounds the writes after the handler, which run detached
 // from the request: a response sent must be stored even if the client left.
-const finishTimeout = 5 * time.Second
+// A variable for tests.
+var finishTimeout = 5 * time.Second
 
 const (
 	noStoreKey = "idem.nostore"
 	tokenKey   = "idem.token"
 )
 
-// Key is the idempotency token of a request the middleware let through, for
-// handlers that record it (an order row keeps it, unique per user).
+// Key is the Idempotency-Key of a request the middleware let through, for
+// handlers that record it (an order row keeps it, unique per user); "" on
+// an Optional route called without one.
 func Key(c *gin.Context) string { return c.GetString(tokenKey) }
 
 // DoNotStore marks the response being written as one a retry must not get
-// again: e.g. "an earlier attempt is still in progress". The token is freed.
+// again: e.g. "an earlier attempt is still in progress". The key is freed.
 func DoNotStore(c *gin.Context) { c.Set(noStoreKey, true) }
 
-func stored(c *gin.Context, status int) bool {
-	if c.GetBool(noStoreKey) {
-		return false
-	}
-	switch status {
-	case http.StatusBadRequest, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge,
-		http.StatusUnsupportedMediaType, http.StatusTooManyRequests:
-		return false
-	}
-	return status < 500
+// Policy says how a route treats Idempotency-Key.
+type Policy struct {
+	// Required: the key must be a token minted for this user by POST
+	// /api/v1/idempotency-tokens, and a request without one is refused.
+	// Otherwise the key is the client's choice, and optional.
+	Required bool
+	// RerunServerErrors: no 5xx is stored, so a retry runs the handler
+	// again. Only for handlers that converge when run twice with one key,
+	// because their own write records it (one order row per key; paying a
+	// paid order answers the same). Otherwise a 500 is stored, as Stripe
+	// does, since running again might repeat a write that landed.
+	RerunServerErrors bool
 }
 
-func titled(e *problem.Error, title string) *problem.Error { e.Title = title; return e }
-
-func missing() error {
-	return titled(problem.New(http.StatusBadRequest, "idempotency-key-missing",
-		"send an Idempotency-Key header with a token from POST /api/v1/idempotency-tokens"), "Idempotency-Key missing")
-}
-
-func unknown() error {
-	return titled(problem.New(http.StatusUnprocessableEntity, "idempotency-key-unknown",
-		"the Idempotency-Key was not issued to you or has expired; get a new one from POST /api/v1/idempotency-tokens"), "Idempotency-Key unknown")
-}
-
-func reused() error {
-	return titled(problem.New(http.StatusUnprocessableEntity, "idempotency-key-reused",
-		"the Idempotency-Key was used for a different request (method, path or body); use a new token for a new request"), "Idempotency-Key reused")
-}
-
-func inUse() error {
-	e := titled(problem.New(http.StatusConflict, "idempotency-key-in-use",
-		"a request with this Idempotency-Key is still running; retry later to get its response"), "Idempotency-Key in use")
-	e.RetryAfter = 1
-	return e
-}
-
-// Middleware enforces Idempotency-Key on the routes it guards. It must run
-// after auth's User middleware: tokens belong to users.
+// Middleware guards a route that requires a minted token: POST
+// /api/v1/orders. It must run after auth's User middleware.
 func (m *Idem) Middleware() gin.HandlerFunc {
+	return m.Guard(Policy{Required: true, RerunServerErrors: true})
+}
+
+// Optional guards a money-moving route where the client may send a key of
+// its own (deposit, withdraw, transfer, seckill purchase). It must run
+// after auth's User middleware.
+func (m *Idem) Optional() gin.HandlerFunc { return m.Guard(Policy{}) }
+
+// Guard returns the middleware for p. It must run after auth's User
+// middleware: keys belong to users.
+func (m *Idem) Guard(p Policy) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		raw := c.GetHeader(KeyHeader)
-		if raw == "" {
+		values := c.Request.Header.Values(KeyHeader)
+		switch {
+		case len(values) == 0 && p.Required:
 			problem.Write(c, missing())
 			return
+		case len(values) == 0:
+			c.Next()
+			return
+		case len(values) > 1:
+			problem.Write(c, invalid(fmt.Sprintf("send one Idempotency-Key header, not %d", len(values))))
+			return
 		}
-		token, user := parseKey(raw), auth.UserID(c)
+		key, err := parseKey(values[0])
+		if err != nil {
+			problem.Write(c, invalid(err.Error()))
+			return
+		}
+		user := auth.UserID(c)
 		body, err := io.ReadAll(c.Request.Body)
 		if err != nil {
 			var mbe *http.MaxBytesError
@@ -101,65 +106,55 @@ func (m *Idem) Middleware() gin.HandlerFunc {
 			return
 		}
 		c.Request.Body = io.NopCloser(bytes.NewReader(body))
-		fp := fingerprint(c.Request.Method, c.Request.URL.RequestURI(), body)
+		fp := fingerprint(c.Request.Method, c.Request.URL.EscapedPath(), c.Request.URL.Query().Encode(), user, body)
 
-		ctx := c.Request.Context()
-		rec, err := m.load(ctx, user, token)
-		if m.answered(c, rec, fp, err) {
-			return
-		}
-		lease, err := m.o.Locker.TryAcquire(ctx, LockKey(user, token), m.o.LockOptions...)
-		if errors.Is(err, lockkit.ErrNotAcquired) {
-			if rec.fp != "" && rec.fp != fp {
-				problem.Write(c, reused())
-				return
-			}
-			problem.Write(c, inUse())
-			return
-		}
-		if err != nil {
+		v, run, rec, err := m.claim(c.Request.Context(), user, key, fp, p.Required)
+		switch {
+		case err != nil:
 			problem.Write(c, err)
-			return
+		case v == unknownKey:
+			problem.Write(c, unknown())
+		case v == inUse:
+			problem.Write(c, inUseError())
+		case v == decided && rec.status != 0 && rec.fp == fp:
+			replay(c, rec)
+		case v == decided:
+			// Another request's response, or another request that ran
+			// and crashed or failed half-way: the key is its.
+			problem.Write(c, reused())
+		default:
+			c.Set(tokenKey, key)
+			m.run(c, p, user, key, run, fp)
 		}
-		defer func() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-			defer cancel()
-			_ = lease.Release(rctx) // if it expired meanwhile, there is nothing left to free
-		}()
-		// One round trip under the lock: the record is read again (the first
-		// request may have finished between the read above and the grant)
-		// and, if nothing decides the answer, bound to this request.
-		rec, claimed, err := m.claim(ctx, user, token, fp)
-		if !claimed {
-			if !m.answered(c, rec, fp, err) {
-				// An earlier request with another body ran and crashed or
-				// failed half-way: the token is its, not this request's.
-				problem.Write(c, reused())
-			}
-			return
-		}
-		c.Set(tokenKey, token)
-		m.run(c, lease, user, token, fp)
 	}
 }
 
-// answered writes the response a token's state decides without running the
-// handler: an error, a replay, or a mismatch. It returns false when the
-// request should run.
-func (m *Idem) answered(c *gin.Context, rec record, fp string, err error) bool {
-	switch {
-	case errors.Is(err, ErrUnknownKey):
-		problem.Write(c, unknown())
-	case err != nil:
-		problem.Write(c, err)
-	case rec.status == 0:
-		return false
-	case rec.fp != fp:
-		problem.Write(c, reused())
-	default:
-		replay(c, rec)
-	}
-	return true
+func titled(e *problem.Error, title string) *problem.Error { e.Title = title; return e }
+
+func missing() error {
+	return titled(problem.New(http.StatusBadRequest, "idempotency-key-missing",
+		"send an Idempotency-Key header with a token from POST /api/v1/idempotency-tokens"), "Idempotency-Key missing")
+}
+
+func invalid(detail string) error {
+	return titled(problem.New(http.StatusBadRequest, "idempotency-key-invalid", detail), "Idempotency-Key invalid")
+}
+
+func unknown() error {
+	return titled(problem.New(http.StatusUnprocessableEntity, "idempotency-key-unknown",
+		"the Idempotency-Key was not issued to you or has expired; get a new one from POST /api/v1/idempotency-tokens"), "Idempotency-Key unknown")
+}
+
+func reused() error {
+	return titled(problem.New(http.StatusUnprocessableEntity, "idempotency-key-reused",
+		"the Idempotency-Key was used for a different request (method, path or body); use a new key for a new request"), "Idempotency-Key reused")
+}
+
+func inUseError() error {
+	e := titled(problem.New(http.StatusConflict, "idempotency-key-in-use",
+		"a request with this Idempotency-Key is still running; retry later to get its response"), "Idempotency-Key in use")
+	e.RetryAfter = 1
+	return e
 }
 
 func replay(c *gin.Context, rec record) {
@@ -172,49 +167,74 @@ func replay(c *gin.Context, rec record) {
 		c.Writer.Header().Set(k, v)
 	}
 	c.Writer.Header().Set(ReplayedHeader, "true")
+	if rec.rid != "" {
+		c.Writer.Header().Set(ReplayedRequestIDHeader, rec.rid)
+	}
 	c.Writer.WriteHeader(rec.status)
 	_, _ = c.Writer.WriteString(rec.body)
 	c.Abort()
 }
 
-// run calls the handler with a context that ends if the lease is lost (a
-// duplicate may then run: the handler's own uniqueness must hold the line),
-// captures its response, and stores it or frees the token.
-func (m *Idem) run(c *gin.Context, lease lockkit.Lease, user int64, token, fp string) {
+// stores reports whether a response with status is kept for retries.
+func (p Policy) stores(c *gin.Context, status int) bool {
+	if c.GetBool(noStoreKey) {
+		return false
+	}
+	switch status {
+	case http.StatusBadRequest, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge,
+		http.StatusUnsupportedMediaType, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return false
+	}
+	return status < 500 || !p.RerunServerErrors
+}
+
+// run calls the handler with a context that ends if the key's lease is lost
+// (a duplicate may then run: the handler's own fences and uniqueness must
+// hold the line), captures its response, and stores it or frees the key.
+func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string) {
+	recKey, leaseKey := m.keys(user, key)
 	parent := c.Request.Context()
 	ctx, cancel := context.WithCancelCause(parent)
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		select {
-		case <-lease.Lost():
-			cancel(lockkit.ErrLeaseLost)
-		case <-ctx.Done():
-		}
+		m.keepLease(ctx, cancel, recKey, leaseKey, run)
 	}()
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
-	defer fcancel()
-	k := m.key(user, token)
+	// The writes after the handler get their own time, from when it ends:
+	// a handler may wait long for its locks.
+	var fctx context.Context
+	release := func() {
+		if err := releaseScript.Run(fctx, m.client, []string{recKey, leaseKey}, run).Err(); err != nil {
+			// The lease expires on its own; the key is blocked until then.
+			slog.WarnContext(fctx, "idem: free key", "key", recKey, "run", run, "err", err)
+		}
+	}
+
 	w := &capture{ResponseWriter: c.Writer}
 	c.Writer = w
 	c.Request = c.Request.WithContext(ctx)
-	defer func() {
-		cancel(nil)
-		<-watchDone
-		c.Writer = w.ResponseWriter
-		if rec := recover(); rec != nil {
-			// Recover, further out, answers 500: a retry may run again.
-			_ = unclaimScript.Run(fctx, m.client, []string{k}).Err()
-			panic(rec)
+	panicked, stack := next(c)
+	cancel(nil)
+	<-watchDone
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
+	defer fcancel()
+	if panicked != nil {
+		if panicked == http.ErrAbortHandler || p.RerunServerErrors || w.Written() {
+			release()
+			c.Writer = w.ResponseWriter
+			panic(panicked) // Recover, further out, answers 500
 		}
-	}()
-	c.Next()
+		// A panic may come after a write that landed: answer the 500 here,
+		// through the capture, so that it is stored like any other 500.
+		slog.ErrorContext(fctx, "panic in handler", "request_id", w.Header().Get(problem.RequestIDHeader),
+			"panic", panicked, "stack", string(stack))
+		problem.Write(c, errors.New("panic"))
+	}
+	c.Writer = w.ResponseWriter
 
 	status := w.Status()
-	if !stored(c, status) || w.overflow {
-		if err := unclaimScript.Run(fctx, m.client, []string{k}).Err(); err != nil {
-			slog.WarnContext(fctx, "idem: free token", "key", LockKey(user, token), "err", err)
-		}
+	if !p.stores(c, status) || w.overflow {
+		release()
 		return
 	}
 	header := map[string]string{}
@@ -224,10 +244,55 @@ func (m *Idem) run(c *gin.Context, lease lockkit.Lease, user int64, token, fp st
 		}
 	}
 	hj, _ := json.Marshal(header)
-	if err := storeScript.Run(fctx, m.client, []string{k}, fp, status, hj, w.body.Bytes()).Err(); err != nil {
-		// The client has its answer; a retry will run again, and the
-		// handler's own uniqueness (e.g. one order per key) must catch it.
-		slog.ErrorContext(fctx, "idem: store response", "key", LockKey(user, token), "status", status, "err", err)
+	rid := w.Header().Get(problem.RequestIDHeader)
+	stored, err := storeScript.Run(fctx, m.client, []string{recKey, leaseKey}, run, fp, status, hj, w.body.Bytes(), rid).Int()
+	switch {
+	case err != nil:
+		// The client has its answer; a retry once the lease expires runs
+		// again, and the handler's own fences and uniqueness must catch it.
+		slog.ErrorContext(fctx, "idem: store response", "key", recKey, "status", status, "err", err)
+	case stored == 0:
+		slog.WarnContext(fctx, "idem: response not stored: the key expired, or was claimed again after this request's lease lapsed",
+			"key", recKey, "run", run, "status", status)
+	}
+}
+
+// next runs the rest of the chain and returns what it panicked with.
+func next(c *gin.Context) (panicked any, stack []byte) {
+	defer func() {
+		if panicked = recover(); panicked != nil {
+			stack = debug.Stack()
+		}
+	}()
+	c.Next()
+	return nil, nil
+}
+
+// keepLease renews the key's lease every third of its TTL until ctx ends,
+// and calls lost once the lease can no longer be trusted: the record names
+// a later run, or no renewal succeeded for a whole lease.
+func (m *Idem) keepLease(ctx context.Context, lost context.CancelCauseFunc, recKey, leaseKey, run string) {
+	t := time.NewTicker(m.o.Lease / 3)
+	defer t.Stop()
+	valid := time.Now().Add(m.o.Lease)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, m.o.Lease/3)
+		ok, err := renewScript.Run(rctx, m.client, []string{recKey, leaseKey}, run, m.o.Lease.Milliseconds()).Int()
+		cancel()
+		switch {
+		case err == nil && ok == 1:
+			valid = start.Add(m.o.Lease)
+		case err == nil || time.Now().After(valid):
+			slog.WarnContext(ctx, "idem: lease lost", "key", recKey, "run", run, "err", err)
+			lost(lockkit.ErrLeaseLost)
+			return
+		}
 	}
 }
 
@@ -263,6 +328,13 @@ func (m *Idem) Register(api *gin.RouterGroup) {
 
 func (m *Idem) issue(c *gin.Context) {
 	t, err := m.Issue(c.Request.Context(), auth.UserID(c))
+	var full *TokensExhaustedError
+	if errors.As(err, &full) {
+		e := titled(problem.New(http.StatusTooManyRequests, "idempotency-tokens-exhausted", full.Error()), "Idempotency tokens exhausted")
+		e.RetryAfter = max(1, int(math.Ceil(full.RetryAfter.Seconds())))
+		problem.Write(c, e)
+		return
+	}
 	if err != nil {
 		problem.Write(c, err)
 		return

@@ -155,12 +155,20 @@ func (c *combined) serve(sku string, batch []*order) {
 	defer cancel()
 	purchases := make([]Purchase, len(live))
 	sold := make([]bool, len(live))
+	var wrote bool
 	err := lockkit.Do(ctx, c.locker, Key(sku), func(ctx context.Context, fence uint64) error {
 		for i, o := range live {
 			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: fence}
 		}
-		return c.store.updateMany(ctx, sku, fence, purchases, sold, c.delay)
+		err := c.store.updateMany(ctx, sku, fence, purchases, sold, c.delay)
+		wrote = err == nil
+		return err
 	}, c.opts...)
+	if wrote {
+		// As in locked.Purchase: sales the store accepted under an unbeaten
+		// fence stand even if Do then found the lease lost.
+		err = nil
+	}
 	if errors.Is(err, errNotCombinable) {
 		for _, o := range live {
 			p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 
@@ -23,12 +24,20 @@ func init() {
 type Domain struct {
 	Service Service
 	Store   *Store
+	// Idempotent guards the purchase (idem's Optional: a retry with the
+	// same Idempotency-Key gets the first answer); nil leaves it a plain
+	// POST.
+	Idempotent gin.HandlerFunc
 }
 
 // Register adds the user routes to api and the admin routes to admin.
 func (d *Domain) Register(api, admin *gin.RouterGroup) {
 	api.GET("/products/:sku", d.get)
-	api.POST("/seckill/:sku/purchase", d.purchase)
+	if d.Idempotent != nil {
+		api.POST("/seckill/:sku/purchase", d.Idempotent, d.purchase)
+	} else {
+		api.POST("/seckill/:sku/purchase", d.purchase)
+	}
 	admin.POST("/products", d.put)
 }
 
@@ -45,8 +54,8 @@ func (d *Domain) ForgetFences(ctx context.Context) error {
 // Checks are the inventory invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
 	return []audit.Check{
-		{Name: "oversold_units", By: "by_sku", Run: d.Store.Oversold},
-		{Name: "stock_drift", By: "by_sku", Run: d.Store.StockDrift},
+		{Name: "oversold_units", By: "by_sku", Unit: "units", Run: d.Store.Oversold},
+		{Name: "stock_drift", By: "by_sku", Unit: "units", Run: d.Store.StockDrift},
 	}
 }
 
@@ -121,8 +130,8 @@ func (r putRequest) product() (Product, error) {
 		return Product{}, problem.BadRequest(fmt.Sprintf("sku must be 1 to 64 letters, digits, '.', '-' or '_', got %q", *r.SKU))
 	case r.Name == nil || *r.Name == "":
 		return Product{}, problem.BadRequest("name is required")
-	case len(*r.Name) > 200:
-		return Product{}, problem.BadRequest(fmt.Sprintf("name must be at most 200 bytes, got %d", len(*r.Name)))
+	case utf8.RuneCountInString(*r.Name) > 200: // characters, as VARCHAR(200) and openapi's maxLength count
+		return Product{}, problem.BadRequest(fmt.Sprintf("name must be at most 200 characters, got %d", utf8.RuneCountInString(*r.Name)))
 	}
 	for _, f := range []struct {
 		name string

@@ -45,6 +45,8 @@ var (
 )
 
 var (
+	//go:embed check.lua
+	checkLua string
 	//go:embed write.lua
 	writeLua string
 	//go:embed toggle.lua
@@ -52,6 +54,7 @@ var (
 	//go:embed drift.lua
 	driftLua string
 
+	checkScript  = redis.NewScript(checkLua)
 	writeScript  = redis.NewScript(writeLua)
 	toggleScript = redis.NewScript(toggleLua)
 	driftScript  = redis.NewScript(driftLua)

@@ -305,30 +305,48 @@ func TestRegister(t *testing.T) {
 	}
 }
 
-// TestStaleFenceRefused: a holder whose lease ran out and who writes after
-// a later holder is refused, and its counter never moves.
+// TestStaleFenceRefused: the scripts' rules on their own. A check claims
+// the set for its token unless a higher one has; a write lands only under
+// the token the set carries.
 func TestStaleFenceRefused(t *testing.T) {
 	client := nodeClient(t)
 	s := newService(t, client, Options{Locker: lockkit.None()})
 	ctx := context.Background()
 	e := entities(t, s, 1)[0]
 	sp := s.strategy.(*spread)
-	run := func(user int64, fence uint64) int64 {
-		n, err := writeScript.Run(ctx, client, []string{sp.likers(e), sp.fence(e)}, user, "add", fence).Int64()
+	keys := []string{sp.likers(e), sp.fence(e)}
+	check := func(user int64, fence uint64) int64 {
+		n, err := checkScript.Run(ctx, client, keys, user, fence).Int64()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
-	if n := run(1, 5); n != 1 {
-		t.Fatalf("token 5: %d, want 1 (added)", n)
+	write := func(user int64, fence uint64) int64 {
+		n, err := writeScript.Run(ctx, client, keys, user, "add", fence).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
-	for _, stale := range []uint64{5, 4} {
-		if n := run(2, stale); n != -1 {
-			t.Fatalf("token %d after 5: %d, want -1 (refused)", stale, n)
+	if n := check(1, 5); n != 0 {
+		t.Fatalf("check under token 5: %d, want 0 (not a member)", n)
+	}
+	if n := write(1, 5); n != 1 {
+		t.Fatalf("write under the claimed token 5: %d, want 1 (added)", n)
+	}
+	if n := check(1, 5); n != 1 {
+		t.Fatalf("check again under token 5: %d, want 1 (a member)", n)
+	}
+	if n := check(2, 4); n != -1 {
+		t.Fatalf("check under token 4 after 5: %d, want -1 (refused)", n)
+	}
+	for _, other := range []uint64{4, 6} {
+		if n := write(2, other); n != -1 {
+			t.Fatalf("write under token %d, not the set's 5: %d, want -1 (refused)", other, n)
 		}
 	}
-	if n := run(2, 0); n != 1 {
+	if n := write(2, 0); n != 1 {
 		t.Fatalf("unfenced write: %d, want 1", n)
 	}
 }

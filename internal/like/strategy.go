@@ -25,6 +25,9 @@ type spread struct {
 	locker lockkit.Locker
 	opts   []lockkit.Option
 	delay  time.Duration
+	// beforeWrite, when set by a test, runs between the membership check
+	// and the writes.
+	beforeWrite func(ctx context.Context)
 }
 
 func (s *spread) likers(e Entity) string { return s.k.prefix + "{" + e.Ref.String() + "}:likers" }
@@ -44,42 +47,67 @@ func (s *spread) owned(owner int64) string {
 // reply would keep the counter right without a lock; docs/likes-orders.md
 // says so.)
 func (s *spread) set(ctx context.Context, e Entity, user int64, add bool) error {
-	return lockkit.Do(ctx, s.locker, Key(e.Ref), func(ctx context.Context, fence uint64) error {
-		member, err := s.client.SIsMember(ctx, s.likers(e), user).Result()
-		if err != nil {
-			return fmt.Errorf("like: check %s: %w", e.Ref, err)
-		}
-		if member == add {
-			return nil
-		}
-		if err := work(ctx, s.delay); err != nil {
-			return err
-		}
-		if ctx.Err() != nil { // the lease was lost or the client left: write nothing
-			return context.Cause(ctx)
-		}
-		op, delta := "rem", int64(-1)
-		if add {
-			op, delta = "add", 1
-		}
-		res, err := writeScript.Run(ctx, s.client, []string{s.likers(e), s.fence(e)}, user, op, fence).Int64()
-		if err != nil {
-			return fmt.Errorf("like: write %s: %w", e.Ref, err)
-		}
-		if res < 0 {
-			return fmt.Errorf("%w: likes of %s, token %d", lockkit.ErrFenced, e.Ref, fence)
-		}
-		// The set has changed: the counter must follow even if the request
-		// or the lease ends now, or the pair drifts for good. A crash right
-		// here still drifts by one; only the hashtag strategy's single
-		// script closes that gap, and the audit reports it.
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), counterTimeout)
-		defer cancel()
-		if err := s.client.IncrBy(wctx, s.received(e.Owner), delta).Err(); err != nil {
-			return fmt.Errorf("like: count for owner %d: %w", e.Owner, err)
-		}
-		return nil
+	var done bool
+	err := lockkit.Do(ctx, s.locker, Key(e.Ref), func(ctx context.Context, fence uint64) error {
+		err := s.setFenced(ctx, e, user, add, fence)
+		done = err == nil
+		return err
 	}, s.opts...)
+	if done {
+		// The set took the write under a token no later holder had beaten
+		// (or needed none): it stands even if Do then found the lease lost,
+		// and ErrLeaseLost would tell the client nothing changed.
+		return nil
+	}
+	return err
+}
+
+// setFenced is set's critical section, run under the lease whose token is
+// fence. The check claims the set for fence before it reads, and the write
+// lands only while the set still carries fence: a stale holder cannot
+// write between a newer holder's check and its write (the stores' claim
+// before read).
+func (s *spread) setFenced(ctx context.Context, e Entity, user int64, add bool, fence uint64) error {
+	member, err := checkScript.Run(ctx, s.client, []string{s.likers(e), s.fence(e)}, user, fence).Int64()
+	if err != nil {
+		return fmt.Errorf("like: check %s: %w", e.Ref, err)
+	}
+	if member < 0 {
+		return fmt.Errorf("%w: likes of %s, token %d", lockkit.ErrFenced, e.Ref, fence)
+	}
+	if (member == 1) == add {
+		return nil
+	}
+	if err := work(ctx, s.delay); err != nil {
+		return err
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite(ctx)
+	}
+	if ctx.Err() != nil { // the lease was lost or the client left: write nothing
+		return context.Cause(ctx)
+	}
+	op, delta := "rem", int64(-1)
+	if add {
+		op, delta = "add", 1
+	}
+	res, err := writeScript.Run(ctx, s.client, []string{s.likers(e), s.fence(e)}, user, op, fence).Int64()
+	if err != nil {
+		return fmt.Errorf("like: write %s: %w", e.Ref, err)
+	}
+	if res < 0 {
+		return fmt.Errorf("%w: likes of %s, token %d", lockkit.ErrFenced, e.Ref, fence)
+	}
+	// The set has changed: the counter must follow even if the request
+	// or the lease ends now, or the pair drifts for good. A crash right
+	// here still drifts by one; only the hashtag strategy's single
+	// script closes that gap, and the audit reports it.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), counterTimeout)
+	defer cancel()
+	if err := s.client.IncrBy(wctx, s.received(e.Owner), delta).Err(); err != nil {
+		return fmt.Errorf("like: count for owner %d: %w", e.Owner, err)
+	}
+	return nil
 }
 
 // drift reads one owner's counter and sets under the locks of all of the
@@ -94,22 +122,27 @@ func (s *spread) drift(ctx context.Context, owner int64, entities []Ref) (int64,
 	err := lockkit.DoMany(ctx, s.locker, lockKeys, func(ctx context.Context, _ map[string]uint64) error {
 		var counter *redis.StringCmd
 		cards := make([]*redis.IntCmd, len(entities))
-		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// Each reply is checked on its own: Pipelined returns only the
+		// first error, which is GET's redis.Nil when the owner has no
+		// likes, and would hide a failed SCARD read as an empty set.
+		_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			counter = p.Get(ctx, s.received(owner))
 			for i, r := range entities {
 				cards[i] = p.SCard(ctx, s.likers(Entity{Ref: r, Owner: owner}))
 			}
 			return nil
 		})
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return err
-		}
+		var err error
 		drift, err = counterValue(counter)
 		if err != nil {
 			return err
 		}
-		for _, c := range cards {
-			drift -= c.Val()
+		for i, c := range cards {
+			n, err := c.Result()
+			if err != nil {
+				return fmt.Errorf("like: likers of %s: %w", entities[i], err)
+			}
+			drift -= n
 		}
 		return nil
 	}, s.opts...)

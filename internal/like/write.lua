@@ -1,16 +1,13 @@
--- The lock strategy's membership write, fenced: a holder whose lease ran
--- out (its token is not above the last one that wrote this set) is refused.
+-- The lock strategy's membership write, fenced: it lands only while the
+-- set still carries the token its check claimed (check.lua). A newer
+-- holder's check claims a higher token, which refuses this write even if
+-- the newer holder has not written yet.
 -- KEYS[1] the entity's liker set, KEYS[2] the entity's fence (same slot)
 -- ARGV[1] user id, ARGV[2] "add" or "rem", ARGV[3] fencing token, 0 = unfenced
--- Returns SADD's or SREM's reply, or -1 when the token is stale.
-local fence = tonumber(ARGV[3])
-if fence > 0 then
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  -- <= and not <: one grant writes a set once, so a replay is refused too.
-  if fence <= last then
-    return -1
-  end
-  redis.call('SET', KEYS[2], ARGV[3])
+-- Returns SADD's or SREM's reply, or -1 when the token is no longer the set's.
+local token = tonumber(ARGV[3])
+if token > 0 and token ~= tonumber(redis.call('GET', KEYS[2]) or '0') then
+  return -1
 end
 if ARGV[2] == 'add' then
   return redis.call('SADD', KEYS[1], ARGV[1])

@@ -15,13 +15,26 @@ const releaseTimeout = 5 * time.Second
 // ErrLeaseLost as soon as the lease is lost, so fn can stop before writing;
 // a store that checks fence refuses the writes of an fn that does not.
 //
-// Do returns fn's error. If fn returned nil, its work is done and Do returns
-// nil even when the release then finds the lease already expired: reporting
-// a failure then would invite a retry of work that already happened.
+// Do returns fn's error if fn failed. If fn returned nil after its lease
+// was lost, Do returns ErrLeaseLost: fn's work ran at least partly without
+// the lock, and only the writes a store checked against fence are known to
+// be in order. A lease that is already lost when granted (a reply slower
+// than its TTL) is not handed to fn at all: Do returns ErrLeaseLost. A
+// release that finds the lease expired after fn returned in time is not
+// an error: the work was done under the lock.
 func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, fence uint64) error, opts ...Option) error {
 	lease, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
 		return err
+	}
+	release := func() {
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer relCancel()
+		_ = lease.Release(relCtx)
+	}
+	if closed(lease.Lost()) {
+		go release()
+		return ErrLeaseLost
 	}
 	fnCtx, cancel := context.WithCancelCause(ctx)
 	watchDone := make(chan struct{})
@@ -37,19 +50,16 @@ func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, 
 	cancel(nil)
 	<-watchDone
 
-	release := func() {
-		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer relCancel()
-		_ = lease.Release(relCtx)
-	}
-	select {
-	case <-lease.Lost():
+	if closed(lease.Lost()) {
 		// The release may not get through (a partition is a common reason
 		// to lose a lease); the caller's answer must not wait for it.
 		go release()
-	default:
-		release()
+		if err == nil {
+			err = ErrLeaseLost
+		}
+		return err
 	}
+	release()
 	return err
 }
 

@@ -39,24 +39,35 @@ type lease struct {
 	lost     chan struct{}
 	lostOnce sync.Once
 
+	// calls lets one Extend or renewal talk to the store at a time. The
+	// store keeps the TTL it applied last and the lease the deadline whose
+	// reply it processed last; only one request in flight makes them the
+	// same request.
+	calls chan struct{}
+
 	mu       sync.Mutex
 	ttl      time.Duration
 	deadline time.Time   // Lost closes here unless a renewal moves it
 	expiry   *time.Timer // fires at deadline
 	renewal  *time.Timer // the watchdog's next renewal, if any
-	renewing chan struct{}
 	released bool
+	// cancelRenewal ends the renewal in flight, if any: Release calls it.
+	cancelRenewal context.CancelFunc
 }
 
 // NewLease wraps a grant. The lease closes Lost at its deadline, renews
-// itself every TTL/3 with Watchdog, and stops both when released.
+// itself every TTL/3 with Watchdog, and stops both when released. A grant
+// already past its deadline is lost from the start.
 func NewLease(g Grant) Lease {
 	if g.Sent.IsZero() {
 		g.Sent = time.Now()
 	}
-	l := &lease{g: g, lost: make(chan struct{}), ttl: g.TTL, deadline: g.Sent.Add(g.TTL)}
+	l := &lease{g: g, lost: make(chan struct{}), calls: make(chan struct{}, 1), ttl: g.TTL, deadline: g.Sent.Add(g.TTL)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if !time.Now().Before(l.deadline) {
+		l.markLost()
+	}
 	l.expiry = time.AfterFunc(time.Until(l.deadline), l.markLost)
 	if g.Watchdog {
 		l.renewal = time.AfterFunc(g.TTL/3, l.renew)
@@ -90,36 +101,52 @@ func (l *lease) isLost() bool {
 
 // renew is the watchdog's tick, run by its timer.
 func (l *lease) renew() {
+	select {
+	case l.calls <- struct{}{}:
+	case <-l.lost: // released or expired while an Extend ran
+		return
+	}
+	defer func() { <-l.calls }()
 	l.mu.Lock()
 	if l.released || l.isLost() || closedChan(l.g.Closed) {
 		l.mu.Unlock()
 		return
 	}
-	done := make(chan struct{})
-	l.renewing = done
 	ttl, deadline := l.ttl, l.deadline
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	l.cancelRenewal = cancel
 	l.mu.Unlock()
 
 	sent := time.Now()
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	err := l.g.Extend(ctx, ttl)
 	cancel()
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	defer close(done)
-	l.renewing = nil
+	l.cancelRenewal = nil
+	l.settle(sent, ttl, err)
+	// After a transient error, try again at the next tick; the expiry
+	// timer ends the lease if no renewal succeeds in time.
+	if !l.released && !l.isLost() {
+		l.renewal.Reset(l.ttl / 3)
+	}
+}
+
+// settle records the outcome of a store Extend of ttl sent at sent. It is
+// called with l.mu held.
+func (l *lease) settle(sent time.Time, ttl time.Duration, err error) {
 	switch {
 	case err == nil:
+		l.ttl = ttl
 		l.moveDeadline(sent.Add(ttl))
 	case errors.Is(err, ErrNotHeld):
 		l.markLost()
-		return
-	}
-	// Any other error is transient: try again at the next tick; the expiry
-	// timer ends the lease if no renewal succeeds in time.
-	if !l.released {
-		l.renewal.Reset(ttl / 3)
+	default:
+		// No reply: the store may or may not have applied ttl, so
+		// trust the earlier of the two deadlines it may be keeping.
+		if d := sent.Add(ttl); d.Before(l.deadline) {
+			l.moveDeadline(d)
+		}
 	}
 }
 
@@ -136,22 +163,29 @@ func (l *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l.isLost() {
 		return ErrLeaseLost
 	}
+	select {
+	case l.calls <- struct{}{}:
+	case <-l.lost:
+		return ErrLeaseLost
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-l.calls }()
+	if l.isLost() {
+		return ErrLeaseLost
+	}
 	sent := time.Now()
 	err := l.g.Extend(ctx, ttl)
-	if errors.Is(err, ErrNotHeld) {
-		l.markLost()
-		return err
-	}
-	if err != nil {
-		return err
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.ttl = ttl
-	l.moveDeadline(sent.Add(ttl))
-	return nil
+	l.settle(sent, ttl, err)
+	return err
 }
 
+// Release does not wait for a renewal in flight: the store's extend is
+// owner-checked, so a renewal that lands after the release finds nothing
+// of this owner's to extend. Trust ends as the release leaves: the store
+// may free the key at any moment from then on.
 func (l *lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {
@@ -162,18 +196,13 @@ func (l *lease) Release(ctx context.Context) error {
 	if l.renewal != nil {
 		l.renewal.Stop()
 	}
-	renewing := l.renewing
-	l.mu.Unlock()
-	if renewing != nil {
-		<-renewing // a renewal in flight must not re-extend what we free
-	}
-
-	err := l.g.Release(ctx)
-	l.mu.Lock()
 	l.expiry.Stop()
+	if l.cancelRenewal != nil {
+		l.cancelRenewal()
+	}
 	l.mu.Unlock()
 	l.markLost()
-	return err
+	return l.g.Release(ctx)
 }
 
 func closedChan(ch <-chan struct{}) bool {

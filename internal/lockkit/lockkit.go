@@ -24,8 +24,9 @@ var (
 	// owns the key (it expired, or was never granted to this owner). Nothing
 	// was changed.
 	ErrNotHeld = errors.New("lockkit: lock not held by this owner")
-	// ErrLeaseLost is returned by Do when fn finished after its lease was
-	// lost, and by Extend once Lost has closed.
+	// ErrLeaseLost is returned by Do when fn returned nil after its lease
+	// was lost (fn's work ran partly unlocked) or when the lease was lost
+	// before fn could run, and by Extend once Lost has closed.
 	ErrLeaseLost = errors.New("lockkit: lease lost")
 	// ErrFenced is returned by fenced stores when a write carries a fencing
 	// token older than one already applied: a stale holder tried to write.

@@ -27,6 +27,7 @@ import (
 	"syscall"
 
 	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
@@ -121,7 +122,14 @@ func add(m mapping) {
 	registry = append(registry, m)
 }
 
+// ErrShuttingDown is the cause with which shutdown cancels the requests
+// that outlived SHOP_SHUTDOWN_TIMEOUT: their transactions roll back, and
+// the client is told to retry elsewhere.
+var ErrShuttingDown = errors.New("this instance is shutting down")
+
 func init() {
+	add(mapping{target: ErrShuttingDown, status: http.StatusServiceUnavailable, slug: "shutting-down",
+		title: "Shutting down", retryAfter: 1, generic: "this instance is shutting down and stopped the request before it finished; retry it"})
 	// A lock held by someone else for longer than the wait timeout, or a
 	// lease lost before the write: the request changed nothing, the same
 	// request will most likely succeed in a moment, and the cause is on the
@@ -179,6 +187,14 @@ func From(err error) (Details, http.Header) {
 		return details(m.status, m.slug, m.title, detail), h
 	}
 	switch {
+	case errors.Is(err, mysql.ErrInvalidConn):
+		// The driver sent a statement and the connection broke before the
+		// reply: a COMMIT may have landed (seen in TestLockServerRestart:
+		// a deposit answered so was in the balance). Neither "nothing was
+		// changed" nor a bug; and no Retry-After, which would invite a
+		// blind retry of a change that may have been applied.
+		return details(http.StatusServiceUnavailable, "outcome-unknown", "Outcome unknown",
+			"the database connection broke before it confirmed this request's change, which may or may not have been applied; read the resource before retrying, or retry with the same Idempotency-Key"), h
 	case unreachable(err):
 		h.Set("Retry-After", "1")
 		return details(http.StatusServiceUnavailable, "unavailable", "Dependency unavailable",
@@ -229,8 +245,9 @@ func Write(c *gin.Context, err error) {
 		if d.Status == http.StatusServiceUnavailable {
 			level = slog.LevelWarn
 		}
-		slog.Log(c.Request.Context(), level, "request failed",
-			"request_id", c.Writer.Header().Get(RequestIDHeader), "status", d.Status, "err", err)
+		// The request id comes with the context (the service's log handler
+		// adds it to every line of a request).
+		slog.Log(c.Request.Context(), level, "request failed", "status", d.Status, "err", err)
 	}
 	_ = c.Error(err) // for the request log
 	Render(c, d)
@@ -286,9 +303,7 @@ func Recover() gin.HandlerFunc {
 			if rec == http.ErrAbortHandler {
 				panic(rec)
 			}
-			slog.ErrorContext(c.Request.Context(), "panic in handler",
-				"request_id", c.Writer.Header().Get(RequestIDHeader), "panic", rec,
-				"stack", string(debug.Stack()))
+			slog.ErrorContext(c.Request.Context(), "panic in handler", "panic", rec, "stack", string(debug.Stack()))
 			if c.Writer.Written() {
 				return // too late for a problem body
 			}

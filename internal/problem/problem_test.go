@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/lockbench/shop/internal/lockkit"
 )
@@ -32,6 +33,13 @@ func TestFrom(t *testing.T) {
 		{"busy", lockkit.ErrNotAcquired, 503, "lock-busy", "wait timeout", "1"},
 		{"unavailable-hides-address", fmt.Errorf("%w: dial 10.0.0.7:6379", lockkit.ErrUnavailable), 503, "unavailable", "unreachable", "1"},
 		{"net-error", &net.OpError{Op: "dial", Err: errors.New("refused")}, 503, "unavailable", "unreachable", "1"},
+		// A statement whose connection MariaDB closed before the reply, as
+		// it stopped: seen in make faults, TestLockServerRestart, from the
+		// account store, which passes gorm's errors up unwrapped. It may
+		// have committed, so it is neither unavailable (nothing changed)
+		// nor internal; and no Retry-After.
+		{"mysql-reply-lost", fmt.Errorf("deposit: %w", mysql.ErrInvalidConn), 503, "outcome-unknown", "may or may not have been applied", ""},
+		{"mysql-statement-error", &mysql.MySQLError{Number: 1146, Message: "Table 'secret' doesn't exist"}, 500, "internal", "request id", ""},
 		{"internal-hides-message", errors.New("pq: secret table missing"), 500, "internal", "request id", ""},
 		{"made-here", BadRequest("quantity must be a positive integer, got -3"), 400, "invalid-input", "got -3", ""},
 	} {
@@ -73,6 +81,8 @@ func TestDecodeJSON(t *testing.T) {
 		{`{"n":1}`, "application/json", 0, ""},
 		{`{"n":1}`, "application/json; charset=utf-8", 0, ""},
 		{`{"n":1}`, "text/plain", 415, "send application/json"},
+		{`{"n":1}`, "", 415, "but no Content-Type; send application/json"},
+		{``, "", 400, "body is empty"},
 		{`{"n":"1"}`, "application/json", 400, "n must be an integer"},
 		{`{"n":1e400}`, "application/json", 400, "got 1e400"},
 		{`{"m":1}`, "application/json", 400, `unknown field "m"`},
@@ -87,7 +97,9 @@ func TestDecodeJSON(t *testing.T) {
 		var got error
 		r.POST("/", func(c *gin.Context) { var v req; got = DecodeJSON(c, &v) })
 		rq := httptest.NewRequest("POST", "/", strings.NewReader(tc.body))
-		rq.Header.Set("Content-Type", tc.ctype)
+		if tc.ctype != "" {
+			rq.Header.Set("Content-Type", tc.ctype)
+		}
 		r.ServeHTTP(httptest.NewRecorder(), rq)
 		if tc.status == 0 {
 			if got != nil {

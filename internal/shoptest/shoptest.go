@@ -137,12 +137,14 @@ type Instance struct {
 	err  error // the process's exit, once done is closed
 }
 
-// Start runs bin serve with env (plus SHOP_HTTP_ADDR=127.0.0.1:0 and JSON
-// logs unless given), waits until it listens, and stops it with SIGTERM when
-// the test ends. Its logs are printed if the test failed.
+// Start runs bin serve with env (plus SHOP_HTTP_ADDR=127.0.0.1:0, JSON
+// logs, the reset allowed and no drain delay, unless given), waits until
+// it listens, and stops it with SIGTERM when the test ends. Its logs are printed if the test failed.
 func Start(t testing.TB, bin string, env map[string]string) *Instance {
 	t.Helper()
-	full := map[string]string{"SHOP_HTTP_ADDR": "127.0.0.1:0", "SHOP_LOG_FORMAT": "json"}
+	// Tests reset their data and stop instances often: no drain delay.
+	full := map[string]string{"SHOP_HTTP_ADDR": "127.0.0.1:0", "SHOP_LOG_FORMAT": "json",
+		"SHOP_ALLOW_RESET": "true", "SHOP_DRAIN_DELAY": "0"}
 	for k, v := range env {
 		full[k] = v
 	}

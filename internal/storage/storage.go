@@ -3,9 +3,11 @@
 package storage
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -26,6 +28,10 @@ type Options struct {
 	SQLitePath string
 	// MaxConns bounds the MySQL pool. SQLite always uses one connection.
 	MaxConns int
+	// SlowQuery, when above 0, logs every statement that takes longer at
+	// WARN on Log (slog.Default() when nil).
+	SlowQuery time.Duration
+	Log       *slog.Logger
 }
 
 // DB is an open database.
@@ -38,9 +44,12 @@ type DB struct {
 
 // Open connects and checks the connection. The caller closes the DB.
 func Open(ctx context.Context, o Options) (*DB, error) {
-	// gorm's own logger prints every slow statement to stdout; shop logs
-	// through slog and reports errors where they are handled.
-	gcfg := &gorm.Config{Logger: logger.Discard, TranslateError: true}
+	// gorm's own logger prints to stdout; shop logs through slog.
+	var gl logger.Interface = logger.Discard
+	if o.SlowQuery > 0 {
+		gl = slowLog{log: cmp.Or(o.Log, slog.Default()), threshold: o.SlowQuery}
+	}
+	gcfg := &gorm.Config{Logger: gl, TranslateError: true}
 	db := &DB{}
 	var dial gorm.Dialector
 	if o.MySQLDSN != "" {

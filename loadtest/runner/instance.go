@@ -215,6 +215,9 @@ func shopEnv(o options, e testEnv, s spec, sec secrets, dsn, prefix, addr string
 	}
 	return append(env,
 		"SHOP_ENV=production",
+		// The run starts from a reset; the instances stop at once between rows.
+		"SHOP_ALLOW_RESET=true",
+		"SHOP_DRAIN_DELAY=0",
 		"SHOP_HTTP_ADDR="+addr,
 		"SHOP_LOCK_BACKEND="+s.Backend,
 		"SHOP_STOCK_STRATEGY="+s.Strategy,

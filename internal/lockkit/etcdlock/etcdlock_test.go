@@ -25,6 +25,13 @@ func TestConformance(t *testing.T) {
 	endpoints := serverEndpoints(t)
 	locktest.Run(t, locktest.Harness{
 		New: func(t testing.TB) lockkit.Locker { return open(t, endpoints) },
+		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker {
+			proxied := make([]string, len(endpoints))
+			for i, e := range endpoints {
+				proxied[i] = w.Proxy(e)
+			}
+			return open(t, proxied)
+		},
 		// An operator deletes the holder's key.
 		Steal: func(t testing.TB, key string) {
 			c := dial(t, endpoints)

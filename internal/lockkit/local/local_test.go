@@ -1,6 +1,7 @@
 package local_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -13,17 +14,46 @@ func TestConformance(t *testing.T) {
 	// One store shared by every client, as one process shares one Locker.
 	var (
 		store   = local.New()
-		clients = func(testing.TB) lockkit.Locker { return sharedClient{store} }
+		clients = func(testing.TB) lockkit.Locker { return newClient(store) }
 	)
 	locktest.Run(t, locktest.Harness{
 		New:   clients,
 		Steal: func(_ testing.TB, key string) { store.Steal(key) },
-		TTL:   200 * time.Millisecond,
+		// No network: the store counts its operations on the wire.
+		Wired: func(_ testing.TB, w *locktest.Wire) lockkit.Locker {
+			store.CountOps(w.CountCall)
+			return newClient(store)
+		},
+		TTL: 200 * time.Millisecond,
 	})
 }
 
-// sharedClient hands the suite a view of one store whose Close does nothing,
-// the way several goroutines of one process share a Locker.
-type sharedClient struct{ *local.Locker }
+// client hands the suite a view of one store, the way several goroutines
+// of one process share a Locker. Closing the view ends its own waits, not
+// the store.
+type client struct {
+	*local.Locker
+	closed context.Context
+	close  context.CancelFunc
+}
 
-func (sharedClient) Close() error { return nil }
+func newClient(store *local.Locker) client {
+	ctx, cancel := context.WithCancel(context.Background())
+	return client{store, ctx, cancel}
+}
+
+func (c client) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(c.closed, cancel)()
+	lease, err := c.Locker.Acquire(ctx, key, opts...)
+	if c.closed.Err() != nil && err != nil {
+		return nil, lockkit.ErrClosed
+	}
+	return lease, err
+}
+
+func (c client) Close() error {
+	c.close()
+	return nil
+}

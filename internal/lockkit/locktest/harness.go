@@ -6,6 +6,7 @@
 //		locktest.Run(t, locktest.Harness{
 //			New:   func(t testing.TB) lockkit.Locker { return mybackend.New(...) },
 //			Steal: func(t testing.TB, key string) { /* delete the key in the store */ },
+//			Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker { return mybackend.New(w.Proxy(addr)) },
 //			TTL:   300 * time.Millisecond,
 //		})
 //	}
@@ -38,6 +39,13 @@ type Harness struct {
 	// CrashSlack is how long after TTL a dead holder's grant may linger,
 	// e.g. ZooKeeper's session timeout.
 	CrashSlack time.Duration
+	// Wired opens a client like New, but with every connection to its
+	// servers passing through w: w.DialContext as the client's dialer, or
+	// w.Proxy(addr) in place of each server address. The suite counts the
+	// calls a waiting client makes with it and silences the server with
+	// it. An in-process backend has no wire: it counts its store
+	// operations with w.CountCall, and silencing changes nothing for it.
+	Wired func(t testing.TB, w *Wire) lockkit.Locker
 	// Caps overrides the Capabilities the Locker declares (for a Locker
 	// that does not implement lockkit.Describer).
 	Caps *lockkit.Capabilities

@@ -56,10 +56,16 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ExpiryAfterHolderDies", s.expiryAfterCrash)
 	t.Run("OwnerCheckedRelease", s.ownerCheckedRelease)
 	t.Run("Extend", s.extend)
+	t.Run("ExtendAfterTakeover", s.extendAfterTakeover)
+	t.Run("ExtendRacingWatchdog", s.extendRacingWatchdog)
 	t.Run("WatchdogOutlives3TTLs", s.watchdog)
 	t.Run("LostWhenDeletedBehindHoldersBack", s.lostSignal)
 	t.Run("FencesStrictlyIncrease", s.fences)
 	t.Run("CancelWhileWaiting", s.cancelWhileWaiting)
+	t.Run("CancelWhileWaitingOnSilentServer", s.cancelOnSilentServer)
+	t.Run("ReleaseWhileRenewalHangs", s.releaseWhileRenewalHangs)
+	t.Run("CloseRacingAcquireLeaksNothing", s.closeRacingAcquire)
+	t.Run("WaitWithoutPolling", s.waitWithoutPolling)
 	t.Run("WaitTimeout", s.waitTimeout)
 	t.Run("TryAcquireOnHeldKey", s.tryAcquireHeld)
 	t.Run("Reentrancy", s.reentrancy)
@@ -101,17 +107,33 @@ func (s *suite) crashBound() time.Duration { return 2*s.h.TTL + s.h.CrashSlack +
 func (s *suite) mutualExclusion(t *testing.T) {
 	lockers := []lockkit.Locker{s.open(t), s.open(t), s.open(t), s.open(t)}
 	const goroutines, iterations = 32, 5
-	lost := CountLostUpdates(t, lockers, s.key(t), goroutines, iterations, lockkit.WithAutoRenew(s.h.TTL))
-	if lost != 0 {
-		t.Fatalf("%d of %d increments lost: two holders overlapped", lost, goroutines*iterations)
+	c := Contend(t, lockers, s.key(t), goroutines, iterations, lockkit.WithAutoRenew(s.h.TTL))
+	if c.Overlaps != 0 || c.Lost != 0 {
+		t.Fatalf("two holders at once: %d critical sections entered while another was inside, %d of %d increments lost",
+			c.Overlaps, c.Lost, goroutines*iterations)
+	}
+	if c.LeasesLost > 0 {
+		t.Logf("%d leases lost while their holder was inside (a loaded machine), none overlapped", c.LeasesLost)
 	}
 }
 
-// CountLostUpdates runs goroutines that each increment an unprotected
-// counter iterations times under key, spread over lockers, all released at
-// once, and returns how many increments were lost. A lock returns 0;
-// lockkit.None shows what the lock prevents.
-func CountLostUpdates(t testing.TB, lockers []lockkit.Locker, key string, goroutines, iterations int, opts ...lockkit.Option) int {
+// Contention is what Contend saw.
+type Contention struct {
+	// Overlaps counts critical sections entered while another was inside:
+	// any at all means two holders at once, even if no update was lost.
+	Overlaps int
+	// Lost counts the increments that overlapping sections overwrote.
+	Lost int
+	// LeasesLost counts sections whose lease was lost before they ended
+	// (Do's ErrLeaseLost): slow, but exclusive unless Overlaps says not.
+	LeasesLost int
+}
+
+// Contend runs goroutines that each increment an unprotected counter
+// iterations times under key, spread over lockers, all released at once.
+// A lock yields a zero Contention; lockkit.None shows what the lock
+// prevents.
+func Contend(t testing.TB, lockers []lockkit.Locker, key string, goroutines, iterations int, opts ...lockkit.Option) Contention {
 	t.Helper()
 	var (
 		// Atomic loads and stores keep the race detector quiet; the
@@ -119,16 +141,20 @@ func CountLostUpdates(t testing.TB, lockers []lockkit.Locker, key string, gorout
 		counter atomic.Int64
 		inside  atomic.Int32
 		overlap atomic.Int32
-		start   = make(chan struct{})
-		wg      sync.WaitGroup
-		errs    = make(chan error, goroutines)
+		// leasesLost counts sections Do reported ErrLeaseLost for.
+		leasesLost atomic.Int32
+		start      = make(chan struct{})
+		wg         sync.WaitGroup
+		errs       = make(chan error, goroutines)
 	)
 	for g := range goroutines {
 		wg.Go(func() {
 			l := lockers[g%len(lockers)]
 			<-start
-			for range iterations {
+			for done := 0; done < iterations; {
+				ran := false
 				err := lockkit.Do(context.Background(), l, key, func(context.Context, uint64) error {
+					ran = true
 					if inside.Add(1) > 1 {
 						overlap.Add(1)
 					}
@@ -138,7 +164,18 @@ func CountLostUpdates(t testing.TB, lockers []lockkit.Locker, key string, gorout
 					inside.Add(-1)
 					return nil
 				}, opts...)
-				if err != nil {
+				if ran {
+					done++
+				}
+				switch {
+				case errors.Is(err, lockkit.ErrLeaseLost):
+					// Not handed over (ran is false: try again), or lost
+					// while inside: whether another holder came in
+					// meanwhile is for the overlap count to say.
+					if ran {
+						leasesLost.Add(1)
+					}
+				case err != nil:
 					errs <- err
 					return
 				}
@@ -151,10 +188,8 @@ func CountLostUpdates(t testing.TB, lockers []lockkit.Locker, key string, gorout
 	for err := range errs {
 		t.Fatalf("Do: %v", err)
 	}
-	if overlap.Load() > 0 {
-		t.Logf("%d critical sections overlapped", overlap.Load())
-	}
-	return goroutines*iterations - int(counter.Load())
+	return Contention{Overlaps: int(overlap.Load()), Lost: goroutines*iterations - int(counter.Load()),
+		LeasesLost: int(leasesLost.Load())}
 }
 
 func (s *suite) crossProcess(t *testing.T) {
@@ -212,10 +247,17 @@ func (s *suite) expiryAfterCrash(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.crashBound())
 	defer cancel()
 	lease, err := other.Acquire(ctx, key, lockkit.WithTTL(s.h.TTL))
-	if err != nil {
+	switch {
+	case s.caps.Expires && err != nil:
 		t.Fatalf("lock of a dead holder still not granted after %v: %v", s.crashBound(), err)
+	case !s.caps.Expires && err == nil:
+		_ = lease.Release(context.Background())
+		t.Fatal("backend declares no expiry, but a dead holder's lock was granted to another client")
+	case !s.caps.Expires && !errors.Is(err, context.DeadlineExceeded):
+		t.Fatalf("Acquire of a dead holder's lock = %v, want it still held after %v", err, s.crashBound())
+	case err == nil:
+		_ = lease.Release(context.Background())
 	}
-	_ = lease.Release(context.Background())
 }
 
 func (s *suite) ownerCheckedRelease(t *testing.T) {
@@ -270,6 +312,52 @@ func (s *suite) extend(t *testing.T) {
 	if err := la.Release(ctx); err != nil {
 		t.Fatalf("release: %v", err)
 	}
+}
+
+// extendAfterTakeover reaches the store's owner check: the key is taken
+// away and granted to another client while the first holder's Lost is
+// still open (its TTL is long), so the lease cannot answer from what it
+// knows and must ask the store.
+func (s *suite) extendAfterTakeover(t *testing.T) {
+	if s.h.Steal == nil {
+		t.Fatal("Harness.Steal is required: every backend's grants can be deleted by an operator")
+	}
+	ctx := context.Background()
+	key := s.key(t)
+	a, b, c := s.open(t), s.open(t), s.open(t)
+	la := mustTry(t, a, key, lockkit.WithTTL(time.Minute))
+	s.h.Steal(t, key)
+	bTTL := 4 * s.h.TTL
+	lb := mustAcquire(t, b, key, lockkit.WithTTL(bTTL))
+	defer lb.Release(ctx)
+	lostFirst := closed(la.Lost())
+	err := la.Extend(ctx, time.Minute)
+	switch {
+	case lostFirst && !errors.Is(err, lockkit.ErrLeaseLost):
+		t.Fatalf("Extend after Lost closed = %v, want ErrLeaseLost", err)
+	case lostFirst:
+		t.Log("the holder learned of the takeover through Lost before it could Extend")
+	case !errors.Is(err, lockkit.ErrNotHeld):
+		t.Fatalf("Extend of a key another owner holds = %v, want ErrNotHeld", err)
+	}
+	if !closed(la.Lost()) {
+		t.Fatal("Extend found the key taken but left Lost open")
+	}
+	// Nothing changed: the new holder still holds the key, for no longer
+	// than its own TTL (a non-owner's extend did not lengthen it).
+	if lc, err := c.TryAcquire(ctx, key); !errors.Is(err, lockkit.ErrNotAcquired) {
+		if lc != nil {
+			_ = lc.Release(ctx)
+		}
+		t.Fatalf("after a non-owner's Extend, TryAcquire = %v, want ErrNotAcquired", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, bTTL+s.crashBound())
+	defer cancel()
+	lc, err := c.Acquire(wctx, key, lockkit.WithTTL(s.h.TTL))
+	if err != nil {
+		t.Fatalf("the new holder's %v grant was not over after %v: a non-owner's Extend lengthened it (%v)", bTTL, bTTL+s.crashBound(), err)
+	}
+	_ = lc.Release(ctx)
 }
 
 func (s *suite) watchdog(t *testing.T) {
@@ -366,7 +454,7 @@ func (s *suite) cancelWhileWaiting(t *testing.T) {
 		}
 		result <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // let b start waiting
+	time.Sleep(200 * time.Millisecond) // let b start waiting
 	cancel()
 	select {
 	case err := <-result:
@@ -409,6 +497,47 @@ func (s *suite) tryAcquireHeld(t *testing.T) {
 }
 
 func (s *suite) reentrancy(t *testing.T) {
+	t.Run("Declared", s.declaredReentrancy)
+	t.Run("Wrapped", s.wrappedReentrancy)
+}
+
+// declaredReentrancy holds the bare Locker to its Capabilities.Reentrant.
+func (s *suite) declaredReentrancy(t *testing.T) {
+	ctx := context.Background()
+	key := s.key(t)
+	l, other := s.open(t), s.open(t)
+	alice := lockkit.WithOwner(ctx, "alice")
+	outer := mustTry(t, l, key, lockkit.WithTTL(30*time.Second), withCtx(alice))
+	inner, err := l.TryAcquire(alice, key, lockkit.WithTTL(30*time.Second))
+	if !s.caps.Reentrant {
+		if err == nil {
+			_ = inner.Release(ctx)
+			t.Fatal("backend declares no reentrancy, but granted a key its owner holds")
+		}
+		if !errors.Is(err, lockkit.ErrNotAcquired) {
+			t.Fatalf("owner's second TryAcquire = %v, want ErrNotAcquired", err)
+		}
+		_ = outer.Release(ctx)
+		return
+	}
+	if err != nil {
+		t.Fatalf("backend declares reentrancy, but its owner's second TryAcquire = %v", err)
+	}
+	if err := inner.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.TryAcquire(ctx, key); !errors.Is(err, lockkit.ErrNotAcquired) {
+		t.Fatalf("after the inner release the key must still be held; TryAcquire = %v", err)
+	}
+	if err := outer.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lo := mustTry(t, other, key)
+	_ = lo.Release(ctx)
+}
+
+// wrappedReentrancy proves lockkit.Reentrant over the backend.
+func (s *suite) wrappedReentrancy(t *testing.T) {
 	ctx := context.Background()
 	key := s.key(t)
 	l := lockkit.Reentrant(s.open(t))
@@ -437,40 +566,78 @@ func (s *suite) reentrancy(t *testing.T) {
 	_ = lo.Release(ctx)
 }
 
+// fairOrder holds the backend to Capabilities.Fair. Waiters arrive one
+// by one, several per Locker and interleaved between Lockers (a queue kept
+// per process is not arrival order), and a newcomer tries the key the
+// moment it is released. Declared fair: grants follow arrival and the
+// newcomer is never served first. Not declared: some round must show it.
 func (s *suite) fairOrder(t *testing.T) {
-	key := s.key(t)
-	holder := s.open(t)
+	lockers := []lockkit.Locker{s.open(t), s.open(t)}
+	holder, newcomer := s.open(t), s.open(t)
+	arrivals := []int{0, 0, 1, 1, 0, 1} // the Locker each waiter uses
+	rounds := 1
+	if !s.caps.Fair {
+		rounds = 5
+	}
+	for r := range rounds {
+		got := s.fairRound(t, fmt.Sprintf("%s:%d", s.key(t), r), holder, newcomer, lockers, arrivals)
+		inOrder := slices.IsSorted(got)
+		switch {
+		case s.caps.Fair && !inOrder:
+			t.Fatalf("backend declares fair order; arrivals 0..%d (Lockers %v, newcomer %d) were granted %v",
+				len(arrivals)-1, arrivals, len(arrivals), got)
+		case !s.caps.Fair && !inOrder:
+			t.Logf("absent as declared: round %d granted %v", r, got)
+			return
+		}
+	}
+	if !s.caps.Fair {
+		t.Fatalf("backend declares no fair order, but %d rounds were each granted in arrival order, "+
+			"newcomer included: declare Fair, or show where it breaks", rounds)
+	}
+}
+
+// fairRound returns the arrival numbers in grant order; the newcomer is
+// number len(arrivals) and appears only if it was granted.
+func (s *suite) fairRound(t *testing.T, key string, holder, newcomer lockkit.Locker, lockers []lockkit.Locker, arrivals []int) []int {
+	ctx := context.Background()
 	lh := mustTry(t, holder, key, lockkit.WithTTL(30*time.Second))
-	const waiters = 5
-	order := make(chan int, waiters)
+	order := make(chan int, len(arrivals)+1)
 	var wg sync.WaitGroup
-	for i := range waiters {
-		l := s.open(t)
+	for i, li := range arrivals {
+		l := lockers[li]
 		wg.Go(func() {
-			lease, err := l.Acquire(context.Background(), key, lockkit.WithFair(), lockkit.WithTTL(30*time.Second))
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			lease, err := l.Acquire(wctx, key, lockkit.WithFair(), lockkit.WithTTL(30*time.Second))
 			if err != nil {
 				t.Errorf("waiter %d: %v", i, err)
 				return
 			}
 			order <- i
-			_ = lease.Release(context.Background())
+			_ = lease.Release(ctx)
 		})
-		time.Sleep(100 * time.Millisecond) // waiter i is queued before i+1 arrives
+		time.Sleep(150 * time.Millisecond) // waiter i is queued before i+1 arrives
 	}
-	_ = lh.Release(context.Background())
+	_ = lh.Release(ctx)
+	ln, err := newcomer.TryAcquire(ctx, key, lockkit.WithFair(), lockkit.WithTTL(30*time.Second))
+	switch {
+	case err == nil:
+		order <- len(arrivals)
+		_ = ln.Release(ctx)
+	case !errors.Is(err, lockkit.ErrNotAcquired):
+		t.Fatalf("newcomer's TryAcquire: %v", err)
+	}
 	wg.Wait()
 	close(order)
 	var got []int
 	for i := range order {
 		got = append(got, i)
 	}
-	inOrder := slices.IsSorted(got)
-	switch {
-	case s.caps.Fair && !inOrder:
-		t.Fatalf("backend declares fair order, grants came %v", got)
-	case !s.caps.Fair:
-		t.Logf("not declared fair; grant order was %v", got)
+	if t.Failed() {
+		t.FailNow()
 	}
+	return got
 }
 
 // handOff measures how soon a waiter gets a released key, so the
@@ -551,8 +718,18 @@ func runHelper(t *testing.T, h Harness, role string) {
 	case "increment":
 		n, _ := strconv.Atoi(os.Getenv(envIters))
 		file := os.Getenv(envFile)
-		for range n {
+		for done := 0; done < n; {
+			ran := false
 			err := lockkit.Do(ctx, l, key, func(context.Context, uint64) error {
+				ran = true
+				// The marker exists only while some process is inside:
+				// finding it is an overlap, even one that loses no update.
+				inside, err := os.OpenFile(file+".inside", os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+				if err != nil {
+					return fmt.Errorf("two holders at once: %w", err)
+				}
+				_ = inside.Close()
+				defer os.Remove(file + ".inside")
 				b, err := os.ReadFile(file)
 				if err != nil {
 					return err
@@ -564,7 +741,12 @@ func runHelper(t *testing.T, h Harness, role string) {
 				time.Sleep(time.Millisecond)
 				return os.WriteFile(file, []byte(strconv.Itoa(v+1)), 0o600)
 			}, lockkit.WithAutoRenew(ttl))
-			if err != nil {
+			if ran {
+				done++
+			}
+			// A lease lost on a loaded machine is not two holders: the
+			// marker file is what tells.
+			if err != nil && !errors.Is(err, lockkit.ErrLeaseLost) {
 				fmt.Fprintln(os.Stderr, "increment:", err)
 				os.Exit(1)
 			}
@@ -623,6 +805,15 @@ func splitOpts(opts []any) (context.Context, []lockkit.Option) {
 		}
 	}
 	return ctx, lopts
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func randomHex(n int) string {

@@ -25,6 +25,9 @@ func TestConformance(t *testing.T) {
 	addr := serverAddr(t)
 	locktest.Run(t, locktest.Harness{
 		New: func(t testing.TB) lockkit.Locker { return memcachedlock.New(dial(t, addr)) },
+		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker {
+			return memcachedlock.New(dial(t, w.Proxy(addr)))
+		},
 		Steal: func(t testing.TB, key string) {
 			if err := dial(t, addr).Delete(memcachedlock.ItemKey(key)); err != nil {
 				t.Fatal(err)

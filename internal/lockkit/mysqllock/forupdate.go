@@ -33,8 +33,10 @@ const (
 	// connection may idle in the pool again.
 	forUpdateRelease = "DO RELEASE_LOCK(SHA1(?)); COMMIT; SET SESSION wait_timeout = DEFAULT"
 	forUpdateExtend  = "SET SESSION wait_timeout = ?"
-	// killTimeout bounds the KILL sent for a cancelled waiter.
+	// killTimeout bounds the KILL sent for a cancelled waiter, which
+	// waits for it at most hangUpWait before it hangs up.
 	killTimeout = 2 * time.Second
+	hangUpWait  = 50 * time.Millisecond
 )
 
 // sessionLimits are set on every connection of a ForUpdateLocker's pool,
@@ -66,8 +68,11 @@ var sessionLimits = map[string]string{
 // is over: Extend (the watchdog's too) reports ErrNotHeld and Lost closes.
 // Cancelling the context of an Extend or Release ends the lease as well.
 // Once the TTL has run out unrenewed, or the connection failed, the
-// connection is dropped, so the row is free as soon as Lost closes.
-// Grants are not fair.
+// connection is dropped, after Lost has closed and at once: the row is
+// never free while the holder may still trust its lease.
+// Grants are fair: the waiters of a row queue in the server, and MariaDB
+// grants a row lock to its waiters first come, first served (since 10.6
+// there is no other scheduling; before, FCFS is the default).
 //
 // It needs MariaDB 10.3 or later (sequences, SET STATEMENT), and the right
 // to KILL its own user's connections.
@@ -80,10 +85,11 @@ type ForUpdateLocker struct {
 	stop             context.CancelFunc
 }
 
-// NewForUpdate returns a Locker that opens its own pool of at most
-// WithMaxConns connections with db's DSN: leases pin connections for their
-// whole life, and pinning them in the service's pool could starve the very
-// holders that need a connection to finish and release. db itself serves
+// NewForUpdate returns a Locker that opens its own pool with db's DSN,
+// keeping WithIdleConns connections between leases: leases pin connections
+// for their whole life, and pinning them in the service's pool could starve
+// the very holders that need a connection to finish and release. The pool
+// has no cap of its own (see WithIdleConns). db itself serves
 // the KILLs of cancelled waiters. The table and its sequence are created if
 // missing; db must come from gorm.io/driver/mysql opened with a DSN.
 func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
@@ -113,8 +119,7 @@ func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
 		return nil, fmt.Errorf("mysqllock: %w", err)
 	}
 	pool := sql.OpenDB(connector)
-	pool.SetMaxOpenConns(c.maxConns)
-	pool.SetMaxIdleConns(c.maxConns)
+	pool.SetMaxIdleConns(c.idleConns)
 	pool.SetConnMaxIdleTime(time.Minute)
 
 	ctx, cancel := setupContext(db)
@@ -157,7 +162,7 @@ func createForUpdate(ctx context.Context, pool *sql.DB, c config) error {
 
 // Capabilities of the row-lock backend: see ForUpdateLocker.
 func (l *ForUpdateLocker) Capabilities() lockkit.Capabilities {
-	return lockkit.Capabilities{Fencing: true, WaitNoPoll: true, LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
+	return lockkit.Capabilities{Fencing: true, WaitNoPoll: true, Fair: true, LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
 // Acquire waits on key's row lock until it is granted, ctx ends
@@ -199,7 +204,7 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 		return nil, unavailable(err)
 	}
 	sent := time.Now()
-	fence, err := l.lock(ctx, conn, []byte(key), ttl, query)
+	id, fence, err := l.lock(ctx, conn, []byte(key), ttl, query)
 	if isCode(err, 1205) && ctx.Err() == nil {
 		// TryAcquire on a held row: the session is sound, and its empty
 		// transaction is still open.
@@ -213,7 +218,7 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 		discard(conn)
 		return nil, unavailable(err)
 	}
-	h := &held{conn: conn}
+	h := &held{conn: conn, gone: make(chan struct{}), kill: func() { l.kill(id) }}
 	if time.Since(sent) > ttl/10 {
 		// We waited, and the server's idle clock started when the grant
 		// was answered, long after sent. Restart it, so that the lease's
@@ -226,17 +231,22 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 	// The lease closes Lost at sent+ttl unless renewed; from then on nobody
 	// should hold the row. A timer, not a goroutine: an uncontended grant
 	// costs its round trips and nothing else.
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.expiry = time.AfterFunc(time.Until(sent.Add(ttl)), h.drop)
-	return lockkit.NewLease(lockkit.Grant{
+	h.lease = lockkit.NewLease(lockkit.Grant{
 		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend:  h.extend,
 		Release: func(ctx context.Context) error { return h.exec(ctx, true, l.releaseSQL, []byte(key)) },
+		Gone:    h.gone,
 		Closed:  l.done.Done(),
-	}), nil
+	})
+	return h.lease, nil
 }
 
-// lock runs the grant statements on conn and returns the fence.
-func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte, ttl time.Duration, query string) (uint64, error) {
+// lock runs the grant statements on conn and returns its session's id and
+// the fence.
+func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte, ttl time.Duration, query string) (id, fence uint64, err error) {
 	// Given ctx, the driver would answer its end by closing the socket,
 	// which the server does not notice while the statement waits for the
 	// row. So the statement runs detached, and ctx's end KILLs the
@@ -245,20 +255,30 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	defer hangUp()
 	rows, err := conn.QueryContext(stmtCtx, query, name, name, seconds(ttl))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer rows.Close()
-	var id, fence uint64
 	if !rows.Next() {
-		return 0, cmp.Or(rows.Err(), errors.New("mysqllock: no CONNECTION_ID"))
+		return 0, 0, cmp.Or(rows.Err(), errors.New("mysqllock: no CONNECTION_ID"))
 	}
 	if err := rows.Scan(&id); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	killed := make(chan struct{})
+	killed, session := make(chan struct{}), id // the KILL may outlive this call and its results
 	stopKill := context.AfterFunc(ctx, func() {
 		defer close(killed)
-		l.kill(id)
+		// Hang up once the KILL is through, or after hangUpWait: a server
+		// that does not answer the KILL will not answer the waiter either,
+		// and the KILL, still on its way, ends the session if it arrives.
+		sent := make(chan struct{})
+		go func() {
+			defer close(sent)
+			l.kill(session)
+		}()
+		select {
+		case <-sent:
+		case <-time.After(hangUpWait):
+		}
 		hangUp()
 	})
 	if rows.NextResultSet() && rows.Next() {
@@ -267,12 +287,12 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	err = cmp.Or(err, rows.Err(), rows.Close())
 	if !stopKill() {
 		<-killed // whatever the statement did, the session is gone
-		return 0, context.Cause(ctx)
+		return 0, 0, context.Cause(ctx)
 	}
 	if err == nil && fence == 0 {
 		err = errors.New("mysqllock: grant returned no fence")
 	}
-	return fence, err
+	return id, fence, err
 }
 
 func (l *ForUpdateLocker) kill(id uint64) {
@@ -292,33 +312,83 @@ func (l *ForUpdateLocker) Close() error {
 }
 
 // held is a lease's connection, inside the lock transaction.
+//
+// The row is freed when the connection goes, so the connection goes only
+// after the lease's Lost has closed: a holder must stop trusting its lease
+// before the next one is granted.
 type held struct {
 	mu     sync.Mutex
-	conn   *sql.Conn   // nil once the lease is over
-	expiry *time.Timer // runs drop when the lease's TTL has run out unrenewed
+	conn   *sql.Conn     // nil once the lease is over
+	expiry *time.Timer   // runs drop when the lease's TTL has run out unrenewed
+	lease  lockkit.Lease // nil until the grant is complete
+	gone   chan struct{} // closed to close the lease's Lost
+	kill   func()        // KILLs the connection's session
 }
 
 // exec runs query on the lease's connection, and gives the connection back
-// to the pool after it when last is set. Any failure ends the lease: the
-// driver drops a connection that failed or whose context ended, and the
-// server rolls the transaction back.
+// to the pool after it when last is set. Any failure ends the lease: Lost
+// first, then the connection, whose transaction the server rolls back.
+//
+// The statement does not see ctx: the driver would answer ctx's end by
+// closing the socket, freeing the row while Lost is still open. ctx's end
+// returns at once instead; once Lost has closed, the session is KILLed,
+// which ends the statement, and the connection goes.
 func (h *held) exec(ctx context.Context, last bool, query string, args ...any) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conn == nil {
 		return lockkit.ErrNotHeld
 	}
-	if _, err := h.conn.ExecContext(ctx, query, args...); err != nil {
-		discard(h.conn)
+	conn := h.conn
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.ExecContext(context.WithoutCancel(ctx), query, args...)
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
 		h.conn = nil
+		h.end(conn, func() {
+			h.kill()
+			<-done
+		})
+		return fmt.Errorf("%w: %w", lockkit.ErrNotHeld, context.Cause(ctx))
+	}
+	if err != nil {
+		h.conn = nil
+		h.end(conn, nil)
 		return fmt.Errorf("%w: the lock connection failed: %w", lockkit.ErrNotHeld, err)
 	}
 	if last {
 		h.expiry.Stop()
-		_ = h.conn.Close()
+		_ = conn.Close()
 		h.conn = nil
 	}
 	return nil
+}
+
+// end closes the lease's Lost and, once it has closed, runs stop (if any)
+// and discards conn. It does not wait: the lease closes Lost when it sees
+// the error its caller returns, or sees gone, from goroutines of its own,
+// which may wait for the caller.
+func (h *held) end(conn *sql.Conn, stop func()) {
+	select {
+	case <-h.gone:
+	default:
+		close(h.gone)
+	}
+	lease := h.lease
+	go func() {
+		if lease != nil {
+			<-lease.Lost()
+		}
+		if stop != nil {
+			stop()
+		}
+		discard(conn)
+	}()
 }
 
 func (h *held) extend(ctx context.Context, ttl time.Duration) error {
@@ -336,11 +406,16 @@ func (h *held) extend(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// drop ends a lease whose TTL ran out unrenewed: its connection is closed,
-// and the server rolls the transaction back at once rather than when
-// wait_timeout runs out. The pool slot is freed even if the holder never
+// drop ends a lease whose TTL ran out unrenewed: once Lost has closed (at
+// this same deadline, or a later one if a renewal moved it), its connection
+// is closed, and the server rolls the transaction back at once rather than
+// when wait_timeout runs out. The connection goes even if the holder never
 // calls Release.
 func (h *held) drop() {
+	h.mu.Lock()
+	lease := h.lease
+	h.mu.Unlock()
+	<-lease.Lost()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conn != nil {

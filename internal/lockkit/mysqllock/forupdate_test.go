@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -210,4 +212,73 @@ func mustAcquire(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Opt
 		t.Fatalf("Acquire %s: %v", key, err)
 	}
 	return lease
+}
+
+// Each lease holds a connection of the Locker's own, and the service nests
+// locks (an order takes its idempotency key, then an account, then a SKU;
+// the like audit takes every entity of an owner). Holding more leases at
+// once than the pool keeps must never make a grant wait for a connection
+// that only a lease of the same caller could give back.
+func TestForUpdateNestedLeasesBeyondPoolSize(t *testing.T) {
+	dsn := testDSN(t)
+	l := newRowLocker(t, dsn)
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const nested = 40 // above the default pool of 16 and the bench's 40
+	var leases []lockkit.Lease
+	defer func() {
+		for _, lease := range leases {
+			_ = lease.Release(context.Background())
+		}
+	}()
+	for i := range nested {
+		lease, err := l.Acquire(ctx, fmt.Sprintf("mysqllock:%s:%d", t.Name(), i), lockkit.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatalf("lease %d of %d nested: %v", i+1, nested, err)
+		}
+		leases = append(leases, lease)
+	}
+}
+
+// A waiter cancelled after its server stopped answering returns promptly:
+// the KILL that should end its queued session cannot get through either,
+// and waiting for it to time out must not hold the caller.
+func TestForUpdateCancelOnBlackHoledServerReturnsPromptly(t *testing.T) {
+	dsn := testDSN(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newReplyCutter(t, cfg.Addr)
+	cfg.Addr = p.addr
+	holder, waiter := newRowLocker(t, dsn), newRowLocker(t, cfg.FormatDSN())
+	defer holder.Close()
+	defer waiter.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+	lease := mustTry(t, holder, key, lockkit.WithTTL(time.Minute))
+	defer lease.Release(ctx)
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(wctx, key)
+		done <- err
+	}()
+	waitUntil(t, "the waiter to queue on the row", func() bool { return sessionsOn(t, dsn, key) == 1 })
+	p.blackhole()
+	cancel()
+	start := time.Now()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire = %v, want Canceled", err)
+		}
+		if waited := time.Since(start); waited > time.Second {
+			t.Fatalf("cancelled Acquire returned after %v behind a black-holed server", waited)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled Acquire did not return")
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/lockkit"
@@ -34,15 +35,19 @@ const (
 	leaseHeld = "SELECT COUNT(*) FROM {table} WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
 )
 
-// abandonTimeout bounds the release of a grant whose Acquire was cancelled
-// while the grant was in flight.
-const abandonTimeout = 2 * time.Second
+// abandonTimeout bounds each attempt to release a grant whose reply was
+// lost; giveBackDelay paces the attempts.
+const (
+	abandonTimeout = 2 * time.Second
+	giveBackDelay  = 100 * time.Millisecond
+)
 
 // Locker is the "mysql" backend: one lease row per key, granted by a single
 // conditional upsert and timed on the database's clock.
 //
 // It fences (the row's counter rises with every grant and survives
-// releases), checks the owner on release and extend, and expires leases on
+// releases; a row deleted and created again starts above every earlier
+// token, see lease_grant.sql), checks the owner on release and extend, and expires leases on
 // its own. It does not wait without polling: a lease row holds no lock a
 // waiter could block on, so a waiter retries with jittered exponential
 // backoff (WithPoll), and is woken at once by releases made through the
@@ -54,6 +59,9 @@ type Locker struct {
 	wake                         wakeups
 	closed                       chan struct{}
 	once                         sync.Once
+	mu                           sync.Mutex // guards closing, so that no giveBack starts once Close waits
+	closing                      bool
+	givingBack                   sync.WaitGroup
 }
 
 // New returns a lease-row Locker over db's pool, creating the table if it
@@ -158,13 +166,13 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 		fence, err = res.LastInsertId()
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			// The upsert may have reached the server and granted the key to
-			// an owner nobody will ever use: free it rather than leave it
+		var myErr *mysql.MySQLError
+		if !errors.As(err, &myErr) {
+			// Not refused by the server: the upsert may have reached it and
+			// granted the key to an owner nobody will ever use (the reply
+			// was lost, or ctx ended first). Free it rather than leave it
 			// blocking others for a whole TTL.
-			relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
-			_ = l.releaseLease(relCtx, name, owner)
-			cancel()
+			l.giveBack(name, owner, ttl)
 		}
 		return nil, unavailable(err)
 	}
@@ -177,6 +185,39 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 		Release: func(ctx context.Context) error { return l.releaseLease(ctx, name, owner) },
 		Closed:  l.closed,
 	}), nil
+}
+
+// giveBack releases, in the background, a grant that may have been made to
+// owner. The release is owner-checked, so it is harmless if there was
+// none; it is retried while the server is unreachable, until the grant
+// would have expired anyway or the Locker closes.
+func (l *Locker) giveBack(name, owner []byte, ttl time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		return // its statements are closed: the grant expires by its TTL
+	}
+	l.givingBack.Add(1)
+	go func() {
+		defer l.givingBack.Done()
+		expired := time.NewTimer(ttl)
+		defer expired.Stop()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+			err := l.releaseLease(ctx, name, owner)
+			cancel()
+			if err == nil || errors.Is(err, lockkit.ErrNotHeld) {
+				return
+			}
+			select {
+			case <-expired.C:
+				return
+			case <-l.closed:
+				return
+			case <-time.After(giveBackDelay):
+			}
+		}
+	}()
 }
 
 func (l *Locker) extendLease(ctx context.Context, name, owner []byte, ttl time.Duration) error {
@@ -218,7 +259,11 @@ func (l *Locker) releaseLease(ctx context.Context, name, owner []byte) error {
 // releases nothing (leases expire by their TTL) and leaves the pool open.
 func (l *Locker) Close() error {
 	l.once.Do(func() {
+		l.mu.Lock()
+		l.closing = true
+		l.mu.Unlock()
 		close(l.closed)
+		l.givingBack.Wait()
 		for _, s := range []*sql.Stmt{l.grant, l.extend, l.release, l.held} {
 			if s != nil {
 				_ = s.Close()

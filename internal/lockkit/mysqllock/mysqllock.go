@@ -41,7 +41,7 @@ type Option func(*config)
 type config struct {
 	table            string
 	minPoll, maxPoll time.Duration
-	maxConns         int
+	idleConns        int
 }
 
 // WithTable names the lock table (default "locks" for New, "row_locks" for
@@ -56,17 +56,28 @@ func WithPoll(min, max time.Duration) Option {
 	return func(c *config) { c.minPoll, c.maxPoll = min, max }
 }
 
-// WithMaxConns caps the connections a NewForUpdate Locker opens (default
-// 16). Each lease and each waiter holds one for as long as it lasts; beyond
-// the cap, Acquire and TryAcquire wait, within their context, for one to be
-// returned. Budget it in the server's max_connections (151 by default) with
-// the service's own pool, for every instance. New ignores it.
-func WithMaxConns(n int) Option { return func(c *config) { c.maxConns = n } }
+// WithIdleConns sets how many connections a NewForUpdate Locker keeps open
+// between leases (default 16). Each lease and each waiter holds a
+// connection for as long as it lasts, and more are opened when these are in
+// use: there is no cap below the server's max_connections, because a
+// caller holding leases that waits for a connection only its own leases
+// could return waits for ever. Budget the server's max_connections (151 by
+// default) for the deepest nesting times the concurrent requests, plus the
+// service's own pool, for every instance; past it the server refuses the
+// connection and the grant fails with lockkit.ErrUnavailable at once. New
+// ignores it.
+func WithIdleConns(n int) Option { return func(c *config) { c.idleConns = n } }
+
+// WithMaxConns is WithIdleConns.
+//
+// Deprecated: it capped the pool, which deadlocked nested locks beyond the
+// cap; it now sets only the connections kept idle.
+func WithMaxConns(n int) Option { return WithIdleConns(n) }
 
 var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,50}$`)
 
 func configure(opts []Option, table string) (config, error) {
-	c := config{table: table, minPoll: 2 * time.Millisecond, maxPoll: 50 * time.Millisecond, maxConns: 16}
+	c := config{table: table, minPoll: 2 * time.Millisecond, maxPoll: 50 * time.Millisecond, idleConns: 16}
 	for _, opt := range opts {
 		opt(&c)
 	}
@@ -77,8 +88,8 @@ func configure(opts []Option, table string) (config, error) {
 	if c.minPoll <= 0 || c.maxPoll < c.minPoll {
 		return c, fmt.Errorf("mysqllock: poll interval [%v, %v] is empty", c.minPoll, c.maxPoll)
 	}
-	if c.maxConns < 1 {
-		return c, fmt.Errorf("mysqllock: max conns %d < 1", c.maxConns)
+	if c.idleConns < 0 {
+		return c, fmt.Errorf("mysqllock: idle conns %d < 0", c.idleConns)
 	}
 	return c, nil
 }

@@ -104,7 +104,8 @@ func newRowLocker(t testing.TB, dsn string) lockkit.Locker {
 func TestConformanceLeaseRow(t *testing.T) {
 	dsn := testDSN(t)
 	locktest.Run(t, locktest.Harness{
-		New: func(t testing.TB) lockkit.Locker { return newLeaseLocker(t, dsn) },
+		New:   func(t testing.TB) lockkit.Locker { return newLeaseLocker(t, dsn) },
+		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker { return newLeaseLocker(t, proxied(t, dsn, w)) },
 		// An operator freeing the row; the holder's next renewal finds it.
 		Steal: func(t testing.TB, key string) {
 			execSQL(t, dsn, "UPDATE "+leaseTable+" SET owner = NULL, expires_at = NULL WHERE name = ?", key)
@@ -117,12 +118,23 @@ func TestConformanceForUpdate(t *testing.T) {
 	dsn := testDSN(t)
 	locktest.Run(t, locktest.Harness{
 		New:   func(t testing.TB) lockkit.Locker { return newRowLocker(t, dsn) },
+		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker { return newRowLocker(t, proxied(t, dsn, w)) },
 		Steal: func(t testing.TB, key string) { killHolder(t, dsn, key) },
 		TTL:   ttl,
 		// The server ends a quiet holder's session after wait_timeout,
 		// which counts whole seconds: 300 ms is served as 1 s.
 		CrashSlack: time.Second,
 	})
+}
+
+// proxied is dsn with its server reached through w.
+func proxied(t testing.TB, dsn string, w *locktest.Wire) string {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Addr = w.Proxy(cfg.Addr)
+	return cfg.FormatDSN()
 }
 
 func execSQL(t testing.TB, dsn, query string, args ...any) sql.Result {

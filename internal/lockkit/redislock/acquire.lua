@@ -3,6 +3,6 @@
 -- and its token are one atomic event, and both keys share a hash slot.
 -- Returns {fence, 0} on a grant, {0, pttl of the holder} otherwise.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {redis.call('INCR', KEYS[2]), 0}
+  return {next_fence(KEYS[2]), 0}
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -4,27 +4,34 @@
 -- its deadline; a dead one is dropped when it reaches the head, so it holds
 -- the queue up for at most one waiter timeout.
 -- ARGV: owner, ttl ms, waiter timeout ms (0: do not queue, just try).
--- Returns {fence, 0} on a grant, {0, ms to wait at most} otherwise.
+-- Returns {fence, 0} on a grant, {0, ms to wait at most} otherwise: the
+-- holder's remaining lease, or, when the key is free but another waiter's
+-- turn, the time that waiter has left to take it.
 local owner, ttl, timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local head = redis.call('LINDEX', KEYS[3], 0)
+local head_deadline = 0
 while head do
-  local deadline = redis.call('ZSCORE', KEYS[4], head)
-  if deadline and tonumber(deadline) > now then break end
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[4], head) or '0')
+  if deadline > now then
+    head_deadline = deadline
+    break
+  end
   redis.call('LPOP', KEYS[3])
   redis.call('ZREM', KEYS[4], head)
   head = redis.call('LINDEX', KEYS[3], 0)
 end
 
-if redis.call('EXISTS', KEYS[1]) == 0 and (not head or head == owner) then
+local free = redis.call('EXISTS', KEYS[1]) == 0
+if free and (not head or head == owner) then
   redis.call('SET', KEYS[1], owner, 'PX', ttl)
   if head then
     redis.call('LPOP', KEYS[3])
     redis.call('ZREM', KEYS[4], owner)
   end
-  return {redis.call('INCR', KEYS[2]), 0}
+  return {next_fence(KEYS[2]), 0}
 end
 
 if timeout > 0 then
@@ -35,6 +42,9 @@ if timeout > 0 then
   -- The queue disappears by itself once every waiter has gone silent.
   redis.call('PEXPIRE', KEYS[3], 2 * timeout)
   redis.call('PEXPIRE', KEYS[4], 2 * timeout)
+end
+if free then
+  return {0, head_deadline - now}
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 then pttl = 0 end

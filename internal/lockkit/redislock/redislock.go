@@ -1,26 +1,29 @@
-// Package redislock is the lockkit backend on Redis: SET NX PX and an INCR
-// fencing counter in one Lua script, owner-checked release and extend, and
-// waiters that wake on a release message instead of polling.
+// Package redislock is the lockkit backend on Redis: SET NX PX and a fencing
+// token in one Lua script, owner-checked release and extend, and waiters
+// that wake on a release message instead of polling (docs/backends-redis.md).
 //
 // It works on a single node, behind Sentinel and on a Cluster (through
 // go-redis UniversalClient): all keys of one lock share the hash tag {key}.
 //
-// Storage: each key ever locked keeps its fence counter, "{key}:fence", after
-// release, because a token that restarted from 1 would let a stale holder
-// through a fenced store. That is one small string per key, about 60-90 bytes
-// of Redis memory with its overhead; a service that locks millions of
-// distinct, short-lived keys (Redisson issue 6510) should lock a bounded set
-// of keys (e.g. per account, not per request) or expire counters it can prove
-// no store still compares against.
+// Tokens: the larger of the key's stored counter + 1 and the server's clock
+// in microseconds (fence.lua). A failover to a replica that missed the last
+// grants, a restart without persistence or an evicted counter so still
+// yields a token above every earlier one, unless the granting server's
+// clock reads earlier than the one that issued the last token did. A
+// failover can still leave two live grants; the fenced stores refuse the
+// older one's writes.
 //
-// Safety note: a Redis failover can lose a grant and its fence increment
-// that were not yet replicated, so a second holder may get a token that is
-// not higher than the first's. Fenced stores then refuse the older-looking
-// holder's writes or, if the counter went backwards, the new holder's: safety
-// is kept at the cost of liveness until the counter passes the old value.
+// Storage: each key ever locked keeps its fence counter, "{key}:fence", after
+// release. That is one small string per key, about 60-90 bytes of Redis
+// memory with its overhead; a service that locks millions of distinct,
+// short-lived keys (Redisson issue 6510) should lock a bounded set of keys
+// (e.g. per account, not per request). With tokens floored at the clock, a
+// counter may also be expired once no grant of its key is live: a new one
+// starts above it anyway.
 package redislock
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -38,6 +41,8 @@ import (
 )
 
 var (
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed acquire.lua
 	acquireLua string
 	//go:embed fair_acquire.lua
@@ -51,8 +56,8 @@ var (
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
 	// (a restarted or failed-over server has an empty script cache).
-	acquireScript     = redis.NewScript(acquireLua)
-	fairAcquireScript = redis.NewScript(fairAcquireLua)
+	acquireScript     = redis.NewScript(fenceLua + acquireLua)
+	fairAcquireScript = redis.NewScript(fenceLua + fairAcquireLua)
 	releaseScript     = redis.NewScript(releaseLua)
 	extendScript      = redis.NewScript(extendLua)
 	abandonScript     = redis.NewScript(abandonLua)
@@ -78,24 +83,46 @@ type Locker struct {
 	prefix        string
 	waiterTimeout time.Duration
 	room          *waitRoom
-	closed        chan struct{}
-	closeOnce     sync.Once
 	id            string        // random, names this Locker in owner values
 	seq           atomic.Uint64 // numbers its acquisitions
+
+	// closing is cancelled by Close: it ends every wait and every call
+	// in flight. Close then waits for inflight (the Acquires running and
+	// the clean-ups they left behind), so that nothing of the Locker
+	// touches the client after Close returns.
+	closing  context.Context
+	shutdown context.CancelFunc
+	enterMu  sync.RWMutex // orders inflight.Add before Close's Wait
+	inflight sync.WaitGroup
 }
 
 // New returns a Locker on client. Close it to stop its background work; the
-// client stays open (it belongs to the caller).
+// client stays open (it belongs to the caller). Create the client with
+// ContextTimeoutEnabled: without it go-redis ignores the context's deadline
+// on a connection that stopped answering, and an Acquire against an
+// unreachable Redis takes its read timeouts and retries (seconds), whatever
+// its context says.
 func New(client redis.UniversalClient, opts ...Option) *Locker {
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
-	l := &Locker{client: client, waiterTimeout: DefaultWaiterTimeout, closed: make(chan struct{}),
-		id: hex.EncodeToString(id) + ":"}
+	l := &Locker{client: client, waiterTimeout: DefaultWaiterTimeout, id: hex.EncodeToString(id) + ":"}
 	for _, opt := range opts {
 		opt(l)
 	}
-	l.room = newWaitRoom(client, l.closed)
+	l.closing, l.shutdown = context.WithCancel(context.Background())
+	l.room = newWaitRoom(client)
 	return l
+}
+
+// enter registers a call that Close must wait for; false once closed.
+func (l *Locker) enter() bool {
+	l.enterMu.RLock()
+	defer l.enterMu.RUnlock()
+	if l.closing.Err() != nil {
+		return false
+	}
+	l.inflight.Add(1)
+	return true
 }
 
 // Capabilities of the Redis backend.
@@ -115,9 +142,10 @@ func (l *Locker) keys(key string) keyset {
 // TryAcquire makes one attempt. With WithFair it is refused while others
 // queue, even if the key is free: their turn comes first.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	if l.isClosed() {
+	if !l.enter() {
 		return nil, lockkit.ErrClosed
 	}
+	defer l.inflight.Done()
 	o, watchdog := lockkit.Resolve(opts)
 	lease, _, err := l.attempt(ctx, key, l.keys(key), l.newOwner(), o, watchdog, false)
 	if err == nil && lease == nil {
@@ -126,34 +154,62 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	return lease, err
 }
 
-// Acquire waits for key. Waiters of one process queue in arrival order and
-// only the first of them asks Redis; it wakes on the release message, on a
-// release by this process, or when the holder's TTL runs out (a crashed
-// holder never sends a message).
+// Acquire waits for key. Plain waiters of one process queue here in arrival
+// order and only the first of them asks Redis; fair waiters take their
+// place in the key's Redis queue on arrival, so that arrival order holds
+// across processes. A waiter wakes on the release message, on a release by
+// this process, on a (re)subscription that may have missed a release, or
+// when the holder's TTL runs out (a crashed holder sends no message).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	if l.isClosed() {
+	if !l.enter() {
 		return nil, lockkit.ErrClosed
 	}
+	defer l.inflight.Done()
 	o, watchdog := lockkit.Resolve(opts)
 	owner := l.newOwner()
 	ks := l.keys(key)
-	if !l.room.busy(ks.channel) { // nobody here waits: no barging past them
-		// Not queued in Redis yet: a place there belongs to the head of
-		// the local queue, which this caller may not become.
-		lease, _, err := l.attempt(ctx, key, ks, owner, o, watchdog, false)
-		if lease != nil || err != nil {
-			return lease, err
+
+	wait := time.Duration(0)
+	// A plain arrival tries at once unless others here wait already (no
+	// barging past them); a fair one always calls, to take its place.
+	// This call runs under the caller's ctx alone: the wait's context
+	// costs a registration with the Locker's, which the uncontended path
+	// does without.
+	if o.Fair || !l.room.busy(ks.channel) {
+		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, o.Fair)
+		if lease != nil {
+			return lease, nil
 		}
+		if err != nil {
+			if ended(ctx) {
+				return nil, cmp.Or(ctx.Err(), context.DeadlineExceeded)
+			}
+			return nil, err
+		}
+		wait = pttl
 	}
 
 	waitCtx, cancel := o.WaitContext(ctx)
 	defer cancel()
-	w, err := l.room.join(waitCtx, ks.channel, owner)
+	defer context.AfterFunc(l.closing, cancel)()
+	fail := func(err error) (lockkit.Lease, error) {
+		if !ended(waitCtx) {
+			return nil, err
+		}
+		switch {
+		case ended(ctx):
+			return nil, cmp.Or(ctx.Err(), context.DeadlineExceeded)
+		case l.closing.Err() != nil:
+			return nil, lockkit.ErrClosed
+		}
+		return nil, lockkit.WaitErr(ctx, waitCtx)
+	}
+	w, subscribed, err := l.room.join(waitCtx, ks.channel, owner, o.Fair)
 	if err != nil {
 		if o.Fair {
-			l.abandon(ks, owner)
+			l.abandonLater(ks, owner) // leave the queue
 		}
-		return nil, l.waitErr(ctx, waitCtx, err)
+		return fail(err)
 	}
 	defer l.room.leave(w)
 
@@ -161,40 +217,46 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	// leave a stale tick behind, so no draining is needed.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	look := !subscribed // the confirmation of our SUBSCRIBE wakes us
 	for {
-		lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, o.Fair)
-		if lease != nil {
-			return lease, nil
+		if look {
+			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, o.Fair)
+			if lease != nil {
+				return lease, nil
+			}
+			if err != nil {
+				return fail(err)
+			}
+			wait = pttl
 		}
-		if err != nil {
-			return nil, l.waitErr(ctx, waitCtx, err)
-		}
+		look = true
 		if o.Fair {
-			pttl = min(pttl, l.waiterTimeout/3) // keep our place in the queue
+			wait = min(wait, l.waiterTimeout/3) // keep our place in the queue
 		}
-		timer.Reset(max(pttl, time.Millisecond))
+		timer.Reset(max(wait, time.Millisecond))
 		select {
 		case <-w.wake:
-			timer.Stop()
 		case <-timer.C:
 		case <-waitCtx.Done():
-			l.abandon(ks, owner)
-			return nil, lockkit.WaitErr(ctx, waitCtx)
-		case <-l.closed:
-			return nil, lockkit.ErrClosed
+			if o.Fair {
+				l.abandonLater(ks, owner)
+			}
+			return fail(waitCtx.Err())
 		}
 	}
 }
 
-func (l *Locker) waitErr(ctx, waitCtx context.Context, err error) error {
-	if waitCtx.Err() != nil {
-		return lockkit.WaitErr(ctx, waitCtx)
-	}
-	return err
+// ended reports whether ctx is done or past its deadline: a dial or read
+// that timed out on ctx's deadline can return before ctx itself is marked
+// done, and its error must still read as the wait's end, not an outage.
+func ended(ctx context.Context) bool {
+	deadline, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(deadline)
 }
 
-// attempt runs the acquire script once. It returns a lease, or the time the
-// holder's grant has left, or an error.
+// attempt runs the acquire script once. It returns a lease, or how long to
+// wait before the next attempt at the latest, or an error. queue asks a
+// fair attempt to take or keep a place in the queue.
 func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog, queue bool) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
 	fairFlag := "0"
@@ -215,7 +277,7 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 	}
 	if err != nil {
 		// The script may have run although its reply was lost.
-		l.abandon(ks, owner)
+		l.abandonLater(ks, owner)
 		return nil, 0, unavailable(ctx, err)
 	}
 	if len(res) != 2 {
@@ -237,47 +299,48 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Release: func(ctx context.Context) error {
-			ok, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel, fairFlag).Int()
+			res, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel, fairFlag).Result()
 			if err != nil {
 				return unavailable(ctx, err)
 			}
-			if ok == 0 {
+			next, freed := res.(string) // 0 (an integer): not ours
+			if !freed {
 				return lockkit.ErrNotHeld
 			}
 			// Our own waiters need not wait for the message's round trip.
-			l.room.wake(ks.channel, "")
+			l.room.wake(ks.channel, next)
 			return nil
 		},
-		Closed: l.closed,
+		Closed: l.closing.Done(),
 	}), 0, nil
 }
 
-// abandon leaves the fair queue and frees a grant whose reply was lost.
-// Best effort, on a context of its own: the caller's may be the one that
-// just ended.
-func (l *Locker) abandon(ks keyset, owner string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	_ = abandonScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel).Err()
+// abandonLater leaves the fair queue and frees a grant whose reply was
+// lost, in the background: the caller returns at once, whether or not
+// Redis answers, and Close waits for it. Its context is its own (the
+// caller's may be the one that just ended) and short.
+func (l *Locker) abandonLater(ks keyset, owner string) {
+	l.inflight.Add(1) // the caller's own registration is still held
+	go func() {
+		defer l.inflight.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		_ = abandonScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel).Err()
+	}()
 }
 
-// Close stops the watchdogs and the subscription; waiters get ErrClosed.
+// Close ends every wait (waiters get ErrClosed and leave the fair queues),
+// stops the watchdogs and the subscription, and returns once nothing of the
+// Locker uses the client any more: a first attempt already sent is not
+// interrupted (its caller's context bounds it) and clean-ups get 500 ms.
 // Leases still held expire by their TTL.
 func (l *Locker) Close() error {
-	l.closeOnce.Do(func() {
-		close(l.closed)
-		l.room.close()
-	})
+	l.enterMu.Lock()
+	l.shutdown()
+	l.enterMu.Unlock()
+	l.room.close()
+	l.inflight.Wait()
 	return nil
-}
-
-func (l *Locker) isClosed() bool {
-	select {
-	case <-l.closed:
-		return true
-	default:
-		return false
-	}
 }
 
 // unavailable marks errors of reaching Redis, as opposed to errors Redis

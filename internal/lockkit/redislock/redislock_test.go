@@ -15,27 +15,41 @@ import (
 
 func TestConformanceSingleNode(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")
-	locktest.Run(t, harness(t, func() redis.UniversalClient {
-		return redis.NewClient(&redis.Options{Addr: addr[0]})
+	locktest.Run(t, harness(t, func(w *locktest.Wire) redis.UniversalClient {
+		o := &redis.Options{Addr: addr[0], ContextTimeoutEnabled: true}
+		if w != nil {
+			o.Dialer = w.DialContext
+		}
+		return redis.NewClient(o)
 	}))
 }
 
 func TestConformanceCluster(t *testing.T) {
 	addrs := serverAddrs(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
-	locktest.Run(t, harness(t, func() redis.UniversalClient {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	locktest.Run(t, harness(t, func(w *locktest.Wire) redis.UniversalClient {
+		o := &redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true}
+		if w != nil {
+			o.Dialer = w.DialContext
+		}
+		return redis.NewClusterClient(o)
 	}))
 }
 
-func harness(t *testing.T, newClient func() redis.UniversalClient) locktest.Harness {
+// harness opens one client per Locker, through w when w is not nil. The
+// client outlives its Locker until the test ends, as a process's shared
+// client does, so that what the Locker leaves behind on it shows up.
+func harness(t *testing.T, newClient func(w *locktest.Wire) redis.UniversalClient) locktest.Harness {
 	const prefix = "redislock-test:"
+	open := func(t testing.TB, w *locktest.Wire) lockkit.Locker {
+		c := newClient(w)
+		t.Cleanup(func() { _ = c.Close() })
+		return redislock.New(c, redislock.WithPrefix(prefix))
+	}
 	return locktest.Harness{
-		New: func(testing.TB) lockkit.Locker {
-			c := newClient()
-			return closer{redislock.New(c, redislock.WithPrefix(prefix)), c}
-		},
+		New:   func(t testing.TB) lockkit.Locker { return open(t, nil) },
+		Wired: open,
 		Steal: func(t testing.TB, key string) {
-			c := newClient()
+			c := newClient(nil)
 			defer c.Close()
 			if err := c.Del(context.Background(), "{"+prefix+key+"}").Err(); err != nil {
 				t.Fatal(err)
@@ -43,17 +57,6 @@ func harness(t *testing.T, newClient func() redis.UniversalClient) locktest.Harn
 		},
 		TTL: 300 * time.Millisecond,
 	}
-}
-
-// closer closes the client with the Locker, as a process would on exit.
-type closer struct {
-	*redislock.Locker
-	client redis.UniversalClient
-}
-
-func (c closer) Close() error {
-	_ = c.Locker.Close()
-	return c.client.Close()
 }
 
 func serverAddrs(t *testing.T, env string) []string { return testenv.RequireList(t, env) }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -12,112 +13,127 @@ import (
 )
 
 // waitRoom is where a process's waiters wait. It keeps one subscription
-// connection for all of them and, per key, a queue in arrival order: only
-// the head asks Redis, the rest wait their turn. That is how a release wakes
-// one waiter per process instead of a herd, and why the goroutine that just
-// released cannot barge past those already waiting (Redisson's LockPubSub
-// wakes one waiter per message for the same reason).
+// connection for all of them and, per key, a queue of plain waiters in
+// arrival order: only its head asks Redis, the rest wait their turn. That
+// is how a release wakes one plain waiter per process instead of a herd,
+// and why the goroutine that just released cannot barge past those already
+// waiting (Redisson's LockPubSub wakes one waiter per message for the same
+// reason). Fair waiters each keep their own place in the Redis queue, which
+// orders them across processes; a release message names the one whose turn
+// it is.
+//
+// The room never waits for Redis to confirm a SUBSCRIBE: the confirmation
+// of a channel wakes that channel's waiters, who then look at the key
+// again. A release missed before the subscription took effect, or while
+// go-redis was reconnecting (it resubscribes on its own), is so noticed
+// with the next confirmation, and a confirmation that never comes (its
+// connection died) leaves nobody waiting for it.
 type waitRoom struct {
 	client redis.UniversalClient
-	closed <-chan struct{}
 
 	// waiting counts the keys with waiters here, so that the uncontended
 	// path (nobody waits) takes no mutex.
 	waiting atomic.Int64
 
-	mu     sync.Mutex
-	pubsub *redis.PubSub
-	rooms  map[string]*keyRoom // by release channel
-	// SUBSCRIBEs sent and confirmed per channel: a confirmation that
-	// belongs to an earlier, since abandoned subscribe of the same channel
-	// must not convince a new waiter that it is already listening.
-	sent, seen map[string]int
+	mu         sync.Mutex
+	shut       bool
+	pubsub     *redis.PubSub
+	dispatched chan struct{}       // closed when dispatch has returned
+	rooms      map[string]*keyRoom // by release channel
 }
 
 type keyRoom struct {
-	queue      []*waiter
-	subscribed chan struct{} // closed when Redis confirmed the subscription
-	confirmed  bool
+	queue []*waiter // plain waiters in arrival order; the head acts
+	fair  []*waiter // fair waiters; Redis orders them
 }
 
 type waiter struct {
 	channel string
 	owner   string
-	turn    chan struct{} // closed when the waiter reaches the head
-	wake    chan struct{} // a release the head should act on
+	fair    bool
+	turn    chan struct{} // closed when the waiter may act
+	wake    chan struct{} // something happened the waiter should look at
 }
 
-func newWaitRoom(client redis.UniversalClient, closed <-chan struct{}) *waitRoom {
-	return &waitRoom{client: client, closed: closed, rooms: make(map[string]*keyRoom),
-		sent: make(map[string]int), seen: make(map[string]int)}
+func newWaitRoom(client redis.UniversalClient) *waitRoom {
+	return &waitRoom{client: client, rooms: make(map[string]*keyRoom)}
 }
 
-// busy reports whether anyone in this process waits for the key.
+// busy reports whether any plain waiter here waits for the key.
 func (r *waitRoom) busy(channel string) bool {
 	if r.waiting.Load() == 0 {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.rooms[channel] != nil
+	room := r.rooms[channel]
+	return room != nil && len(room.queue) > 0
 }
 
-// join queues a waiter and returns once it is at the head of its key's
-// queue and the release channel is subscribed, so no release after this
-// point can go unnoticed.
-func (r *waitRoom) join(ctx context.Context, channel, owner string) (*waiter, error) {
-	w := &waiter{channel: channel, owner: owner, turn: make(chan struct{}), wake: make(chan struct{}, 1)}
+// join adds a waiter and returns once it may act: at once for a fair one,
+// at the head of its key's queue for a plain one. subscribed reports that
+// this join sent the channel's SUBSCRIBE, whose confirmation will wake the
+// waiter; otherwise the waiter should look at the key once now, since a
+// release may have come before it joined.
+func (r *waitRoom) join(ctx context.Context, channel, owner string, fair bool) (w *waiter, subscribed bool, err error) {
+	w = &waiter{channel: channel, owner: owner, fair: fair, turn: make(chan struct{}), wake: make(chan struct{}, 1)}
 	r.mu.Lock()
+	if r.shut {
+		r.mu.Unlock()
+		return nil, false, lockkit.ErrClosed
+	}
 	room := r.rooms[channel]
 	if room == nil {
-		room = &keyRoom{subscribed: make(chan struct{})}
+		if err := r.subscribe(ctx, channel); err != nil {
+			r.mu.Unlock()
+			return nil, false, err
+		}
+		room = &keyRoom{}
 		r.rooms[channel] = room
 		r.waiting.Add(1)
-		if err := r.subscribe(ctx, channel); err != nil {
-			delete(r.rooms, channel)
-			r.waiting.Add(-1)
-			r.mu.Unlock()
-			return nil, err
-		}
+		subscribed = true
 	}
-	room.queue = append(room.queue, w)
-	if len(room.queue) == 1 {
+	if fair {
+		room.fair = append(room.fair, w)
 		close(w.turn)
+	} else {
+		room.queue = append(room.queue, w)
+		if len(room.queue) == 1 {
+			close(w.turn)
+		} else {
+			subscribed = false // the turn, when it comes, is news of its own
+		}
 	}
 	r.mu.Unlock()
 
-	for _, ready := range []<-chan struct{}{w.turn, room.subscribed} {
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			r.leave(w)
-			return nil, ctx.Err()
-		case <-r.closed:
-			r.leave(w)
-			return nil, lockkit.ErrClosed
-		}
+	select {
+	case <-w.turn:
+		return w, subscribed, nil
+	case <-ctx.Done():
+		r.leave(w)
+		return nil, false, ctx.Err()
 	}
-	return w, nil
 }
 
 // subscribe sends SUBSCRIBE on the shared connection, opening it first if
-// needed. Called with r.mu held so that subscribes and unsubscribes of one
-// channel reach Redis in the order they were decided.
+// needed. Called with r.mu held, so that the subscribes and unsubscribes of
+// one channel reach go-redis in the order they were decided.
 func (r *waitRoom) subscribe(ctx context.Context, channel string) error {
-	r.sent[channel]++
 	if r.pubsub == nil {
-		r.pubsub = r.client.Subscribe(ctx, channel)
-		go r.dispatch(r.pubsub.ChannelWithSubscriptions())
-		return nil
+		r.pubsub = r.client.Subscribe(ctx)
+		r.dispatched = make(chan struct{})
+		go r.dispatch(r.pubsub.ChannelWithSubscriptions(), r.dispatched)
 	}
+	// go-redis keeps the channel in its resubscribe list even if this
+	// write fails, and a reconnect sends it again.
 	if err := r.pubsub.Subscribe(ctx, channel); err != nil {
-		r.sent[channel]--
+		_ = r.pubsub.Unsubscribe(context.Background(), channel)
 		return unavailable(ctx, err)
 	}
 	return nil
 }
 
-// leave takes w out of its queue and hands the turn to the next waiter.
+// leave takes w out of its room and hands the turn to the next waiter.
 func (r *waitRoom) leave(w *waiter) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -125,30 +141,30 @@ func (r *waitRoom) leave(w *waiter) {
 	if room == nil {
 		return
 	}
-	i := slices.Index(room.queue, w)
-	if i < 0 {
-		return
+	if w.fair {
+		room.fair = slices.DeleteFunc(room.fair, func(x *waiter) bool { return x == w })
+	} else if i := slices.Index(room.queue, w); i >= 0 {
+		room.queue = slices.Delete(room.queue, i, i+1)
+		if i == 0 && len(room.queue) > 0 {
+			close(room.queue[0].turn)
+		}
 	}
-	room.queue = slices.Delete(room.queue, i, i+1)
-	if len(room.queue) == 0 {
+	if len(room.queue) == 0 && len(room.fair) == 0 {
 		delete(r.rooms, w.channel)
 		r.waiting.Add(-1)
-		if r.sent[w.channel] == r.seen[w.channel] {
-			delete(r.sent, w.channel)
-			delete(r.seen, w.channel)
-		}
 		if r.pubsub != nil {
-			_ = r.pubsub.Unsubscribe(context.Background(), w.channel)
+			// Best effort: once out of go-redis's list, the channel is not
+			// resubscribed, whatever becomes of this write.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = r.pubsub.Unsubscribe(ctx, w.channel)
+			cancel()
 		}
-		return
-	}
-	if i == 0 {
-		close(room.queue[0].turn)
 	}
 }
 
-// wake tells the head waiter of channel that the key was released. next is
-// the fair queue's head named by the release; a waiter not named sleeps on.
+// wake passes a release of channel on. next is the fair queue's head named
+// by the release: only that fair waiter wakes. An empty next (nobody
+// queued) wakes the plain head and every fair waiter here.
 func (r *waitRoom) wake(channel, next string) {
 	if r.waiting.Load() == 0 {
 		return
@@ -156,53 +172,67 @@ func (r *waitRoom) wake(channel, next string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room := r.rooms[channel]
-	if room == nil || len(room.queue) == 0 {
+	if room == nil {
 		return
 	}
-	head := room.queue[0]
-	if next != "" && next != head.owner {
+	if next == "" && len(room.queue) > 0 {
+		signal(room.queue[0])
+	}
+	for _, w := range room.fair {
+		if next == "" || next == w.owner {
+			signal(w)
+		}
+	}
+}
+
+// wakeAll tells every waiter of channel to look at the key again.
+func (r *waitRoom) wakeAll(channel string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	room := r.rooms[channel]
+	if room == nil {
 		return
 	}
+	if len(room.queue) > 0 {
+		signal(room.queue[0])
+	}
+	for _, w := range room.fair {
+		signal(w)
+	}
+}
+
+func signal(w *waiter) {
 	select {
-	case head.wake <- struct{}{}:
+	case w.wake <- struct{}{}:
 	default:
 	}
 }
 
-func (r *waitRoom) dispatch(events <-chan any) {
+func (r *waitRoom) dispatch(events <-chan any, done chan<- struct{}) {
+	defer close(done)
 	for ev := range events {
 		switch ev := ev.(type) {
 		case *redis.Message:
 			r.wake(ev.Channel, ev.Payload)
 		case *redis.Subscription:
-			if ev.Kind != "subscribe" {
-				continue
+			// Subscribed, for the first time or again after a reconnect:
+			// a release may have gone by unheard.
+			if ev.Kind == "subscribe" {
+				r.wakeAll(ev.Channel)
 			}
-			r.mu.Lock()
-			if r.seen[ev.Channel] < r.sent[ev.Channel] {
-				r.seen[ev.Channel]++
-			}
-			room := r.rooms[ev.Channel]
-			if room != nil && !room.confirmed && r.seen[ev.Channel] == r.sent[ev.Channel] {
-				room.confirmed = true
-				close(room.subscribed)
-			} else if room != nil && room.confirmed && len(room.queue) > 0 {
-				// Subscribed again after a reconnect: a release may have
-				// been missed meanwhile, so the head looks again.
-				select {
-				case room.queue[0].wake <- struct{}{}:
-				default:
-				}
-			}
-			r.mu.Unlock()
 		}
 	}
 }
 
+// close ends the subscription and waits for its goroutine; later joins
+// fail with ErrClosed.
 func (r *waitRoom) close() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.pubsub != nil {
-		_ = r.pubsub.Close() // ends dispatch
+	r.shut = true
+	pubsub, dispatched := r.pubsub, r.dispatched
+	r.mu.Unlock()
+	if pubsub != nil {
+		_ = pubsub.Close() // ends dispatch
+		<-dispatched
 	}
 }

@@ -26,6 +26,13 @@ func TestConformance(t *testing.T) {
 	addrs := masterAddrs(t)
 	locktest.Run(t, locktest.Harness{
 		New: func(t testing.TB) lockkit.Locker { return redlock.New(dial(t, addrs)) },
+		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker {
+			proxied := make([]string, len(addrs))
+			for i, a := range addrs {
+				proxied[i] = w.Proxy(a)
+			}
+			return redlock.New(dial(t, proxied))
+		},
 		// An operator deleting the lock deletes it everywhere.
 		Steal: func(t testing.TB, key string) {
 			for _, c := range dial(t, addrs) {

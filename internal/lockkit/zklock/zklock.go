@@ -38,10 +38,25 @@ const (
 	protected = "_c_"
 	// retryDelay paces the deletion of nodes we could not delete at once.
 	retryDelay = 250 * time.Millisecond
+	// abandonWait bounds how long a caller who gave up (a cancelled
+	// waiter, a failed TryAcquire) waits for its node's deletion. On a
+	// half-open connection a request only fails after 2/3 of the session
+	// timeout; past abandonWait the deletion goes on in the background.
+	abandonWait = 250 * time.Millisecond
+	// retireAt is the sequence number at which a key directory is retired.
+	// The server keeps a directory's count of creates in an int32 and,
+	// once it reaches 2^31-1, stops counting: every later node is named
+	// ...2147483647 (or, pipelined, -2147483648), and sequence order no
+	// longer says who is first. A node numbered at or past retireAt never
+	// queues: it leaves, waits for the directory to empty, deletes it, and
+	// queues again in a new one whose count starts at 0. Half the range is
+	// left as margin: the nodes already queued below it finish first.
+	retireAt = 1 << 30
 )
 
-// errVanished means our node is gone while we queued: the session expired
-// or an operator deleted it. The acquisition queues again at the back.
+// errVanished means our node is gone while we queued: the session expired,
+// an operator deleted it, or the directory was retired. The acquisition
+// queues again at the back.
 var errVanished = errors.New("zklock: our node vanished")
 
 // Option configures a Locker.
@@ -256,6 +271,10 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 			l.abandon(node)
 			return nil, l.fail(err)
 		}
+		if seq, _ := sequence(name); seq < 0 || seq >= retireAt {
+			l.abandon(node)
+			return nil, l.retire(ctx, waitCtx, dir, wait)
+		}
 		pred, found := predecessor(children, name)
 		switch {
 		case !found:
@@ -288,6 +307,39 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 	}
 }
 
+// retire waits until dir, whose count has passed retireAt, is empty, then
+// deletes it. It returns errVanished when the caller should queue again:
+// the directory is gone (ours or another client's deletion), or a node
+// arrived in the instant between the listing and the deletion. Nodes that
+// queued below retireAt are served first; every other node leaves at once.
+func (l *Locker) retire(ctx, waitCtx context.Context, dir string, wait bool) error {
+	for {
+		children, _, changed, err := l.conn.ChildrenW(dir)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return errVanished
+		case err != nil:
+			return l.fail(err)
+		case len(children) == 0:
+			// Deletes only an empty directory, whoever else tries at once.
+			err := l.conn.Delete(dir, -1)
+			if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrNotEmpty) {
+				return errVanished
+			}
+			return l.fail(err)
+		case !wait:
+			return lockkit.ErrNotAcquired
+		}
+		select {
+		case <-changed:
+		case <-waitCtx.Done():
+			return lockkit.WaitErr(ctx, waitCtx)
+		case <-l.closed:
+			return lockkit.ErrClosed
+		}
+	}
+}
+
 // grant turns our first-in-line node into a lease. epoch is from before we
 // saw the node first: if the connection dropped since, the lease is born
 // lost, as it would have been lost had it been granted a moment earlier.
@@ -315,7 +367,7 @@ func (l *Locker) grant(key, node string, epoch uint64, session int64, fence uint
 	h.lease = lockkit.NewLease(lockkit.Grant{
 		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, h, ttl) },
-		Release: func(context.Context) error { return l.release(node, h) },
+		Release: func(ctx context.Context) error { return l.release(ctx, node, h) },
 		Gone:    h.gone,
 		Closed:  l.closed,
 	})
@@ -356,8 +408,10 @@ func (l *Locker) extend(node string, h *held, ttl time.Duration) error {
 }
 
 // release deletes the node. Its name holds a GUID and a sequence number
-// that no other client ever gets, so deleting it is owner-checked.
-func (l *Locker) release(node string, h *held) error {
+// that no other client ever gets, so deleting it is owner-checked. The
+// client takes no context, so the deletion runs in a goroutine and release
+// returns when ctx ends; the deletion goes on, retried if it fails.
+func (l *Locker) release(ctx context.Context, node string, h *held) error {
 	defer l.forget(node)
 	l.mu.Lock()
 	expired := !h.timer.Stop()
@@ -365,15 +419,27 @@ func (l *Locker) release(node string, h *held) error {
 	if expired {
 		return lockkit.ErrNotHeld
 	}
-	err := l.conn.Delete(node, -1)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, zk.ErrNoNode), l.conn.SessionID() != h.session:
-		return lockkit.ErrNotHeld // its session expired, and the node with it
-	default:
-		l.bury(node)
-		return l.fail(err)
+	deleted := make(chan error, 1)
+	if !l.background(func() { deleted <- l.conn.Delete(node, -1) }) {
+		return lockkit.ErrClosed // closing the session deletes the node
+	}
+	settle := func(err error) error {
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, zk.ErrNoNode), l.conn.SessionID() != h.session:
+			return lockkit.ErrNotHeld // its session expired, and the node with it
+		default:
+			l.bury(node)
+			return l.fail(err)
+		}
+	}
+	select {
+	case err := <-deleted:
+		return settle(err)
+	case <-ctx.Done():
+		l.background(func() { _ = settle(<-deleted) })
+		return context.Cause(ctx)
 	}
 }
 
@@ -397,11 +463,28 @@ func (l *Locker) forget(node string) {
 
 // abandon deletes a node we no longer want. ref is its path or, when a
 // lost reply left us without one, the path up to the sequence number. A
-// failed deletion is retried in the background: a live session must never
-// keep an orphan, which would block the key for as long as we live.
+// deletion that fails, or takes longer than abandonWait, goes on in the
+// background: a live session must never keep an orphan, which would block
+// the key for as long as we live, and a caller who gave up must not wait
+// for a half-open connection's timeout.
 func (l *Locker) abandon(ref string) {
-	if !l.remove(ref) {
-		l.bury(ref)
+	done := make(chan bool, 1)
+	if !l.background(func() { done <- l.remove(ref) }) {
+		return // closing the session deletes the node
+	}
+	timeout := time.NewTimer(abandonWait)
+	defer timeout.Stop()
+	select {
+	case removed := <-done:
+		if !removed {
+			l.bury(ref)
+		}
+	case <-timeout.C:
+		l.background(func() {
+			if !<-done {
+				l.bury(ref)
+			}
+		})
 	}
 }
 
@@ -417,17 +500,26 @@ func (l *Locker) remove(ref string) bool {
 	return err == nil || errors.Is(err, zk.ErrNoNode)
 }
 
-// bury retries remove until it succeeds or the Locker closes; an expired
-// session ends it too, as the node is then gone (ErrNoNode).
-func (l *Locker) bury(ref string) {
+// background runs fn in a goroutine that Close waits for, unless the
+// Locker is closing.
+func (l *Locker) background(fn func()) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closing {
-		return // closing the session deletes the node
+		return false
 	}
 	l.buried.Add(1)
 	go func() {
 		defer l.buried.Done()
+		fn()
+	}()
+	return true
+}
+
+// bury retries remove until it succeeds or the Locker closes; an expired
+// session ends it too, as the node is then gone (ErrNoNode).
+func (l *Locker) bury(ref string) {
+	l.background(func() {
 		for {
 			select {
 			case <-l.closed:
@@ -438,7 +530,7 @@ func (l *Locker) bury(ref string) {
 				return
 			}
 		}
-	}()
+	})
 }
 
 // fail maps a client error to lockkit's.
@@ -468,9 +560,10 @@ func (l *Locker) dir(key string) string {
 	return l.root + "/" + e
 }
 
-// mkdirs creates dir and its parents as persistent nodes. They are never
-// deleted: a key's sequence would restart, and a create racing the
-// deletion would fail. The cost is one empty node per key ever locked.
+// mkdirs creates dir and its parents as persistent nodes. A key's directory
+// is deleted only when retired (see retireAt): deleting it whenever it
+// empties would cost a request per release. The cost is one empty node per
+// key ever locked.
 func (l *Locker) mkdirs(dir string) error {
 	for i := 1; i <= len(dir); i++ {
 		if i == len(dir) || dir[i] == '/' {
@@ -494,7 +587,8 @@ func sequence(name string) (int64, bool) {
 }
 
 // predecessor returns the node queued just ahead of mine ("" when mine is
-// first) and whether mine is still there.
+// first) and whether mine is still there. Negative numbers, past the wrap,
+// are nodes about to leave a retired directory: never ahead of anyone.
 func predecessor(children []string, mine string) (pred string, found bool) {
 	seq, _ := sequence(mine)
 	var best int64 = -1 << 63
@@ -503,7 +597,7 @@ func predecessor(children []string, mine string) (pred string, found bool) {
 		switch {
 		case c == mine:
 			found = true
-		case ok && s < seq && s > best:
+		case ok && s >= 0 && s < seq && s > best:
 			pred, best = c, s
 		}
 	}

@@ -36,6 +36,13 @@ func TestConformance(t *testing.T) {
 	addrs := serverAddrs(t)
 	locktest.Run(t, locktest.Harness{
 		New: func(t testing.TB) lockkit.Locker { return open(t, addrs) },
+		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker {
+			proxied := make([]string, len(addrs))
+			for i, a := range addrs {
+				proxied[i] = w.Proxy(a)
+			}
+			return open(t, proxied)
+		},
 		// An operator deletes the holder's node.
 		Steal: func(t testing.TB, key string) {
 			l := open(t, addrs)
@@ -69,6 +76,50 @@ func TestCancelledWaiterLeavesNoNode(t *testing.T) {
 	}
 	if nodes := queue(t, a, key); len(nodes) != 1 {
 		t.Fatalf("after the waiter gave up, the queue is %v; want only the holder", nodes)
+	}
+}
+
+// A waiter cancelled while its connection is half open returns promptly:
+// it does not wait for the client to time the connection out before its
+// node's deletion fails. The node is deleted later in the background, or
+// with the session.
+func TestCancelOnHalfOpenConnectionReturnsPromptly(t *testing.T) {
+	addrs := serverAddrs(t)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	a := open(t, addrs)
+	tp := &tap{}
+	b := open(t, addrs, withDialer(tp.dial))
+	la := acquire(t, a, key) // a black-holed session of an earlier run may hold it a while
+	defer la.Release(ctx)
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(wctx, key)
+		done <- err
+	}()
+	for deadline := time.Now().Add(sessionTimeout); len(queue(t, a, key)) < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never queued")
+		}
+	}
+	// The waiter lists the queue, then sets its watch: let both arrive.
+	time.Sleep(200 * time.Millisecond)
+	tp.blackhole()
+	cancel()
+	start := time.Now()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire = %v, want Canceled", err)
+		}
+		if waited := time.Since(start); waited > time.Second {
+			t.Fatalf("cancelled Acquire returned after %v on a half-open connection; want well under the client's %v read timeout", waited, sessionTimeout*2/3)
+		}
+	case <-time.After(2 * sessionTimeout):
+		t.Fatal("cancelled Acquire did not return")
 	}
 }
 
@@ -301,6 +352,7 @@ type tap struct {
 	dropCount int
 	dropArmed bool
 	createXid []byte
+	holed     bool
 }
 
 func (tp *tap) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -319,6 +371,15 @@ func (tp *tap) sever() {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	_ = tp.conn.Close()
+}
+
+// blackhole stops forwarding the client's requests, the connection left
+// open: a half-open connection, which the client notices only when its
+// read timeout (2/3 of the session timeout) passes without a reply.
+func (tp *tap) blackhole() {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.holed = true
 }
 
 func (tp *tap) dropNextCreateReply() {
@@ -345,7 +406,11 @@ func (c *tappedConn) Write(b []byte) (int, error) {
 	if tp.dropArmed && len(b) >= 12 && int32(binary.BigEndian.Uint32(b[8:12])) == 1 {
 		tp.dropArmed, tp.createXid = false, bytes.Clone(b[4:8])
 	}
+	holed := tp.holed
 	tp.mu.Unlock()
+	if holed {
+		return len(b), nil
+	}
 	return c.Conn.Write(b)
 }
 

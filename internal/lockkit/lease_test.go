@@ -1,0 +1,296 @@
+package lockkit_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// store is a fake lock server for one grant: it applies each Extend the
+// moment the request arrives and sends the reply when the test says, so
+// a test can order what the server applied and what the client processed
+// independently. Pure logic: the lease's own bookkeeping is under test.
+type store struct {
+	mu      sync.Mutex
+	expires time.Time // when the server lets the grant go
+	silent  bool      // requests neither applied nor answered
+	calls   chan *call
+}
+
+type call struct {
+	ttl   time.Duration
+	ctx   context.Context
+	reply chan error
+}
+
+func newStore(ttl time.Duration) *store {
+	return &store{expires: time.Now().Add(ttl), calls: make(chan *call, 16)}
+}
+
+func (s *store) extend(ctx context.Context, ttl time.Duration) error {
+	s.mu.Lock()
+	silent := s.silent
+	if !silent {
+		s.expires = time.Now().Add(ttl)
+	}
+	s.mu.Unlock()
+	c := &call{ttl: ttl, ctx: ctx, reply: make(chan error, 1)}
+	if !silent {
+		s.calls <- c
+	}
+	select {
+	case err := <-c.reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *store) silence() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.silent = true
+}
+
+func (s *store) expiry() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expires
+}
+
+func (s *store) next(t *testing.T, within time.Duration) *call {
+	t.Helper()
+	select {
+	case c := <-s.calls:
+		return c
+	case <-time.After(within):
+		return nil
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// The holder must stop trusting its lease no later than the server lets
+// the grant go, plus timer noise.
+func requireLostBy(t *testing.T, lease lockkit.Lease, serverExpiry time.Time) {
+	t.Helper()
+	select {
+	case <-lease.Lost():
+	case <-time.After(time.Until(serverExpiry) + 200*time.Millisecond):
+		t.Fatalf("Lost still open %v after the server let the grant go", time.Since(serverExpiry))
+	}
+}
+
+// An Extend that shortens the lease while the watchdog's renewal is in
+// flight: the server applies the renewal, then the Extend; the replies
+// come back the other way round. The holder must not keep the renewal's
+// longer deadline (issue 12, finding 3).
+func TestExtendRacingRenewalFollowsTheServer(t *testing.T) {
+	const long, short = 600 * time.Millisecond, 100 * time.Millisecond
+	s := newStore(long)
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: long, Watchdog: true, Extend: s.extend,
+		Release: func(context.Context) error { return nil }})
+	renewal := s.next(t, 2*long)
+	if renewal == nil || renewal.ttl != long {
+		t.Fatalf("no renewal of %v from the watchdog: %+v", long, renewal)
+	}
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(context.Background(), short) }()
+	if ext := s.next(t, 100*time.Millisecond); ext != nil {
+		// Both in flight: the server applied the Extend last, and the
+		// Extend's reply arrives first.
+		s.silence()
+		ext.reply <- nil
+		if err := <-extended; err != nil {
+			t.Fatal(err)
+		}
+		renewal.reply <- nil
+	} else {
+		// The Extend waited for the renewal: no overlap to reorder.
+		renewal.reply <- nil
+		ext = s.next(t, time.Second)
+		if ext == nil {
+			t.Fatal("Extend never reached the store")
+		}
+		s.silence()
+		ext.reply <- nil
+		if err := <-extended; err != nil {
+			t.Fatal(err)
+		}
+	}
+	requireLostBy(t, lease, s.expiry())
+}
+
+// An Extend whose reply never came may have been applied: the holder must
+// then trust the shorter of the two deadlines.
+func TestExtendWithUnknownOutcomeTrustsTheShorterDeadline(t *testing.T) {
+	s := newStore(time.Minute)
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: time.Minute, Extend: s.extend,
+		Release: func(context.Context) error { return nil }})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := lease.Extend(ctx, 100*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend without a reply = %v, want its context's error", err)
+	}
+	requireLostBy(t, lease, s.expiry())
+}
+
+// Release is bounded by its own context while a renewal hangs on a
+// server that ignores the renewal's context (issue 12, finding 4), and it
+// ends that renewal rather than leave it running to the lease's deadline.
+func TestReleaseDoesNotWaitForAHungRenewal(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	hung := make(chan *call, 1)
+	unblock := make(chan struct{})
+	defer close(unblock)
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true,
+		Extend: func(ctx context.Context, ttl time.Duration) error {
+			hung <- &call{ttl: ttl, ctx: ctx}
+			<-unblock // a driver that does not look at ctx
+			return ctx.Err()
+		},
+		Release: func(context.Context) error { return nil }})
+	renewal := <-hung
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctx) }()
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Release waited for a renewal that hangs")
+	}
+	if !isClosed(lease.Lost()) {
+		t.Fatal("Lost open after Release")
+	}
+	select {
+	case <-renewal.ctx.Done():
+	case <-time.After(time.Second):
+		t.Fatal("the hung renewal's context was not cancelled by Release")
+	}
+}
+
+func TestWatchdogRenewsEveryThirdOfTTL(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	s := newStore(ttl)
+	go func() {
+		for c := range s.calls {
+			c.reply <- nil
+		}
+	}()
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Extend: s.extend,
+		Release: func(context.Context) error { return nil }})
+	time.Sleep(4 * ttl)
+	if isClosed(lease.Lost()) {
+		t.Fatal("a renewed lease was lost")
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("second Release = %v, want ErrNotHeld", err)
+	}
+	if err := lease.Extend(context.Background(), ttl); !errors.Is(err, lockkit.ErrLeaseLost) {
+		t.Fatalf("Extend after Release = %v, want ErrLeaseLost", err)
+	}
+}
+
+// A renewal that finds the grant gone loses the lease at once, not at
+// its deadline.
+func TestWatchdogLosesTheLeaseWhenNotHeld(t *testing.T) {
+	const ttl = 3 * time.Second // first renewal at 1 s
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true,
+		Extend:  func(context.Context, time.Duration) error { return lockkit.ErrNotHeld },
+		Release: func(context.Context) error { return lockkit.ErrNotHeld }})
+	select {
+	case <-lease.Lost():
+	case <-time.After(2 * ttl / 3):
+		t.Fatal("renewal found the grant gone, Lost still open")
+	}
+}
+
+// A renewal that fails for a transient reason is tried again; if none
+// succeeds, the lease is lost at its deadline, not before.
+func TestWatchdogRetriesTransientErrorsUntilTheDeadline(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	var mu sync.Mutex
+	attempts := 0
+	start := time.Now()
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Sent: start,
+		Extend: func(context.Context, time.Duration) error {
+			mu.Lock()
+			defer mu.Unlock()
+			attempts++
+			return lockkit.ErrUnavailable
+		},
+		Release: func(context.Context) error { return nil }})
+	<-lease.Lost()
+	if lost := time.Since(start); lost < ttl {
+		t.Fatalf("lost after %v, before its %v deadline", lost, ttl)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if attempts < 2 {
+		t.Fatalf("%d renewal attempts before the deadline, want a retry", attempts)
+	}
+}
+
+func TestGoneClosesLost(t *testing.T) {
+	gone := make(chan struct{})
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: time.Minute, Gone: gone,
+		Extend:  func(context.Context, time.Duration) error { return nil },
+		Release: func(context.Context) error { return nil }})
+	close(gone)
+	select {
+	case <-lease.Lost():
+	case <-time.After(time.Second):
+		t.Fatal("Gone closed, Lost still open")
+	}
+}
+
+// A grant whose deadline passed before it reached the caller is lost from
+// the start: nobody may act on it.
+func TestGrantPastItsDeadlineIsLostAtOnce(t *testing.T) {
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
+		Extend:  func(context.Context, time.Duration) error { return nil },
+		Release: func(context.Context) error { return nil }})
+	if !isClosed(lease.Lost()) {
+		t.Fatal("a grant already past its deadline has Lost open")
+	}
+}
+
+func TestClosedStopsTheWatchdog(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	closedCh := make(chan struct{})
+	close(closedCh)
+	var mu sync.Mutex
+	renewals := 0
+	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Closed: closedCh,
+		Extend: func(context.Context, time.Duration) error {
+			mu.Lock()
+			defer mu.Unlock()
+			renewals++
+			return nil
+		},
+		Release: func(context.Context) error { return nil }})
+	<-lease.Lost() // by its TTL, unrenewed
+	mu.Lock()
+	defer mu.Unlock()
+	if renewals != 0 {
+		t.Fatalf("%d renewals after the Locker closed", renewals)
+	}
+}

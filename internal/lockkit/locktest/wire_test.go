@@ -1,0 +1,112 @@
+package locktest
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// echo is a line-echo server that counts the lines it received.
+func echo(t *testing.T) (addr string, received *atomic.Int64) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	received = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					received.Add(1)
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), received
+}
+
+func TestWire(t *testing.T) {
+	// Registered first, so it runs after the wire and the server closed.
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	server, received := echo(t)
+	w := NewWire(t)
+	conn, err := w.DialContext(context.Background(), "tcp", server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	ask := func(line string) {
+		t.Helper()
+		if _, err := conn.Write([]byte(line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answer := func(within time.Duration) (string, bool) {
+		t.Helper()
+		_ = conn.SetReadDeadline(time.Now().Add(within))
+		got, err := r.ReadString('\n')
+		return got, err == nil
+	}
+	waitFor := func(n int64) {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); received.Load() < n; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("server received %d lines, want %d", received.Load(), n)
+			}
+		}
+	}
+
+	ask("one")
+	if got, ok := answer(5 * time.Second); !ok || got != "one\n" {
+		t.Fatalf("through a healthy wire: %q", got)
+	}
+	if w.Calls() != 1 || w.Bytes() != 4 {
+		t.Fatalf("counted %d calls, %d bytes; want 1, 4", w.Calls(), w.Bytes())
+	}
+
+	w.HoldReplies()
+	ask("two")
+	waitFor(2) // the request got through
+	if got, ok := answer(100 * time.Millisecond); ok {
+		t.Fatalf("a held reply arrived: %q", got)
+	}
+	w.HealRepliesNewestFirst()
+	if got, ok := answer(5 * time.Second); !ok || got != "two\n" {
+		t.Fatalf("held reply after healing: %q", got)
+	}
+
+	w.BlackHole()
+	ask("three")
+	time.Sleep(100 * time.Millisecond)
+	if received.Load() != 2 {
+		t.Fatal("a request crossed a silent wire")
+	}
+	if w.Calls() != 3 {
+		t.Fatalf("counted %d calls; what the client sent counts while silent too", w.Calls())
+	}
+	w.Heal()
+	if got, ok := answer(5 * time.Second); !ok || got != "three\n" {
+		t.Fatalf("request held while silent, after healing: %q", got)
+	}
+}

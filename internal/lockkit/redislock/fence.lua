@@ -1,0 +1,20 @@
+-- next_fence issues a grant's fencing token: above the key's last token
+-- and at least the server's clock in microseconds. The clock is what keeps
+-- tokens rising when the counter goes back (a restart without persistence,
+-- a failover to a replica that missed the last increments, eviction): a
+-- later grant still gets a higher token as long as the server's clock has
+-- not stepped back by more than the time between the two grants. Lua
+-- numbers are doubles, exact to 2^53; microseconds since 1970 are about
+-- 2^51 (and reach 2^53 in the year 2255). '%.0f' keeps every digit, where
+-- tostring would round to 14.
+local function next_fence(counter)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- One write when the clock is ahead of the counter, as it nearly always is.
+  local last = tonumber(redis.call('SET', counter, string.format('%.0f', now), 'GET') or '0')
+  if last < now then
+    return now
+  end
+  redis.call('SET', counter, string.format('%.0f', last + 1))
+  return last + 1
+end

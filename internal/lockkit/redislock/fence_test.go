@@ -1,0 +1,44 @@
+package redislock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// A fence counter that goes back (a restart without persistence, a
+// failover to a replica that missed the last increments, eviction) must
+// not make a later grant's token lower than an earlier one's: the stores
+// would then refuse the new holder for good, or let a stale one through.
+func TestFenceAboveEveryEarlierAfterCounterLoss(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	l := newLocker(t, admin)
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		var opts []lockkit.Option
+		if fair {
+			opts = append(opts, lockkit.WithFair())
+		}
+		key := uniqueKey(t)
+		counter := "{" + testPrefix + key + "}:fence"
+		var last uint64
+		for _, loss := range []func(){
+			func() {},
+			func() { admin.Del(ctx, counter) },       // restart without persistence, eviction
+			func() { admin.Set(ctx, counter, 1, 0) }, // a replica that missed increments
+			func() {},
+		} {
+			loss()
+			lease := hold(t, l, key, opts...)
+			if lease.Fence() <= last {
+				t.Errorf("fair=%v: token %d after %d", fair, lease.Fence(), last)
+			}
+			last = lease.Fence()
+			_ = lease.Release(ctx)
+			time.Sleep(time.Millisecond)
+		}
+	}
+}

@@ -1,0 +1,227 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
+)
+
+const testPrefix = "redislock-test:"
+
+// uniqueKey names a key no earlier run used, so no old counter or queue
+// is in the way.
+func uniqueKey(t *testing.T) string {
+	return t.Name() + "-" + time.Now().Format("150405.000000000")
+}
+
+// newClient connects to addr as the service does (cmd/shop/app.go): with
+// ContextTimeoutEnabled, so that a context bounds every call.
+func newClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func newLocker(t *testing.T, c redis.UniversalClient, opts ...redislock.Option) *redislock.Locker {
+	l := redislock.New(c, append([]redislock.Option{redislock.WithPrefix(testPrefix)}, opts...)...)
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func hold(t *testing.T, l lockkit.Locker, key string, opts ...lockkit.Option) lockkit.Lease {
+	t.Helper()
+	lease, err := l.TryAcquire(context.Background(), key, append([]lockkit.Option{lockkit.WithTTL(time.Minute)}, opts...)...)
+	if err != nil {
+		t.Fatalf("hold %s: %v", key, err)
+	}
+	return lease
+}
+
+type acquired struct {
+	lease lockkit.Lease
+	err   error
+	at    time.Time
+}
+
+func acquireAsync(l lockkit.Locker, ctx context.Context, key string, opts ...lockkit.Option) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, key, append([]lockkit.Option{lockkit.WithTTL(time.Minute)}, opts...)...)
+		ch <- acquired{lease, err, time.Now()}
+	}()
+	return ch
+}
+
+// A SUBSCRIBE lost with its connection, sent by a waiter that gave up
+// before go-redis reconnected, must not leave the key unwaitable in this
+// process: a later waiter is granted as soon as the key frees.
+func TestWaiterAfterLostSubscribeIsGranted(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	p := newProxy(t, addr)
+	holder := newLocker(t, newClient(t, addr))
+	l := newLocker(t, newClient(t, p.addr))
+	key, other := uniqueKey(t), uniqueKey(t)+"-other"
+	ctx := context.Background()
+
+	heldOther := hold(t, holder, other)
+	held := hold(t, holder, key)
+	// A waiter on another key opens the Locker's subscription connection.
+	otherWaiter := acquireAsync(l, ctx, other)
+	time.Sleep(200 * time.Millisecond)
+
+	p.freeze(true) // the next SUBSCRIBE goes nowhere
+	if _, err := l.Acquire(ctx, key, lockkit.WithWaitTimeout(300*time.Millisecond)); !errors.Is(err, lockkit.ErrNotAcquired) {
+		t.Fatalf("waiter behind a frozen subscription: %v, want ErrNotAcquired", err)
+	}
+	p.killSubscribers() // the connection dies with the SUBSCRIBE unanswered
+	p.freeze(false)
+	time.Sleep(300 * time.Millisecond) // go-redis reconnects
+
+	waiter := acquireAsync(l, ctx, key, lockkit.WithWaitTimeout(5*time.Second))
+	time.Sleep(100 * time.Millisecond)
+	released := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := <-waiter
+	if got.err != nil {
+		t.Fatalf("later waiter, key free since %v: %v", time.Since(released), got.err)
+	}
+	if d := got.at.Sub(released); d > time.Second {
+		t.Errorf("later waiter granted %v after the release", d)
+	}
+	_ = got.lease.Release(ctx)
+	_ = heldOther.Release(ctx)
+	if o := <-otherWaiter; o.err == nil {
+		_ = o.lease.Release(ctx)
+	}
+}
+
+// A waiter whose subscription connection is cut, and which so misses the
+// release message, is granted once the subscription is back, not when the
+// holder's TTL would have run out.
+func TestWaiterGrantedAfterSubscriptionKilled(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	p := newProxy(t, addr)
+	holder := newLocker(t, newClient(t, addr))
+	l := newLocker(t, newClient(t, p.addr))
+	key := uniqueKey(t)
+	ctx := context.Background()
+
+	held := hold(t, holder, key)
+	waiter := acquireAsync(l, ctx, key, lockkit.WithWaitTimeout(20*time.Second))
+	time.Sleep(200 * time.Millisecond)
+
+	p.freeze(true) // the resubscription waits until after the release
+	p.killSubscribers()
+	released := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	p.freeze(false)
+	got := <-waiter
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if d := got.at.Sub(released); d > 2*time.Second {
+		t.Errorf("waiter granted %v after the release", d)
+	}
+	_ = got.lease.Release(ctx)
+}
+
+// A waiter cancelled while Redis is black-holed returns within its deadline
+// and a small bound: it must not wait for its own clean-up.
+func TestCancelAgainstBlackholedRedis(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	const budget, slack = 300 * time.Millisecond, 250 * time.Millisecond
+	for _, fair := range []bool{false, true} {
+		opts := []lockkit.Option{}
+		name := "plain"
+		if fair {
+			opts, name = append(opts, lockkit.WithFair()), "fair"
+		}
+		t.Run(name+"/waiting", func(t *testing.T) {
+			p := newProxy(t, addr)
+			holder := newLocker(t, newClient(t, addr))
+			l := newLocker(t, newClient(t, p.addr))
+			key := uniqueKey(t)
+			held := hold(t, holder, key, opts...)
+			defer held.Release(context.Background())
+
+			ctx, cancel := context.WithCancel(context.Background())
+			waiter := acquireAsync(l, ctx, key, opts...)
+			time.Sleep(200 * time.Millisecond)
+			p.blackhole(true)
+			cancelled := time.Now()
+			cancel()
+			got := <-waiter
+			if !errors.Is(got.err, context.Canceled) {
+				t.Fatalf("cancelled waiter: %v", got.err)
+			}
+			if d := got.at.Sub(cancelled); d > slack {
+				t.Errorf("cancelled waiter returned after %v", d)
+			}
+		})
+		t.Run(name+"/arriving", func(t *testing.T) {
+			p := newProxy(t, addr)
+			l := newLocker(t, newClient(t, p.addr))
+			key := uniqueKey(t)
+			p.blackhole(true)
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			start := time.Now()
+			_, err := l.Acquire(ctx, key, opts...)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("acquire against a black hole: %v", err)
+			}
+			if d := time.Since(start); d > budget+slack {
+				t.Errorf("acquire with a %v budget returned after %v", budget, d)
+			}
+		})
+	}
+}
+
+// Close racing contended Acquires leaves no goroutine and no connection
+// behind, while the client (the caller's) stays open.
+func TestCloseRacingAcquireLeaksNothing(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	holder := newLocker(t, newClient(t, addr))
+	client := newClient(t, addr)
+	if err := client.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	key := uniqueKey(t)
+	held := hold(t, holder, key)
+	defer held.Release(context.Background())
+	baseline := goleak.IgnoreCurrent()
+
+	for i := range 40 {
+		l := redislock.New(client, redislock.WithPrefix(testPrefix))
+		var opts []lockkit.Option
+		if i%2 == 1 {
+			opts = append(opts, lockkit.WithFair())
+		}
+		waiters := []<-chan acquired{acquireAsync(l, context.Background(), key, opts...),
+			acquireAsync(l, context.Background(), key, opts...)}
+		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		_ = l.Close()
+		for _, w := range waiters {
+			if got := <-w; !errors.Is(got.err, lockkit.ErrClosed) {
+				t.Fatalf("waiter of a closed Locker: %v", got.err)
+			}
+		}
+	}
+	goleak.VerifyNone(t, baseline)
+	if n := client.PoolStats().PubSubStats.Active; n != 0 {
+		t.Errorf("%d subscription connections open after every Locker closed", n)
+	}
+}

@@ -1,0 +1,123 @@
+package problem
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestEveryTypeHasItsHeading: every problem type the code can answer with
+// (a slug given to Register, RegisterRetry or New, or set as an Error's or
+// a mapping's Slug anywhere in the module) links to a heading that exists
+// in docs/api.md, so a client following the type lands on its explanation.
+func TestEveryTypeHasItsHeading(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(TypeBase, "/docs/api.md#") {
+		t.Fatalf("TypeBase %s does not point into docs/api.md; teach this test where", TypeBase)
+	}
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "api.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^#{1,6}\s+(.+?)\s*$`).FindAllStringSubmatch(string(doc), -1) {
+		anchors[githubAnchor(m[1])] = true
+	}
+	slugs := usedSlugs(t, root)
+	if len(slugs) < 10 {
+		t.Fatalf("found only %d problem slugs in the source: the scan is broken", len(slugs))
+	}
+	for slug, where := range slugs {
+		if !anchors[slug] {
+			t.Errorf("%s: problem type %s%s has no heading \"### %s\" in docs/api.md", where, TypeBase, slug, slug)
+		}
+	}
+}
+
+// githubAnchor is the id GitHub gives a Markdown heading.
+func githubAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// usedSlugs finds every constant slug in the module's non-test Go source.
+func usedSlugs(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	fset := token.NewFileSet()
+	add := func(e ast.Expr) {
+		lit, ok := e.(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			return
+		}
+		if s, err := strconv.Unquote(lit.Value); err == nil && s != "" {
+			out[s] = fset.Position(lit.Pos()).String()
+		}
+	}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		inProblem := f.Name.Name == "problem"
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.CallExpr:
+				var name string
+				switch fn := n.Fun.(type) {
+				case *ast.SelectorExpr:
+					if x, ok := fn.X.(*ast.Ident); ok && x.Name == "problem" {
+						name = fn.Sel.Name
+					}
+				case *ast.Ident:
+					if inProblem {
+						name = fn.Name
+					}
+				}
+				switch {
+				case (name == "Register" || name == "RegisterRetry") && len(n.Args) > 2:
+					add(n.Args[2])
+				case name == "New" && len(n.Args) > 1:
+					add(n.Args[1])
+				}
+			case *ast.KeyValueExpr:
+				if k, ok := n.Key.(*ast.Ident); ok && (k.Name == "Slug" || k.Name == "slug") {
+					add(n.Value)
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
