@@ -12,6 +12,11 @@ if redis.call('EXISTS', rec) == 0 then
   if ARGV[4] == '1' then
     return {'unknown'}
   end
+  -- The record reached its TTL under a run that still holds the lease:
+  -- the key is that run's until it ends.
+  if redis.call('EXISTS', lease) == 1 then
+    return {'in-use'}
+  end
   -- A client-chosen key, first seen: it lives as long as a minted token.
   redis.call('HSET', rec, 'fp', ARGV[1], 'run', 1)
   redis.call('PEXPIRE', rec, ARGV[3])

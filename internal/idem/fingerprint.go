@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 // fingerprint identifies a request: method, path, query (its parameters
@@ -30,7 +31,11 @@ func fingerprint(method, path, query string, user int64, body []byte) string {
 // sorted by name, no insignificant whitespace, strings with one escaping,
 // numbers by value (1, 1.0 and 10e-1 are one number). A body that is not
 // exactly one JSON value is kept as its raw bytes, marked so that it
-// cannot equal a canonical text; the handler will refuse it anyway.
+// cannot equal a canonical text; the handler will refuse it anyway. So is
+// a body that names a member twice in one object, exactly or only by case:
+// encoding/json fills a struct field from the last of the names that match
+// it case-insensitively (and merges repeated objects), so member order
+// decides what the handler sees, and a sorted map cannot keep it.
 func canonicalBody(body []byte) []byte {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil
@@ -41,12 +46,72 @@ func canonicalBody(body []byte) []byte {
 	if err := dec.Decode(&v); err != nil {
 		return append([]byte("raw\x00"), body...)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) || repeatsName(body) {
 		return append([]byte("raw\x00"), body...)
 	}
 	var b bytes.Buffer
 	writeCanonical(&b, v)
 	return b.Bytes()
+}
+
+// repeatsName reports whether an object in body, which is one valid JSON
+// value, has two members whose names are equal under case folding.
+func repeatsName(body []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	type object struct {
+		names    map[string]bool
+		wantName bool
+	}
+	var open []*object // nil for an array
+	top := func() *object {
+		if len(open) == 0 {
+			return nil
+		}
+		return open[len(open)-1]
+	}
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false // io.EOF: the body was checked valid before
+		}
+		if name, ok := tok.(string); ok && top() != nil && top().wantName {
+			folded := foldName(name)
+			if top().names[folded] {
+				return true
+			}
+			top().names[folded] = true
+			top().wantName = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			open = append(open, &object{names: map[string]bool{}, wantName: true})
+			continue
+		case json.Delim('['):
+			open = append(open, nil)
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			open = open[:len(open)-1]
+		}
+		if o := top(); o != nil { // a member's value ended: a name comes next
+			o.wantName = true
+		}
+	}
+}
+
+// foldName maps names that strings.EqualFold (and encoding/json's field
+// matching) deems equal to one string: each rune becomes the least rune of
+// its simple case-folding orbit (so K, k and the Kelvin sign are one).
+func foldName(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
 }
 
 func writeCanonical(b *bytes.Buffer, v any) {

@@ -28,7 +28,8 @@
 //
 // The first request with a key binds the key to its fingerprint (method,
 // path, query, user and the body as canonical JSON: key order, whitespace
-// and the spelling of numbers do not matter), runs, and its response is
+// and the spelling of numbers do not matter; a body naming a member twice,
+// also only by case, is compared byte for byte), runs, and its response is
 // stored on the key. A retry gets that response again (status, body,
 // Content-Type, Location, Cache-Control) with Idempotent-Replayed: true, a
 // new X-Request-Id, and Idempotency-Replayed-Request-Id naming the request

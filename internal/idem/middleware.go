@@ -108,6 +108,7 @@ func (m *Idem) Guard(p Policy) gin.HandlerFunc {
 		c.Request.Body = io.NopCloser(bytes.NewReader(body))
 		fp := fingerprint(c.Request.Method, c.Request.URL.EscapedPath(), c.Request.URL.Query().Encode(), user, body)
 
+		claimed := time.Now() // Redis starts the lease later than this
 		v, run, rec, err := m.claim(c.Request.Context(), user, key, fp, p.Required)
 		switch {
 		case err != nil:
@@ -124,7 +125,7 @@ func (m *Idem) Guard(p Policy) gin.HandlerFunc {
 			problem.Write(c, reused())
 		default:
 			c.Set(tokenKey, key)
-			m.run(c, p, user, key, run, fp)
+			m.run(c, p, user, key, run, fp, claimed)
 		}
 	}
 }
@@ -191,14 +192,14 @@ func (p Policy) stores(c *gin.Context, status int) bool {
 // run calls the handler with a context that ends if the key's lease is lost
 // (a duplicate may then run: the handler's own fences and uniqueness must
 // hold the line), captures its response, and stores it or frees the key.
-func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string) {
+func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, claimed time.Time) {
 	recKey, leaseKey := m.keys(user, key)
 	parent := c.Request.Context()
 	ctx, cancel := context.WithCancelCause(parent)
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		m.keepLease(ctx, cancel, recKey, leaseKey, run)
+		m.keepLease(ctx, cancel, recKey, leaseKey, run, claimed)
 	}()
 	// The writes after the handler get their own time, from when it ends:
 	// a handler may wait long for its locks.
@@ -219,16 +220,24 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string) {
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
 	defer fcancel()
 	if panicked != nil {
-		if panicked == http.ErrAbortHandler || p.RerunServerErrors || w.Written() {
+		if p.RerunServerErrors {
 			release()
 			c.Writer = w.ResponseWriter
 			panic(panicked) // Recover, further out, answers 500
 		}
-		// A panic may come after a write that landed: answer the 500 here,
-		// through the capture, so that it is stored like any other 500.
-		slog.ErrorContext(fctx, "panic in handler", "request_id", w.Header().Get(problem.RequestIDHeader),
-			"panic", panicked, "stack", string(stack))
-		problem.Write(c, errors.New("panic"))
+		// A panic may come after a write that landed, also one after the
+		// answer was sent or one that aborts the connection: the key keeps
+		// what the client was sent, or a 500 written here through the
+		// capture, so that a retry does not run the handler again.
+		if panicked == http.ErrAbortHandler {
+			defer panic(panicked) // after the store: net/http still cuts the connection
+		} else {
+			slog.ErrorContext(fctx, "panic in handler", "request_id", w.Header().Get(problem.RequestIDHeader),
+				"panic", panicked, "stack", string(stack))
+		}
+		if !w.Written() {
+			problem.Write(c, errors.New("panic"))
+		}
 	}
 	c.Writer = w.ResponseWriter
 
@@ -270,11 +279,18 @@ func next(c *gin.Context) (panicked any, stack []byte) {
 
 // keepLease renews the key's lease every third of its TTL until ctx ends,
 // and calls lost once the lease can no longer be trusted: the record names
-// a later run, or no renewal succeeded for a whole lease.
-func (m *Idem) keepLease(ctx context.Context, lost context.CancelCauseFunc, recKey, leaseKey, run string) {
+// a later run, or a whole lease has passed since the last renewal that was
+// sent and applied (claimed: the claim's). The second is a timer of its
+// own, not a check at the next tick: from that instant a duplicate may
+// claim the key in Redis and run, so this handler must be told then.
+func (m *Idem) keepLease(ctx context.Context, lost context.CancelCauseFunc, recKey, leaseKey, run string, claimed time.Time) {
 	t := time.NewTicker(m.o.Lease / 3)
 	defer t.Stop()
-	valid := time.Now().Add(m.o.Lease)
+	expiry := time.AfterFunc(time.Until(claimed.Add(m.o.Lease)), func() {
+		slog.WarnContext(ctx, "idem: lease lost: no renewal for a whole lease", "key", recKey, "run", run)
+		lost(lockkit.ErrLeaseLost)
+	})
+	defer expiry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -287,12 +303,16 @@ func (m *Idem) keepLease(ctx context.Context, lost context.CancelCauseFunc, recK
 		cancel()
 		switch {
 		case err == nil && ok == 1:
-			valid = start.Add(m.o.Lease)
-		case err == nil || time.Now().After(valid):
-			slog.WarnContext(ctx, "idem: lease lost", "key", recKey, "run", run, "err", err)
+			// Once lost, the context stays cancelled: a late success
+			// cannot bring the handler back.
+			expiry.Reset(time.Until(start.Add(m.o.Lease)))
+		case err == nil:
+			slog.WarnContext(ctx, "idem: lease lost: the key was claimed again", "key", recKey, "run", run)
 			lost(lockkit.ErrLeaseLost)
 			return
 		}
+		// Another error is transient: the next tick tries again, and the
+		// expiry ends the lease if none succeeds in time.
 	}
 }
 

@@ -289,6 +289,16 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 	return lockkit.NewLease(lockkit.Grant{
 		Key: key, Fence: uint64(res[0]), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
+			// The watchdog's renewals run on their own goroutine: Close
+			// ends one in flight and waits for it, so that the caller may
+			// close the client once Close returns.
+			if !l.enter() {
+				return lockkit.ErrClosed
+			}
+			defer l.inflight.Done()
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			defer context.AfterFunc(l.closing, cancel)()
 			ok, err := extendScript.Run(ctx, l.client, []string{ks.lock}, owner, ttl.Milliseconds()).Int()
 			if err != nil {
 				return unavailable(ctx, err)
