@@ -6,7 +6,6 @@ BIN := $(CURDIR)/bin
 # Servers for tests and benchmarks: see docs/testing.md (set the SHOP_TEST_*
 # variables to use servers of your own instead).
 WITH_SERVERS := scripts/with-testenv.sh
-BENCH_DURATION ?= 4s
 
 .PHONY: help run build test test-unit vet fmt bench servers-up servers-down openapi-lint
 
@@ -42,9 +41,20 @@ openapi-lint: $(OPENAPI_LINT)/node_modules/.package-lock.json ## Lint internal/a
 $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.json
 	cd $(OPENAPI_LINT) && npm ci --no-audit --no-fund
 
-bench: ## Benchmarks of every backend beside its peers and its server's raw round trip, as one table
-	$(WITH_SERVERS) bash -c 'SHOP_BENCH_DURATION=$(BENCH_DURATION) $(GO) test -run "^$$" -bench "Uncontended" -benchtime=1s -count=5 ./internal/lockkit/lockbench/ | tee /tmp/shop-bench-uncontended.txt && SHOP_BENCH_DURATION=$(BENCH_DURATION) $(GO) test -run "^$$" -bench "Contended" -benchtime=1x -timeout 30m ./internal/lockkit/lockbench/ | tee /tmp/shop-bench-contended.txt' 
-	@awk -f scripts/benchtable.awk /tmp/shop-bench-uncontended.txt /tmp/shop-bench-contended.txt
+# make bench: BENCH_ROUNDS rounds, each running every subject once (A B A B
+# ...), so that a drift in the machine's speed lands on both sides of each
+# ratio; the table takes every ratio inside a round (scripts/benchtable.awk).
+BENCH_ROUNDS ?= 7
+BENCH_UNCONTENDED ?= 300ms
+BENCH_CONTENDED ?= 1s
+
+bench: ## Every backend beside its peer and its server's raw round trip, interleaved rounds, one table
+	$(GO) test -c -o $(BIN)/lockbench.test ./internal/lockkit/lockbench/
+	set -o pipefail; $(WITH_SERVERS) bash -c 'for r in $$(seq $(BENCH_ROUNDS)); do echo "round $$r"; \
+		$(BIN)/lockbench.test -test.run "^$$" -test.bench "Uncontended" -test.benchtime=$(BENCH_UNCONTENDED) || exit 1; \
+		SHOP_BENCH_DURATION=$(BENCH_CONTENDED) $(BIN)/lockbench.test -test.run "^$$" -test.bench "Contended" -test.benchtime=1x -test.timeout 30m || exit 1; \
+		done' | tee /tmp/shop-bench.txt
+	@awk -f scripts/benchtable.awk /tmp/shop-bench.txt
 
 include loadtest.mk compose.mk
 -include faults.mk

@@ -25,7 +25,9 @@ import (
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/admission"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/order"
 	"github.com/lockbench/shop/internal/storage"
 )
@@ -104,7 +106,12 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	lockMetrics := lockmetrics.New(reg, cfg.LockBackend)
-	locker := lockMetrics.Wrap(lockkit.Reentrant(backend))
+	// Admission sits inside the metrics, so that its refusals count as
+	// lock-busy like a wait timeout does.
+	locker := lockMetrics.Wrap(admission.Wrap(lockkit.Reentrant(backend), cfg.LockMaxWaiters))
+	retry := optimistic.DefaultPolicy
+	retry.Attempts = cfg.OptimisticAttempts
+	retryMetrics := optimistic.NewMetrics(reg)
 
 	var lockOpts []lockkit.Option
 	if cfg.LockTTL > 0 {
@@ -125,6 +132,7 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	a.accounts = accountStore
 	accounts := &account.Domain{Store: accountStore, Service: account.NewService(accountStore, account.Options{
 		Locker: locker, LockOptions: lockOpts, Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
+		Strategy: cfg.BalanceStrategy, Retry: retry, OptimisticMetrics: retryMetrics,
 	}), Idempotent: tokens.Optional()}
 
 	var mirror *inventory.Mirror
@@ -135,6 +143,7 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	products, err := inventory.NewService(productStore, inventory.Options{
 		Strategy: cfg.StockStrategy, Locker: locker, LockOptions: lockOpts, Mirror: mirror,
 		Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
+		Retry: retry, OptimisticMetrics: retryMetrics, Combine: cfg.StockCombine,
 	})
 	if err != nil {
 		return nil, err

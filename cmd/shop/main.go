@@ -5,6 +5,7 @@
 //	shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
 //	shop healthcheck              exit 0 if this host's shop answers /readyz with 200, else 1
 //	shop version                  print the version, VCS revision and Go version
+//	shop ceiling [-n 300]         time the serialized part of one hot-SKU purchase (capacity runs)
 //
 // docs/config.md lists the variables, docs/api.md the routes.
 package main
@@ -41,6 +42,7 @@ const usage = `usage:
   shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
   shop healthcheck              exit 0 if the shop at SHOP_HTTP_ADDR on this host is ready, else 1
   shop version                  print the version, VCS revision and Go version
+  shop ceiling [-n 300]         time the serialized part of one hot-SKU purchase (capacity runs)
   shop <command> -help          that command's help
 
 Development, with the public dev secrets:  SHOP_ENV=dev shop serve
@@ -73,6 +75,14 @@ GET /readyz of the shop at SHOP_HTTP_ADDR on this host: exit 0 on 200, else
 	"version": `usage: shop version
 
 Prints the version, VCS revision and Go version of this binary.
+`,
+	"ceiling": `usage: shop ceiling [-n 300] [-sku lt-ceiling]
+
+Buys -n units of -sku (created or reset first) one at a time through the
+configured strategy and lock backend, and prints as JSON the median time
+that other buyers of the same SKU must wait for each sale, and its inverse,
+the ceiling of that SKU's rate. make capacity prints it beside the rate it
+measured.
 `,
 }
 
@@ -108,6 +118,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid")
+	sales := fs.Int("n", 300, "ceiling: sales to time")
+	sku := fs.String("sku", "lt-ceiling", "ceiling: SKU to create and sell")
 	if name == "token" && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 		// The user id may come before the flag: shop token 1 -ttl 1h.
 		rest = append(rest[1:], rest[0])
@@ -119,7 +131,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case err != nil:
 		fmt.Fprintf(stderr, "shop %s: %v\n%s", name, err, help)
 		return 2
-	case name != "token" && fs.NFlag() > 0:
+	case name != "token" && name != "ceiling" && fs.NFlag() > 0:
 		fmt.Fprintf(stderr, "shop %s: takes no flags\n%s", name, help)
 		return 2
 	}
@@ -172,6 +184,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 		log.Info("migrated")
 		return 0
+	case "ceiling":
+		return ceiling(context.Background(), cfg, *sales, *sku, stdout, stderr)
 	default: // token
 		return token(cfg, fs.Arg(0), *ttl, stdout, stderr)
 	}

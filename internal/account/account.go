@@ -18,6 +18,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/optimistic"
 )
 
 // Errors of the account domain. Handlers map them to statuses in http.go.
@@ -43,7 +44,10 @@ type Account struct {
 	Opening int64 `gorm:"not null" json:"-"`
 	// Fence is the highest fencing token that claimed this row; only its
 	// holder may write the balance.
-	Fence     uint64    `gorm:"not null;default:0" json:"-"`
+	Fence uint64 `gorm:"not null;default:0" json:"-"`
+	// Version is bumped by every write of Balance; the optimistic strategy
+	// writes only over the version it read (optimistic.go).
+	Version   uint64    `gorm:"not null;default:0" json:"-"`
 	UpdatedAt time.Time `json:"-"`
 }
 
@@ -91,13 +95,33 @@ type Options struct {
 	Metrics *lockmetrics.Metrics
 	// CriticalSectionDelay is slept between the read and the write.
 	CriticalSectionDelay time.Duration
+	// Strategy is StrategyLock (default) or StrategyOptimistic.
+	Strategy string
+	// Retry bounds the optimistic strategy's attempts; zero is
+	// optimistic.DefaultPolicy. OptimisticMetrics, if set, counts them.
+	Retry             optimistic.Policy
+	OptimisticMetrics *optimistic.Metrics
 }
 
+// Balance strategies.
+const (
+	// StrategyLock: read-modify-write under lock:account:<id>, fenced.
+	StrategyLock = "lock"
+	// StrategyOptimistic: no lock; each write lands only over the version
+	// it read, and a loser reads again (optimistic.go).
+	StrategyOptimistic = "optimistic"
+)
+
 // NewService returns the account service: metrics over locking over the
-// business rules, all writing through store.
+// business rules, all writing through store. With StrategyOptimistic there
+// is no locking layer: the store's versioned write does its work.
 func NewService(store *Store, o Options) Service {
-	var s Service = &core{store: store, delay: o.CriticalSectionDelay}
-	s = &locked{next: s, locker: o.Locker, opts: o.LockOptions, store: store}
+	var s Service
+	if o.Strategy == StrategyOptimistic {
+		s = &core{store: store, delay: o.CriticalSectionDelay, optimistic: newRetry(o)}
+	} else {
+		s = &locked{next: &core{store: store, delay: o.CriticalSectionDelay}, locker: o.Locker, opts: o.LockOptions, store: store}
+	}
 	if o.Metrics != nil {
 		s = &instrumented{next: s, m: o.Metrics}
 	}
@@ -109,6 +133,17 @@ func NewService(store *Store, o Options) Service {
 type core struct {
 	store *Store
 	delay time.Duration
+	// optimistic, when set, writes through the versioned store path.
+	optimistic *retry
+}
+
+// update is the read-modify-write of ids: fenced under the caller's locks,
+// or versioned and retried when the strategy is optimistic.
+func (s *core) update(ctx context.Context, kind string, ids []int64, fn func(ctx context.Context, accts []*Account) error) error {
+	if s.optimistic != nil {
+		return s.optimistic.update(ctx, s.store, kind, ids, fn)
+	}
+	return s.store.Update(ctx, kind, ids, fencesFrom(ctx), fn)
 }
 
 func (s *core) Get(ctx context.Context, id int64) (Account, error) { return s.store.Get(ctx, id) }
@@ -118,7 +153,7 @@ func (s *core) Deposit(ctx context.Context, id, amount int64) (Account, error) {
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
 	var out Account
-	err := s.store.Update(ctx, "deposit", []int64{id}, fencesFrom(ctx), func(ctx context.Context, accts []*Account) error {
+	err := s.update(ctx, "deposit", []int64{id}, func(ctx context.Context, accts []*Account) error {
 		a := accts[0]
 		if a.Balance > math.MaxInt64-amount {
 			return fmt.Errorf("%w: balance %d + %d cents exceeds %d", ErrOverflow, a.Balance, amount, int64(math.MaxInt64))
@@ -135,7 +170,7 @@ func (s *core) Withdraw(ctx context.Context, id, amount int64) (Account, error) 
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
 	var out Account
-	err := s.store.Update(ctx, "withdraw", []int64{id}, fencesFrom(ctx), func(ctx context.Context, accts []*Account) error {
+	err := s.update(ctx, "withdraw", []int64{id}, func(ctx context.Context, accts []*Account) error {
 		a := accts[0]
 		if a.Balance < amount {
 			return fmt.Errorf("%w: balance is %d cents, withdrawal asks %d", ErrInsufficientFunds, a.Balance, amount)
@@ -158,7 +193,7 @@ func (s *core) Transfer(ctx context.Context, from, to, amount int64) (Transfer, 
 		return Transfer{}, err
 	}
 	out := Transfer{From: from, To: to, Amount: amount}
-	err := s.store.Update(ctx, "transfer", []int64{from, to}, fencesFrom(ctx), func(ctx context.Context, accts []*Account) error {
+	err := s.update(ctx, "transfer", []int64{from, to}, func(ctx context.Context, accts []*Account) error {
 		src, dst := accts[0], accts[1]
 		if src.Balance < amount {
 			return fmt.Errorf("%w: balance is %d cents, transfer asks %d", ErrInsufficientFunds, src.Balance, amount)

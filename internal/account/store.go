@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/optimistic"
 )
 
 // writeTimeout bounds the write transaction, which runs detached from the
@@ -107,7 +108,7 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 			if delta == 0 {
 				continue
 			}
-			if err := writeBalance(tx, a.ID, a.Balance, fences[a.ID]); err != nil {
+			if err := writeBalance(tx, a, fences[a.ID]); err != nil {
 				return err
 			}
 			entry := LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind, Fence: fences[a.ID]}
@@ -150,23 +151,33 @@ func (s *Store) claim(ctx context.Context, ids []int64, fences map[int64]uint64)
 // writeBalance is the fenced write: it lands only while the row's fence is
 // still the token Update claimed it with (fence = token, not <: the claim
 // has raised it already), that is, while no newer holder has claimed the
-// row since this one read it.
-func writeBalance(tx *gorm.DB, id, balance int64, fence uint64) error {
+// row since this one read it, and while its version is the one read: an
+// optimistic writer takes no lock (a rolling switch of
+// SHOP_BALANCE_STRATEGY runs both) and must not be overwritten either.
+// Unfenced (fence 0) it checks nothing, which is what lets the none
+// baseline lose updates; it still bumps the version for optimistic
+// writers to see.
+func writeBalance(tx *gorm.DB, a *Account, fence uint64) error {
+	now := time.Now().UTC()
 	var res *gorm.DB
 	if fence == 0 {
-		res = tx.Exec("UPDATE accounts SET balance = ?, updated_at = ? WHERE id = ?", balance, time.Now().UTC(), id)
+		res = tx.Exec("UPDATE accounts SET balance = ?, version = version + 1, updated_at = ? WHERE id = ?", a.Balance, now, a.ID)
 	} else {
-		res = tx.Exec("UPDATE accounts SET balance = ?, updated_at = ? WHERE id = ? AND fence = ?",
-			balance, time.Now().UTC(), id, fence)
+		res = tx.Exec("UPDATE accounts SET balance = ?, version = version + 1, updated_at = ? WHERE id = ? AND fence = ? AND version = ?",
+			a.Balance, now, a.ID, fence, a.Version)
 	}
 	if res.Error != nil {
 		return res.Error
 	}
 	if res.RowsAffected == 0 {
 		if fence == 0 {
-			return fmt.Errorf("%w: account %d was deleted while in use", ErrNotFound, id)
+			return fmt.Errorf("%w: account %d was deleted while in use", ErrNotFound, a.ID)
 		}
-		return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, id, fence)
+		var cur Account
+		if err := tx.Take(&cur, a.ID).Error; err == nil && cur.Fence == fence {
+			return fmt.Errorf("%w: account %d was written outside lock %d", optimistic.ErrConflict, a.ID, fence)
+		}
+		return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, a.ID, fence)
 	}
 	return nil
 }

@@ -31,6 +31,15 @@ const (
 	// StockAtomicRedis decrements a Redis mirror of the stock in one Lua
 	// script, then writes SQL.
 	StockAtomicRedis = "atomic-redis"
+	// StockOptimistic reads, checks and writes without a lock, the write
+	// landing only over the version it read; losers read again.
+	StockOptimistic = "optimistic"
+)
+
+// Balance strategies SHOP_BALANCE_STRATEGY accepts (account.Strategy*).
+const (
+	BalanceLock       = "lock"
+	BalanceOptimistic = "optimistic"
 )
 
 // Like strategies SHOP_LIKE_STRATEGY accepts; they are the names
@@ -134,6 +143,23 @@ type Config struct {
 	StockStrategy string
 	// LikeStrategy is SHOP_LIKE_STRATEGY: lock (default) or hashtag.
 	LikeStrategy string
+	// BalanceStrategy is SHOP_BALANCE_STRATEGY: lock (default) or
+	// optimistic.
+	BalanceStrategy string
+	// OptimisticAttempts is SHOP_OPTIMISTIC_ATTEMPTS (default 8): the most
+	// versioned writes one request of an optimistic strategy tries before
+	// 503 conflict with Retry-After.
+	OptimisticAttempts int
+	// StockCombine is SHOP_STOCK_COMBINE (default 0): above 1, the lock
+	// strategy serves up to this many queued purchases of one SKU per
+	// process under one grant, in one transaction; 0 or 1 grants each
+	// purchase alone.
+	StockCombine int
+	// LockMaxWaiters is SHOP_LOCK_MAX_WAITERS (default 64, 0 = no bound):
+	// the most requests of one process that wait for one lock key; more,
+	// or a queue whose expected wait passes SHOP_LOCK_WAIT_TIMEOUT, are
+	// turned away at once with 503 lock-busy instead of queued.
+	LockMaxWaiters int
 	// IdemTTL is SHOP_IDEM_TTL (default 24h, always above 0): how long an
 	// idempotency token lives from its issue. A retry after that gets 422
 	// and must look the order up instead.
@@ -202,8 +228,12 @@ func Load(getenv func(string) string) (Config, error) {
 		MemcachedAddrs:       p.addrs("SHOP_MEMCACHED_ADDRS"),
 		LockTTL:              p.duration("SHOP_LOCK_TTL", 0),
 		LockWaitTimeout:      p.duration("SHOP_LOCK_WAIT_TIMEOUT", 10*time.Second),
-		StockStrategy:        p.oneOf("SHOP_STOCK_STRATEGY", StockLock, []string{StockLock, StockAtomicSQL, StockAtomicRedis}),
+		StockStrategy:        p.oneOf("SHOP_STOCK_STRATEGY", StockLock, []string{StockLock, StockAtomicSQL, StockAtomicRedis, StockOptimistic}),
 		LikeStrategy:         p.oneOf("SHOP_LIKE_STRATEGY", LikeLock, []string{LikeLock, LikeHashTag}),
+		BalanceStrategy:      p.oneOf("SHOP_BALANCE_STRATEGY", BalanceLock, []string{BalanceLock, BalanceOptimistic}),
+		OptimisticAttempts:   int(p.int("SHOP_OPTIMISTIC_ATTEMPTS", 8, 1)),
+		LockMaxWaiters:       int(p.int("SHOP_LOCK_MAX_WAITERS", 64, 0)),
+		StockCombine:         int(p.int("SHOP_STOCK_COMBINE", 0, 0)),
 		IdemTTL:              p.positiveDuration("SHOP_IDEM_TTL", 24*time.Hour),
 		IdemMaxTokens:        int(p.int("SHOP_IDEM_MAX_TOKENS", 1000, 1)),
 		OrderPayTimeout:      p.positiveDuration("SHOP_ORDER_PAY_TIMEOUT", 15*time.Minute),
@@ -280,6 +310,10 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("lock_wait_timeout", c.LockWaitTimeout),
 		slog.String("stock_strategy", c.StockStrategy),
 		slog.String("like_strategy", c.LikeStrategy),
+		slog.String("balance_strategy", c.BalanceStrategy),
+		slog.Int("optimistic_attempts", c.OptimisticAttempts),
+		slog.Int("lock_max_waiters", c.LockMaxWaiters),
+		slog.Int("stock_combine", c.StockCombine),
 		slog.Duration("idem_ttl", c.IdemTTL),
 		slog.Int("idem_max_tokens", c.IdemMaxTokens),
 		slog.Duration("order_pay_timeout", c.OrderPayTimeout),

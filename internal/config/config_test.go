@@ -48,7 +48,9 @@ func TestInvalidValuesAreAllReported(t *testing.T) {
 		"SHOP_LOCK_BACKEND":           "zookeper",
 		"SHOP_LOCK_TTL":               "10",
 		"SHOP_CRITICAL_SECTION_DELAY": "-5ms",
-		"SHOP_STOCK_STRATEGY":         "optimistic",
+		"SHOP_STOCK_STRATEGY":         "pessimistic",
+		"SHOP_BALANCE_STRATEGY":       "atomic-sql",
+		"SHOP_LOCK_MAX_WAITERS":       "-1",
 		"SHOP_REDIS_ADDRS":            "localhost",
 		"SHOP_DB_MAX_CONNS":           "0",
 		"SHOP_MYSQL_DSN":              "not a dsn",
@@ -66,7 +68,7 @@ func TestInvalidValuesAreAllReported(t *testing.T) {
 	for _, name := range []string{"SHOP_LOCK_BACKEND", "SHOP_LOCK_TTL", "SHOP_CRITICAL_SECTION_DELAY",
 		"SHOP_STOCK_STRATEGY", "SHOP_REDIS_ADDRS", "SHOP_DB_MAX_CONNS", "SHOP_MYSQL_DSN",
 		"SHOP_LIKE_STRATEGY", "SHOP_IDEM_TTL", "SHOP_HTTP_ADDR", "SHOP_METRICS_ADDR", "SHOP_ALLOW_RESET",
-		"SHOP_DRAIN_DELAY", "SHOP_SLOW_QUERY"} {
+		"SHOP_DRAIN_DELAY", "SHOP_SLOW_QUERY", "SHOP_BALANCE_STRATEGY", "SHOP_LOCK_MAX_WAITERS"} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s:\n%v", name, err)
 		}

@@ -11,6 +11,8 @@
 //   - atomic-redis: one Lua script decrements a Redis mirror of the stock,
 //     turning sold-out traffic away before the database, then atomic-sql's
 //     guarded UPDATE writes (the guard, not the mirror, prevents overselling).
+//   - optimistic: read, check and write in Go without a lock; the write
+//     lands only over the version it read, and a loser reads again.
 //
 // Each is a Service; locking and metrics are decorators over it.
 package inventory
@@ -24,6 +26,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/optimistic"
 )
 
 // Errors of the inventory domain, mapped to statuses in http.go.
@@ -55,9 +58,12 @@ type Product struct {
 	InitialStock int64 `gorm:"not null" json:"initial_stock"`
 	PriceCents   int64 `gorm:"not null" json:"price_cents"`
 	// PerUserLimit caps the units one user may buy; 0 is no limit.
-	PerUserLimit int64     `gorm:"not null;default:0" json:"per_user_limit"`
-	Fence        uint64    `gorm:"not null;default:0" json:"-"`
-	UpdatedAt    time.Time `json:"-"`
+	PerUserLimit int64  `gorm:"not null;default:0" json:"per_user_limit"`
+	Fence        uint64 `gorm:"not null;default:0" json:"-"`
+	// Version is bumped by every write of Stock; the optimistic strategy
+	// writes only over the version it read (optimistic.go).
+	Version   uint64    `gorm:"not null;default:0" json:"-"`
+	UpdatedAt time.Time `json:"-"`
 }
 
 // Purchase is one sale, never updated.
@@ -97,12 +103,13 @@ const (
 	StrategyLock        = "lock"
 	StrategyAtomicSQL   = "atomic-sql"
 	StrategyAtomicRedis = "atomic-redis"
+	StrategyOptimistic  = "optimistic"
 )
 
 // Options configure NewService.
 type Options struct {
-	// Strategy is StrategyLock (default), StrategyAtomicSQL or
-	// StrategyAtomicRedis.
+	// Strategy is StrategyLock (default), StrategyAtomicSQL,
+	// StrategyAtomicRedis or StrategyOptimistic.
 	Strategy string
 	// Locker guards the lock strategy; lockkit.None() is the unsafe baseline.
 	Locker lockkit.Locker
@@ -115,6 +122,14 @@ type Options struct {
 	// CriticalSectionDelay stands in for business work: between read and
 	// write under the lock; before the atomic write in the atomic strategies.
 	CriticalSectionDelay time.Duration
+	// Combine, above 1, is the most purchases of one SKU that the lock
+	// strategy serves under one grant (combine.go); 0 or 1 serves each
+	// purchase under its own.
+	Combine int
+	// Retry bounds the optimistic strategy's attempts; zero is
+	// optimistic.DefaultPolicy. OptimisticMetrics, if set, counts them.
+	Retry             optimistic.Policy
+	OptimisticMetrics *optimistic.Metrics
 }
 
 // NewService returns the inventory service for o.Strategy.
@@ -122,8 +137,12 @@ func NewService(store *Store, o Options) (Service, error) {
 	var s Service
 	switch o.Strategy {
 	case StrategyLock, "":
-		s = &locked{next: &readCheckWrite{store: store, delay: o.CriticalSectionDelay},
+		l := &locked{next: &readCheckWrite{store: store, delay: o.CriticalSectionDelay},
 			locker: o.Locker, opts: o.LockOptions, store: store}
+		s = l
+		if o.Combine > 1 {
+			s = newCombined(l, o)
+		}
 	case StrategyAtomicSQL:
 		s = &atomicSQL{store: store, delay: o.CriticalSectionDelay}
 	case StrategyAtomicRedis:
@@ -131,6 +150,8 @@ func NewService(store *Store, o Options) (Service, error) {
 			return nil, errors.New("inventory: atomic-redis needs a Redis mirror")
 		}
 		s = &atomicRedis{store: store, mirror: o.Mirror, delay: o.CriticalSectionDelay}
+	case StrategyOptimistic:
+		s = newOptimistic(store, o)
 	default:
 		return nil, fmt.Errorf("inventory: unknown strategy %q", o.Strategy)
 	}

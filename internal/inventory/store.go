@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/optimistic"
 )
 
 // writeTimeout bounds the write transaction, which runs detached from the
@@ -84,7 +85,7 @@ func (s *Store) Update(ctx context.Context, p *Purchase, fn func(ctx context.Con
 		if err := countLimit(tx, prod, *p); err != nil {
 			return err
 		}
-		if err := writeStock(tx, p.SKU, prod.Stock, p.Fence); err != nil {
+		if err := writeStock(tx, prod, p.Fence); err != nil {
 			return err
 		}
 		return tx.Create(p).Error
@@ -115,24 +116,33 @@ func (s *Store) claim(ctx context.Context, sku string, fence uint64) error {
 
 // writeStock is the fenced write: it lands only while the row's fence is
 // still the token Update claimed it with, that is, while no newer holder
-// has claimed the row since this one read it.
-func writeStock(tx *gorm.DB, sku string, stock int64, fence uint64) error {
+// has claimed the row since this one read it, and while its version is the
+// one read: an optimistic writer, which takes no lock (a rolling switch of
+// SHOP_STOCK_STRATEGY runs both), must not be overwritten either. Unfenced
+// (fence 0: none, or a backend that cannot fence) it checks nothing, which
+// is what lets the none baseline lose updates; it still bumps the version
+// so that optimistic writers see it.
+func writeStock(tx *gorm.DB, prod Product, fence uint64) error {
 	now := time.Now().UTC()
 	var res *gorm.DB
 	if fence == 0 {
-		res = tx.Exec("UPDATE products SET stock = ?, updated_at = ? WHERE sku = ?", stock, now, sku)
+		res = tx.Exec("UPDATE products SET stock = ?, version = version + 1, updated_at = ? WHERE sku = ?", prod.Stock, now, prod.SKU)
 	} else {
-		res = tx.Exec("UPDATE products SET stock = ?, updated_at = ? WHERE sku = ? AND fence = ?",
-			stock, now, sku, fence)
+		res = tx.Exec("UPDATE products SET stock = ?, version = version + 1, updated_at = ? WHERE sku = ? AND fence = ? AND version = ?",
+			prod.Stock, now, prod.SKU, fence, prod.Version)
 	}
 	if res.Error != nil {
 		return res.Error
 	}
 	if res.RowsAffected == 0 {
 		if fence == 0 {
-			return fmt.Errorf("%w: product %q was deleted while in use", ErrNotFound, sku)
+			return fmt.Errorf("%w: product %q was deleted while in use", ErrNotFound, prod.SKU)
 		}
-		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, sku, fence)
+		var cur Product
+		if err := tx.Where("sku = ?", prod.SKU).Take(&cur).Error; err == nil && cur.Fence == fence {
+			return fmt.Errorf("%w: product %q was written outside lock %d", optimistic.ErrConflict, prod.SKU, fence)
+		}
+		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, prod.SKU, fence)
 	}
 	return nil
 }
@@ -140,30 +150,49 @@ func writeStock(tx *gorm.DB, sku string, stock int64, fence uint64) error {
 // Decrement is the atomic strategies' write: one transaction with the
 // guarded UPDATE (stock >= quantity is checked by the database, in the same
 // statement that decrements), the per-user limit and the purchase row.
+//
+// A product without a per-user limit (the hot path of a flash sale) takes
+// no read: the UPDATE's own condition tells it from a limited one, and the
+// transaction is UPDATE + INSERT. Only when the UPDATE matches nothing
+// (sold out, unknown SKU, or a limit to count) is the row read.
 func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var prod Product
-		if err := tx.Where("sku = ?", p.SKU).Take(&prod).Error; errors.Is(err, gorm.ErrRecordNotFound) {
-			return fmt.Errorf("%w: no product %q", ErrNotFound, p.SKU)
-		} else if err != nil {
-			return err
-		}
-		if err := countLimit(tx, prod, *p); err != nil {
-			return err
-		}
-		res := tx.Exec("UPDATE products SET stock = stock - ?, updated_at = ? WHERE sku = ? AND stock >= ?",
+		res := tx.Exec("UPDATE products SET stock = stock - ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock >= ? AND per_user_limit = 0",
 			p.Quantity, time.Now().UTC(), p.SKU, p.Quantity)
 		if res.Error != nil {
 			return res.Error
 		}
 		if res.RowsAffected == 0 {
-			if p.Quantity == 1 {
-				return fmt.Errorf("%w: no units left", ErrSoldOut)
+			var prod Product
+			if err := tx.Where("sku = ?", p.SKU).Take(&prod).Error; errors.Is(err, gorm.ErrRecordNotFound) {
+				return fmt.Errorf("%w: no product %q", ErrNotFound, p.SKU)
+			} else if err != nil {
+				return err
 			}
-			return fmt.Errorf("%w: fewer than %d left", ErrSoldOut, p.Quantity)
+			if prod.PerUserLimit <= 0 {
+				return decrementSoldOut(p.Quantity)
+			}
+			if err := countLimit(tx, prod, *p); err != nil {
+				return err
+			}
+			res = tx.Exec("UPDATE products SET stock = stock - ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock >= ?",
+				p.Quantity, time.Now().UTC(), p.SKU, p.Quantity)
+			if res.Error != nil {
+				return res.Error
+			}
+			if res.RowsAffected == 0 {
+				return decrementSoldOut(p.Quantity)
+			}
 		}
 		return tx.Create(p).Error
 	})
+}
+
+func decrementSoldOut(quantity int64) error {
+	if quantity == 1 {
+		return fmt.Errorf("%w: no units left", ErrSoldOut)
+	}
+	return fmt.Errorf("%w: fewer than %d left", ErrSoldOut, quantity)
 }
 
 // countLimit adds p's units to the user's total for the SKU, refusing when

@@ -63,6 +63,12 @@ func Open(ctx context.Context, o Options) (*DB, error) {
 		// values changed; an unfenced write of the value a row already has
 		// is still a write, and 0 would read as "refused".
 		cfg.ParseTime, cfg.ClientFoundRows = true, true
+		// interpolateParams: a statement with arguments is one round trip
+		// instead of three packets (prepare, execute, close) and two waits.
+		// Inside a critical section every round trip is paid by each buyer
+		// queued behind it. The driver refuses to interpolate under a
+		// charset where escaping is unsafe, so this cannot open an injection.
+		cfg.InterpolateParams = true
 		dial = mysql.Open(cfg.FormatDSN())
 	} else {
 		db.Dialect = "sqlite"

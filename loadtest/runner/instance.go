@@ -238,7 +238,20 @@ func shopEnv(o options, e testEnv, s spec, sec secrets, dsn, prefix, addr string
 		"SHOP_ADMIN_TOKEN="+sec.admin,
 		"SHOP_LOG_LEVEL=warn",
 		"SHOP_SHUTDOWN_TIMEOUT=5s",
+		"SHOP_BALANCE_STRATEGY="+balanceStrategy(s),
+		"SHOP_STOCK_COMBINE="+strconv.Itoa(s.Combine),
+		// A buyer waits for a lock at most 60 % of the latency SLO: past
+		// that it is turned away (503 lock-busy), so that the buyers who
+		// get through keep their p99 within the SLO under overload.
+		"SHOP_LOCK_WAIT_TIMEOUT="+(o.Probe.SLO*3/5).String(),
 	)
+}
+
+func balanceStrategy(s spec) string {
+	if s.Strategy == "optimistic" {
+		return "optimistic"
+	}
+	return "lock"
 }
 
 // instance is one running shop process.

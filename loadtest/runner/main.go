@@ -32,7 +32,7 @@ import (
 // allRows is what -backends all runs: every backend of config.Backends,
 // then the two lock-free stock strategies as reference rows.
 var allRows = []string{"none", "local", "redis", "redlock", "mysql", "mysql-forupdate",
-	"zookeeper", "etcd", "memcached", "atomic-sql", "atomic-redis"}
+	"zookeeper", "etcd", "memcached", "atomic-sql", "atomic-redis", "optimistic"}
 
 // options are the knobs of one run; every row of a report shares them.
 type options struct {
@@ -46,8 +46,17 @@ type options struct {
 	Users     int           `json:"users"`
 	Flows     []string      `json:"flows"`
 
+	// Fraction is the share of each row's probed capacity the load test
+	// offers when Rate is 0 (the default), so that its verdict does not
+	// depend on the machine's speed.
+	Fraction float64 `json:"fraction,omitempty"`
+	// Probe is the capacity search each row runs first when Rate is 0.
+	Probe capacityOptions `json:"probe"`
+
 	shop, k6, script, out string
 	keep                  bool
+	// capacity: run the capacity search instead of k6 (-capacity).
+	capacity bool
 }
 
 func main() {
@@ -60,7 +69,15 @@ func run() int {
 	flag.StringVar(&backends, "backends", "all", "rows to run, space- or comma-separated: backends of SHOP_LOCK_BACKEND, atomic-sql, atomic-redis, or all")
 	flag.IntVar(&o.Instances, "instances", 3, "shop instances per row")
 	flag.DurationVar(&o.Duration, "duration", 15*time.Second, "length of each k6 phase (seckill, then the other flows)")
-	flag.IntVar(&o.Rate, "rate", 100, "seckill purchases per second; the balance and like flows get rate/2, orders rate/5")
+	flag.IntVar(&o.Rate, "rate", 0, "seckill purchases per second; the balance and like flows get rate/2, orders rate/5; 0: -fraction of each row's probed capacity")
+	flag.Float64Var(&o.Fraction, "fraction", 0.7, "with -rate 0, the share of each row's probed capacity to offer")
+	flag.BoolVar(&o.capacity, "capacity", false, "measure each row's capacity (highest rate within -slo) beside its ceiling, instead of the k6 flows")
+	flag.DurationVar(&o.Probe.SLO, "slo", 250*time.Millisecond, "capacity: p99 of a successful purchase must stay within it")
+	flag.Float64Var(&o.Probe.MaxErrors, "max-errors", 0.01, "capacity: fraction of answers other than 201 a step may have")
+	flag.DurationVar(&o.Probe.Step, "step", 3*time.Second, "capacity: length of each rate step")
+	flag.Float64Var(&o.Probe.Start, "start-rate", 20, "capacity: first rate, purchases/s")
+	flag.Float64Var(&o.Probe.Factor, "factor", 1.25, "capacity: each step offers this times the previous rate")
+	flag.Float64Var(&o.Probe.Max, "max-rate", 3000, "capacity: highest rate tried")
 	flag.DurationVar(&o.Delay, "delay", 10*time.Millisecond, "SHOP_CRITICAL_SECTION_DELAY: business work inside every read-modify-write")
 	flag.IntVar(&o.Stock, "stock", 200, "stock of the hot SKU (keep it well below rate*duration so that it sells out)")
 	flag.IntVar(&o.MaxVUs, "max-vus", 400, "most k6 VUs per scenario (waiting requests hold one each)")
@@ -78,7 +95,10 @@ func run() int {
 	}
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	rows, err := parseRows(backends)
+	if o.capacity && !flagSet("delay") {
+		o.Delay = 0 // the capacity of the service itself, with no artificial work
+	}
+	rows, err := parseRows(backends, o.capacity)
 	if err == nil {
 		o.Flows, err = parseFlows(flows)
 	}
@@ -107,6 +127,9 @@ func run() int {
 		log.Warn("could not drop the databases of earlier, interrupted runs", "err", err)
 	}
 	machine := describeMachine(ctx, o.k6)
+	if o.capacity {
+		return runCapacity(ctx, log, o, env, machine)
+	}
 	var results []result
 	for _, name := range rows {
 		spec := rowSpec(name, o.Instances, o.Flows)
@@ -186,14 +209,17 @@ func command(args []string) string {
 	return strings.Join(parts, " ")
 }
 
-func parseRows(s string) ([]string, error) {
+func parseRows(s string, capacity bool) ([]string, error) {
 	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })
 	if len(fields) == 0 || (len(fields) == 1 && fields[0] == "all") {
+		if capacity {
+			return capacityRows, nil
+		}
 		return allRows, nil
 	}
 	for _, f := range fields {
 		if !isRow(f) {
-			return nil, fmt.Errorf("-backends has %q; want some of %s", f, strings.Join(allRows, " "))
+			return nil, fmt.Errorf("-backends has %q; want some of %s, or a lock backend + %q", f, strings.Join(allRows, " "), combinedSuffix)
 		}
 	}
 	return fields, nil
@@ -212,7 +238,12 @@ func parseFlows(s string) ([]string, error) {
 	return fields, nil
 }
 
-func isRow(name string) bool { return slices.Contains(allRows, name) }
+func isRow(name string) bool {
+	if base, ok := strings.CutSuffix(name, combinedSuffix); ok {
+		return slices.Contains(capacityRows, base) && baseSpec(base, 1).Strategy == "lock"
+	}
+	return slices.Contains(allRows, name)
+}
 
 func (o options) validate() error {
 	var errs []error
@@ -223,8 +254,15 @@ func (o options) validate() error {
 	if o.Duration < time.Second || o.Duration > 10*time.Minute {
 		errs = append(errs, fmt.Errorf("-duration is %s; want 1s to 10m", o.Duration))
 	}
-	if o.Rate < 1 || o.Rate > 5000 {
-		errs = append(errs, fmt.Errorf("-rate is %d; want 1 to 5000", o.Rate))
+	if o.Rate < 0 || o.Rate > 5000 {
+		errs = append(errs, fmt.Errorf("-rate is %d; want 1 to 5000, or 0 for -fraction of the probed capacity", o.Rate))
+	}
+	if o.Fraction <= 0 || o.Fraction > 1 {
+		errs = append(errs, fmt.Errorf("-fraction is %g; want above 0, at most 1", o.Fraction))
+	}
+	p := o.Probe
+	if p.SLO <= 0 || p.Step < 500*time.Millisecond || p.Start < 1 || p.Factor <= 1 || p.Max < p.Start || p.MaxErrors < 0 || p.MaxErrors >= 1 {
+		errs = append(errs, fmt.Errorf("capacity search %+v: want -slo > 0, -step >= 500ms, -start-rate >= 1, -factor > 1, -max-rate >= -start-rate, 0 <= -max-errors < 1", p))
 	}
 	if o.Delay < 0 || o.Delay > 5*time.Second {
 		errs = append(errs, fmt.Errorf("-delay is %s; want 0 to 5s", o.Delay))
@@ -239,4 +277,11 @@ func (o options) validate() error {
 		errs = append(errs, fmt.Errorf("-users is %d; want 300 to 1000 (the flows use users 1..300, the fixture has 1000)", o.Users))
 	}
 	return errors.Join(errs...)
+}
+
+// flagSet reports whether the flag was given on the command line.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -46,7 +46,17 @@ type spec struct {
 	Flows    []string    `json:"flows"`
 	Expect   expectation `json:"expect"`
 	Why      string      `json:"why"`
+	// Combine is SHOP_STOCK_COMBINE: rows named <backend>+combined serve
+	// up to this many queued purchases of the hot SKU per grant.
+	Combine int `json:"combine,omitempty"`
 }
+
+// combinedSuffix marks a lock row whose instances combine the buyers of
+// one SKU under one grant (SHOP_STOCK_COMBINE=combineBatch).
+const (
+	combinedSuffix = "+combined"
+	combineBatch   = 32
+)
 
 var allFlows = []string{"seckill", "balance", "likes", "orders"}
 
@@ -65,6 +75,12 @@ func rowSpec(name string, instances int, flows []string) spec {
 }
 
 func baseSpec(name string, instances int) spec {
+	if base, ok := strings.CutSuffix(name, combinedSuffix); ok {
+		s := baseSpec(base, instances)
+		s.Name, s.Combine = name, combineBatch
+		s.Why += fmt.Sprintf("; up to %d queued buyers per grant", combineBatch)
+		return s
+	}
 	switch name {
 	case "none":
 		return spec{Name: name, Backend: "none", Strategy: "lock", Flows: allFlows, Expect: expectDamage,
@@ -76,6 +92,11 @@ func baseSpec(name string, instances int) spec {
 		}
 		return spec{Name: name, Backend: "local", Strategy: "lock", Flows: allFlows, Expect: expectClean,
 			Why: "one process: an in-process mutex is enough"}
+	case "optimistic":
+		// No lock: stock and balances are written over the version they
+		// read. Likes and orders would run under none, so they stay out.
+		return spec{Name: name, Backend: "none", Strategy: name, Flows: []string{"seckill", "balance"}, Expect: expectClean,
+			Why: "versioned writes, retried; no lock"}
 	case "atomic-sql", "atomic-redis":
 		// Reference rows: the stock needs no lock, so only the seckill runs
 		// and the lock backend is none (nothing else may be guarded by it).
@@ -100,6 +121,13 @@ type latency struct {
 // result is one row's measurements, audit and verdict.
 type result struct {
 	Spec spec `json:"spec"`
+
+	// Rate is the seckill rate offered: -rate, or -fraction of
+	// ProbedCapacity, the highest rate the probe held within the SLO.
+	Rate           int     `json:"rate"`
+	ProbedCapacity float64 `json:"probed_capacity,omitempty"`
+	// RetriesPerSale: the optimistic row's extra attempts per request.
+	RetriesPerSale float64 `json:"optimistic_retries_per_request,omitempty"`
 
 	// Seckill, phase 1.
 	OrdersPerSec float64 `json:"orders_per_sec"` // units sold / time of the last sale

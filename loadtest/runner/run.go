@@ -28,88 +28,166 @@ const (
 	orderSKU = "lt-order"
 )
 
-// runRow runs one row from fresh database to stopped instances.
-func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spec) (res result, err error) {
-	started := time.Now()
-	res = result{Spec: s, Stock: int64(o.Stock)}
-	runID := strconv.Itoa(os.Getpid())
+// rowEnv is one row's running world: its database, its instances, the
+// admin client and the users' tokens. close stops and drops it all.
+type rowEnv struct {
+	urls   []string
+	adm    admin
+	sec    secrets
+	tokens string // file of the users' tokens, for k6
+	shop   []string
+	close  func()
+}
 
+// startRow creates the row's database, migrates it, starts the instances
+// and lays down the fixture. The caller defers close.
+func startRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spec) (re *rowEnv, err error) {
+	re = &rowEnv{}
+	var cleanups []func()
+	re.close = func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			re.close()
+		}
+	}()
+	runID := strconv.Itoa(os.Getpid())
 	dsn, drop, err := env.database(ctx, dbName(runID, s.Name))
 	if err != nil {
-		return res, err
+		return re, err
 	}
 	if !o.keep {
-		defer func() {
+		cleanups = append(cleanups, func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
 			if err := drop(dctx); err != nil {
 				log.Warn("drop database", "row", s.Name, "err", err)
 			}
-		}()
+		})
 	}
-	sec := newSecrets()
+	re.sec = newSecrets()
 	// A prefix of its own per run and row: lock keys and fence counters of
 	// another run (or another engineer's tests) never meet this one's.
 	prefix := "lt" + runID + "-" + s.Name + ":"
 
 	port0, err := freePort()
 	if err != nil {
-		return res, err
+		return re, err
 	}
-	if err := migrate(ctx, o.shop, shopEnv(o, env, s, sec, dsn, prefix, "127.0.0.1:"+strconv.Itoa(port0)),
-		logPath(o.out, s.Name, "migrate")); err != nil {
-		return res, err
+	re.shop = shopEnv(o, env, s, re.sec, dsn, prefix, "127.0.0.1:"+strconv.Itoa(port0))
+	if err := migrate(ctx, o.shop, re.shop, logPath(o.out, s.Name, "migrate")); err != nil {
+		return re, err
 	}
 
 	var instances []*instance
-	defer func() { stopAll(instances) }()
+	cleanups = append(cleanups, func() { stopAll(instances) })
 	for i := range o.Instances {
 		port, err := freePort()
 		if err != nil {
-			return res, err
+			return re, err
 		}
-		in, err := startInstance(o.shop, shopEnv(o, env, s, sec, dsn, prefix, "127.0.0.1:"+strconv.Itoa(port)),
+		in, err := startInstance(o.shop, shopEnv(o, env, s, re.sec, dsn, prefix, "127.0.0.1:"+strconv.Itoa(port)),
 			port, logPath(o.out, s.Name, "shop"+strconv.Itoa(i+1)))
 		if err != nil {
-			return res, err
+			return re, err
 		}
 		instances = append(instances, in)
 	}
-	urls := make([]string, len(instances))
+	re.urls = make([]string, len(instances))
 	for i, in := range instances {
 		if err := in.waitReady(ctx, 60*time.Second); err != nil {
-			return res, err
+			return re, err
 		}
-		urls[i] = in.url
+		re.urls[i] = in.url
 	}
 
-	adm := admin{url: urls[0], token: sec.admin}
-	if err := setUp(ctx, adm, o); err != nil {
+	re.adm = admin{url: re.urls[0], token: re.sec.admin}
+	if err := setUp(ctx, re.adm, o); err != nil {
+		return re, err
+	}
+	re.tokens = filepath.Join(o.out, "tokens-"+s.Name+".json")
+	if err := writeTokens(re.tokens, re.sec, o.Users); err != nil {
+		return re, err
+	}
+	cleanups = append(cleanups, func() { os.Remove(re.tokens) })
+	return re, nil
+}
+
+// runRow runs one row from fresh database to stopped instances.
+func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spec) (res result, err error) {
+	started := time.Now()
+	res = result{Spec: s, Stock: int64(o.Stock)}
+	re, err := startRow(ctx, log, o, env, s)
+	if err != nil {
 		return res, err
 	}
-	tokens := filepath.Join(o.out, "tokens-"+s.Name+".json")
-	if err := writeTokens(tokens, sec, o.Users); err != nil {
+	defer re.close()
+	if o, err = offerFraction(ctx, log, o, s, re, &res); err != nil {
 		return res, err
 	}
-	defer os.Remove(tokens)
 
 	summaryPath := filepath.Join(o.out, s.Name+".k6.json")
 	_ = os.Remove(summaryPath)
-	res.K6Exit, err = runK6(ctx, o, s, urls, tokens, summaryPath)
+	res.K6Exit, err = runK6(ctx, o, s, re.urls, re.tokens, summaryPath)
 	if err != nil {
 		return res, err
 	}
 	if err := res.readSummary(summaryPath); err != nil {
 		return res, err
 	}
-	res.AuditOK, res.Audit, err = adm.audit(ctx, filepath.Join(o.out, s.Name+".audit.json"))
+	res.AuditOK, res.Audit, err = re.adm.audit(ctx, filepath.Join(o.out, s.Name+".audit.json"))
 	if err != nil {
 		return res, err
 	}
 	res.SecondsTaken = time.Since(started).Seconds()
+	if s.Strategy == "optimistic" {
+		if res.RetriesPerSale, err = retriesPerRequest(ctx, re.urls); err != nil {
+			log.Warn("optimistic metrics", "row", s.Name, "err", err)
+		}
+	}
 	log.Info("row done", "row", s.Name, "sold", res.Sold, "orders_per_sec", fmt.Sprintf("%.1f", res.OrdersPerSec),
 		"audit_ok", res.AuditOK, "damage", res.damage(), "k6_exit", res.K6Exit)
 	return res, nil
+}
+
+// offerFraction sets the row's rate and stock when -rate is 0: it probes
+// the row's capacity (the capacity search, on a SKU of its own, with the
+// row's settings) and offers -fraction of it, so that every row runs below
+// its own saturation on any machine. The stock is cut to what half the
+// phase sells at that rate, so that a working lock always sells out.
+func offerFraction(ctx context.Context, log *slog.Logger, o options, s spec, re *rowEnv, res *result) (options, error) {
+	res.Rate = o.Rate
+	if o.Rate > 0 {
+		return o, nil
+	}
+	if err := re.adm.do(ctx, http.MethodPost, "/admin/v1/products",
+		map[string]any{"sku": capacitySKU, "name": "capacity probe", "stock": 100_000_000, "price_cents": 1}, nil); err != nil {
+		return o, err
+	}
+	b, err := newBuyer(re.urls, re.sec, o.Users, capacitySKU)
+	if err != nil {
+		return o, err
+	}
+	probe := o.Probe
+	if s.Expect == expectDamage {
+		// An unsafe row's errors are its point (local's fences refuse the
+		// other processes' writes): only the latency bounds its rate.
+		probe.MaxErrors = 1
+	}
+	_, held := b.search(ctx, log, s.Name, probe)
+	if held == 0 {
+		return o, fmt.Errorf("capacity probe: not even %.0f purchases/s within the %s SLO", o.Probe.Start, o.Probe.SLO)
+	}
+	res.ProbedCapacity = held
+	o.Rate = max(1, int(o.Fraction*held))
+	o.Stock = max(1, min(o.Stock, int(float64(o.Rate)*o.Duration.Seconds()/2)))
+	res.Rate, res.Stock = o.Rate, int64(o.Stock)
+	log.Info("offering a fraction of the probed capacity", "row", s.Name, "capacity", fmt.Sprintf("%.0f", held), "rate", o.Rate, "stock", o.Stock)
+	return o, re.adm.do(ctx, http.MethodPost, "/admin/v1/products",
+		map[string]any{"sku": hotSKU, "name": "Load test hot item", "stock": o.Stock, "price_cents": 1_000}, nil)
 }
 
 func stopAll(instances []*instance) {

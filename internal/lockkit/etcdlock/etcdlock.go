@@ -67,10 +67,14 @@ type Locker struct {
 	ownClient  bool
 	prefix     string
 	sessionTTL time.Duration
-	closed     chan struct{}
+	// life ends with Close; closed is its Done channel. Deletions in the
+	// background run under it: once the session is revoked, they are moot.
+	life       context.Context
+	stop       context.CancelFunc
+	closed     <-chan struct{}
 	once       sync.Once
 	newSession chan struct{} // a one-slot semaphore: one session is made at a time
-	buried     sync.WaitGroup
+	background sync.WaitGroup
 
 	mu      sync.Mutex
 	session *session
@@ -107,9 +111,10 @@ func New(endpoints []string, opts ...Option) (*Locker, error) {
 
 // FromClient opens a session on c, which the caller keeps and closes.
 func FromClient(c *clientv3.Client, opts ...Option) (*Locker, error) {
+	life, stop := context.WithCancel(context.Background())
 	l := &Locker{
 		client: c, prefix: DefaultPrefix, sessionTTL: DefaultSessionTTL,
-		closed: make(chan struct{}), newSession: make(chan struct{}, 1),
+		life: life, stop: stop, closed: life.Done(), newSession: make(chan struct{}, 1),
 		held: make(map[*held]struct{}), names: make(map[string]bool),
 	}
 	for _, o := range opts {
@@ -344,42 +349,50 @@ func (l *Locker) remove(ctx context.Context, me string, rev int64) (deleted bool
 	return resp.Succeeded, nil
 }
 
-// abandon deletes a key we no longer want; a failed deletion is retried in
-// the background, so that a live session never keeps an orphan. The first
-// try is brief: a cancelled Acquire must return promptly even in an outage.
+// abandon deletes a key we no longer want, in the background: the caller
+// (often one whose context just ended, perhaps on a silent server) returns
+// at once. A failed deletion is retried, so that a live session never
+// keeps an orphan. A caller that queues again need not wait for it either:
+// it gets a new name, and a stale key ahead of it is deleted in time.
 func (l *Locker) abandon(me string, rev int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if _, err := l.remove(ctx, me, rev); err != nil {
-		l.bury(me, rev)
-	}
+	l.goBackground(func() {
+		ctx, cancel := context.WithTimeout(l.life, callTimeout)
+		defer cancel()
+		if _, err := l.remove(ctx, me, rev); err != nil {
+			l.bury(me, rev)
+		}
+	})
 }
 
 // bury retries the deletion until it is done or the Locker closes; a lost
 // session ends it too, as the key is then gone.
 func (l *Locker) bury(me string, rev int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		return // revoking the session deletes the key
-	}
-	l.buried.Add(1)
-	go func() {
-		defer l.buried.Done()
+	l.goBackground(func() {
 		for {
 			select {
 			case <-l.closed:
 				return
 			case <-time.After(retryDelay):
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			ctx, cancel := context.WithTimeout(l.life, callTimeout)
 			_, err := l.remove(ctx, me, rev)
 			cancel()
 			if err == nil {
 				return
 			}
 		}
-	}()
+	})
+}
+
+// goBackground runs fn in a goroutine that Close waits for; once closing,
+// it runs nothing, as revoking the session deletes every key of ours.
+func (l *Locker) goBackground(fn func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		return
+	}
+	l.background.Go(fn)
 }
 
 // currentSession returns the live session, opening one if there is none.
@@ -443,8 +456,8 @@ func (l *Locker) Close() error {
 		}
 		s := l.session
 		l.mu.Unlock()
-		close(l.closed)
-		l.buried.Wait()
+		l.stop()
+		l.background.Wait()
 		if s != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 			_ = s.lease.Release(ctx)

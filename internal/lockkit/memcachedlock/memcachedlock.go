@@ -60,6 +60,10 @@ type Locker struct {
 	maxDelay time.Duration
 	closed   chan struct{}
 	once     sync.Once
+
+	mu       sync.Mutex
+	closing  bool
+	inflight sync.WaitGroup // calls whose callers did not wait for them
 }
 
 // Option configures a Locker.
@@ -72,9 +76,11 @@ func WithRetryDelay(lo, hi time.Duration) Option {
 }
 
 // New returns a Locker over client, which it never closes. gomemcache takes
-// no context: each operation is bounded by client.Timeout (500 ms by
-// default), and ctx is checked between operations. With several servers the
-// client picks one per key, so a lock is only as available as that server.
+// no context: each call to the server is bounded by client.Timeout (500 ms
+// by default). Acquire, TryAcquire, Extend and Release run their calls in a
+// goroutine and return when their ctx ends; the calls then finish in the
+// background and Close waits for them. With several servers the client
+// picks one per key, so a lock is only as available as that server.
 func New(client *memcache.Client, opts ...Option) *Locker {
 	l := &Locker{mc: client, minDelay: 10 * time.Millisecond, maxDelay: 50 * time.Millisecond, closed: make(chan struct{})}
 	for _, opt := range opts {
@@ -93,8 +99,16 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // running.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
+	waitCtx, cancel := o.WaitContext(ctx)
+	defer cancel()
 	poller := lockkit.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
-	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) { return l.try(key, o.TTL, watchdog) })
+	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) {
+		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
+		if err != nil && waitCtx.Err() != nil {
+			return nil, lockkit.ErrNotAcquired // the poller tells how the wait ended
+		}
+		return lease, err
+	})
 }
 
 // TryAcquire makes one add.
@@ -103,48 +117,112 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 		return nil, err
 	}
 	o, watchdog := lockkit.Resolve(opts)
-	return l.try(key, o.TTL, watchdog)
+	return l.try(ctx, key, o.TTL, watchdog)
 }
 
-func (l *Locker) try(key string, ttl time.Duration, watchdog bool) (lockkit.Lease, error) {
-	select {
-	case <-l.closed:
-		return nil, lockkit.ErrClosed
-	default:
-	}
+func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdog bool) (lockkit.Lease, error) {
 	ttl = wholeSeconds(ttl)
 	item, token := ItemKey(key), rand.Text()
 	sent := time.Now()
-	err := l.mc.Add(&memcache.Item{Key: item, Value: []byte(token), Expiration: expiration(ttl)})
-	switch {
-	case errors.Is(err, memcache.ErrNotStored):
-		return nil, lockkit.ErrNotAcquired
-	case err != nil:
-		// The add may have been applied with its answer lost; take it back
-		// if so, rather than leave the key blocked for a whole lease.
-		_ = l.release(item, token)
-		return nil, fmt.Errorf("%w: %w", lockkit.ErrUnavailable, err)
+	if err := l.add(ctx, item, token, ttl); err != nil {
+		return nil, err
 	}
-	// gets-then-cas by the watchdog and by a caller's Extend would see
-	// each other's cas as a stranger's change: one owner, one at a time.
-	var mu sync.Mutex
+	// gets-then-cas by the watchdog, by a caller's Extend and by Release
+	// would see each other's cas as a stranger's change: one at a time.
+	turn := make(chan struct{}, 1)
 	return lockkit.NewLease(lockkit.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			return l.swap(item, token, expiration(wholeSeconds(ttl)))
+			return l.call(ctx, turn, false, func() error { return l.swap(item, token, expiration(wholeSeconds(ttl))) })
 		},
-		Release: func(context.Context) error {
-			mu.Lock()
-			defer mu.Unlock()
-			return l.release(item, token)
+		Release: func(ctx context.Context) error {
+			return l.call(ctx, turn, true, func() error { return l.release(item, token) })
 		},
 		Closed: l.closed,
 	}), nil
+}
+
+// add stores the lock item in the background and waits for it while ctx
+// lasts. An add whose answer was lost may have been applied, and one that
+// succeeded after its caller left holds a key nobody uses: both are taken
+// back rather than left to block the key for a whole lease.
+func (l *Locker) add(ctx context.Context, item, token string, ttl time.Duration) error {
+	result := make(chan error) // unbuffered: a send hands the outcome to a caller still waiting
+	abandoned := make(chan struct{})
+	started := l.goBackground(func() {
+		err := l.mc.Add(&memcache.Item{Key: item, Value: []byte(token), Expiration: expiration(ttl)})
+		granted := false
+		select {
+		case result <- err:
+			granted = err == nil
+		case <-abandoned:
+		}
+		if !granted && !errors.Is(err, memcache.ErrNotStored) {
+			_ = l.release(item, token)
+		}
+	})
+	if !started {
+		return lockkit.ErrClosed
+	}
+	select {
+	case err := <-result:
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, memcache.ErrNotStored):
+			return lockkit.ErrNotAcquired
+		default:
+			return fmt.Errorf("%w: %w", lockkit.ErrUnavailable, err)
+		}
+	case <-ctx.Done():
+		close(abandoned)
+		return ctx.Err()
+	}
+}
+
+// call runs op, one of a lease's owner-checked operations, in its turn, in
+// the background, and waits for it while ctx lasts: on a silent server op
+// takes client.Timeout per call, and the watchdog's renewal may hold the
+// turn as long. Once ctx ends the caller gets ctx.Err() and op still runs
+// if it must (a Release: the caller wants the key freed, whether or not
+// it learns when); an Extend whose caller left before its turn does not.
+// After Close, op runs on the caller's path.
+func (l *Locker) call(ctx context.Context, turn chan struct{}, must bool, op func() error) error {
+	if err := ctx.Err(); err != nil && !must {
+		return err
+	}
+	result := make(chan error, 1)
+	run := func() {
+		turn <- struct{}{}
+		defer func() { <-turn }()
+		if err := ctx.Err(); err != nil && !must {
+			result <- err
+			return
+		}
+		result <- op()
+	}
+	if !l.goBackground(run) {
+		run()
+		return <-result
+	}
+	select {
+	case err := <-result:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// goBackground runs fn in a goroutine that Close waits for, unless the
+// Locker is closing.
+func (l *Locker) goBackground(fn func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		return false
+	}
+	l.inflight.Go(fn)
+	return true
 }
 
 // release is a delete that happens only if the item still holds token:
@@ -204,9 +282,18 @@ func ItemKey(key string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Close stops every lease's watchdog; waiters get ErrClosed. Leases still
-// held expire by their TTL; the client stays open.
+// Close stops every lease's watchdog; waiters get ErrClosed. It returns
+// once the calls its callers left behind have finished: on a silent server
+// up to four client timeouts (a Release waits for a renewal's gets and cas,
+// then makes its own). Leases still held expire by their TTL; the client
+// stays open.
 func (l *Locker) Close() error {
-	l.once.Do(func() { close(l.closed) })
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.closing = true
+		l.mu.Unlock()
+		close(l.closed)
+		l.inflight.Wait()
+	})
 	return nil
 }

@@ -94,6 +94,31 @@ func TestOwnerCheckedAfterTakeover(t *testing.T) {
 	}
 }
 
+// An add still waiting for its answer when its caller gives up goes on in
+// the background; an item it stored then is taken back, not left to block
+// the key for a whole lease.
+func TestAbandonedAddGivesBackItsItem(t *testing.T) {
+	ctx := context.Background()
+	addr := serverAddr(t)
+	key := "memcachedlock:test:" + t.Name()
+	w := locktest.NewWire(t)
+	l := memcachedlock.New(dial(t, w.Proxy(addr)))
+	w.HoldReplies() // the add is stored, its answer waits
+	tryCtx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if lease, err := l.TryAcquire(tryCtx, key, lockkit.WithTTL(time.Minute)); !errors.Is(err, context.DeadlineExceeded) {
+		if lease != nil {
+			_ = lease.Release(ctx)
+		}
+		t.Fatalf("TryAcquire whose context ended while the add's answer was held = %v, want its deadline's error", err)
+	}
+	w.Heal()
+	_ = l.Close() // waits for the add and its undoing
+	if _, err := dial(t, addr).Get(key); !errors.Is(err, memcache.ErrCacheMiss) {
+		t.Fatalf("get after the abandoned add = %v, want a cache miss: the item blocks the key for its lease", err)
+	}
+}
+
 // Keys memcached would refuse (too long, spaces) still lock, under a hash.
 func TestIllegalKeys(t *testing.T) {
 	ctx := context.Background()

@@ -50,6 +50,10 @@ type Locker struct {
 	maxDelay time.Duration
 	closed   chan struct{}
 	once     sync.Once
+
+	mu       sync.Mutex
+	closing  bool
+	attempts sync.WaitGroup // attempts running in the background
 }
 
 // Option configures a Locker.
@@ -100,11 +104,19 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // majority of the masters.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := lockkit.Resolve(opts)
+	waitCtx, cancel := o.WaitContext(ctx)
+	defer cancel()
 	// Not redsync's own retry loop: it answers ErrFailed when ctx ends and
 	// cancels its attempts' clean-up with it; the poller returns ctx.Err()
 	// and lets every attempt finish.
 	poller := lockkit.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
-	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) { return l.try(ctx, key, o.TTL, watchdog) })
+	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) {
+		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
+		if err != nil && waitCtx.Err() != nil {
+			return nil, lockkit.ErrNotAcquired // the poller tells how the wait ended
+		}
+		return lease, err
+	})
 }
 
 // TryAcquire makes one attempt on every master.
@@ -117,16 +129,14 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 }
 
 func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdog bool) (lockkit.Lease, error) {
-	select {
-	case <-l.closed:
-		return nil, lockkit.ErrClosed
-	default:
-	}
 	m := l.mutex(key, ttl, "")
-	// Detached from ctx: a caller giving up mid-attempt must not cancel
-	// redsync's clean-up of a minority grant, which would leave our value
-	// on some masters for a whole TTL. The timeout factor bounds it instead.
-	if err := m.TryLockContext(context.WithoutCancel(ctx)); err != nil {
+	if err := l.lock(ctx, m, ttl); err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, ctxErr
+		}
+		if errors.Is(err, lockkit.ErrClosed) {
+			return nil, err
+		}
 		if down, _ := tally(err); down > l.masters-l.quorum {
 			return nil, fmt.Errorf("%w: %w", lockkit.ErrUnavailable, err)
 		}
@@ -156,6 +166,53 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 		},
 		Closed: l.closed,
 	}), nil
+}
+
+// lock makes one attempt on the masters in the background and waits for
+// it while ctx lasts. The attempt is detached from ctx: a caller giving up
+// mid-attempt must not cancel redsync's clean-up of a minority grant, which
+// would leave our value on some masters for a whole TTL. Nor may the
+// caller wait for it: on silent masters the attempt takes one operation
+// timeout for the SETs and another for the clean-up (3 s for a 30 s TTL).
+// An attempt that wins a majority after its caller left gives it back.
+func (l *Locker) lock(ctx context.Context, m *redsync.Mutex, ttl time.Duration) error {
+	result := make(chan error) // unbuffered: a send hands the outcome to a caller still waiting
+	abandoned := make(chan struct{})
+	started := l.goBackground(func() {
+		detached := context.WithoutCancel(ctx)
+		err := m.TryLockContext(detached)
+		select {
+		case result <- err:
+		case <-abandoned:
+			if err == nil {
+				undo, cancel := context.WithTimeout(detached, opTimeout(ttl))
+				_, _ = m.UnlockContext(undo)
+				cancel()
+			}
+		}
+	})
+	if !started {
+		return lockkit.ErrClosed
+	}
+	select {
+	case err := <-result:
+		return err
+	case <-ctx.Done():
+		close(abandoned)
+		return ctx.Err()
+	}
+}
+
+// goBackground runs fn in a goroutine that Close waits for, unless the
+// Locker is closing.
+func (l *Locker) goBackground(fn func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		return false
+	}
+	l.attempts.Go(fn)
+	return true
 }
 
 // mutex builds a fresh redsync.Mutex per operation: a Mutex keeps its
@@ -229,9 +286,17 @@ func tally(err error) (down, notOurs int) {
 	return down, notOurs
 }
 
-// Close stops every lease's watchdog; waiters get ErrClosed. Leases still
-// held expire by their TTL; the clients stay open.
+// Close stops every lease's watchdog; waiters get ErrClosed. It returns
+// once every attempt in flight has finished, also those whose callers left,
+// each bounded by two operation timeouts. Leases still held expire by their TTL; the
+// clients stay open.
 func (l *Locker) Close() error {
-	l.once.Do(func() { close(l.closed) })
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.closing = true
+		l.mu.Unlock()
+		close(l.closed)
+		l.attempts.Wait()
+	})
 	return nil
 }

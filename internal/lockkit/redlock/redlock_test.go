@@ -158,6 +158,38 @@ func TestMinorityGrantUndone(t *testing.T) {
 	}
 }
 
+// An attempt still running when its caller gives up goes on in the
+// background; a majority it wins then is given back, not kept for a TTL.
+func TestAbandonedAttemptGivesBackItsGrant(t *testing.T) {
+	ctx := context.Background()
+	addrs := masterAddrs(t)
+	key := "redlock:test:" + t.Name()
+	clients := dial(t, addrs)
+	// Each master holds the attempt's SET for 300 ms, well inside the
+	// attempt's 1 s operation timeout (20 s TTL), and then grants it.
+	for _, c := range clients {
+		if err := c.Do(ctx, "CLIENT", "PAUSE", 300, "WRITE").Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Do(context.Background(), "CLIENT", "UNPAUSE") })
+	}
+	l := redlock.New(dial(t, addrs))
+	waitCtx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if lease, err := l.Acquire(waitCtx, key, lockkit.WithTTL(20*time.Second)); !errors.Is(err, context.DeadlineExceeded) {
+		if lease != nil {
+			_ = lease.Release(ctx)
+		}
+		t.Fatalf("Acquire whose context ended while the masters held its SETs = %v, want its deadline's error", err)
+	}
+	_ = l.Close() // waits for the attempt
+	for i, c := range clients {
+		if n := c.Exists(ctx, key).Val(); n != 0 {
+			t.Fatalf("master %d kept the grant of an attempt whose caller had left", i)
+		}
+	}
+}
+
 // Release and Extend after the key was taken by another owner on every
 // master change nothing and report ErrNotHeld.
 func TestOwnerCheckedAfterTakeover(t *testing.T) {

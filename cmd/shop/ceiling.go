@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/inventory"
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/storage"
+)
+
+// ceilingReport is what `shop ceiling` prints: how long the serialized
+// part of one purchase takes on these servers, and the rate that allows.
+type ceilingReport struct {
+	Strategy string `json:"strategy"`
+	Backend  string `json:"backend"`
+	Sales    int    `json:"sales"`
+	// Window is what every buyer of one hot SKU waits for in turn: for a
+	// lock, the grant + the statements inside + the release; for the
+	// lock-free strategies, the whole purchase (its row-lock window is a
+	// part of it, so their ceiling is conservative).
+	Window           string  `json:"window"`
+	SerializedMicros float64 `json:"serialized_us_median"`
+	CeilingPerSec    float64 `json:"ceiling_per_sec"`
+}
+
+// ceiling is `shop ceiling [-n 300] [-sku lt-ceiling]`: one client buys n
+// units of a SKU of its own, one at a time, through the configured
+// strategy and lock backend, and times the part of each purchase that
+// other buyers of the same SKU must wait for. Its inverse is the ceiling
+// of that SKU's sales rate: no number of buyers can beat it. The load
+// test's capacity run prints it beside the rate it measured.
+func ceiling(ctx context.Context, cfg config.Config, n int, sku string, stdout, stderr io.Writer) int {
+	if n < 1 || !inventory.ValidSKU(sku) {
+		fmt.Fprintf(stderr, "shop ceiling: -n must be at least 1 and -sku a valid SKU\n")
+		return 2
+	}
+	rep, err := measureCeiling(ctx, cfg, sku, n)
+	if err != nil {
+		fmt.Fprintf(stderr, "shop ceiling: %v\n", err)
+		return 1
+	}
+	_ = json.NewEncoder(stdout).Encode(rep)
+	return 0
+}
+
+func measureCeiling(ctx context.Context, cfg config.Config, sku string, n int) (ceilingReport, error) {
+	rep := ceilingReport{Strategy: cfg.StockStrategy, Backend: cfg.LockBackend, Sales: n}
+	if cfg.EmbeddedRedis() {
+		return rep, fmt.Errorf("needs SHOP_REDIS_ADDRS: an embedded Redis would be a server of its own, not the one measured")
+	}
+	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: 4})
+	if err != nil {
+		return rep, err
+	}
+	defer db.Close()
+	if err := db.Migrate(ctx, models()...); err != nil {
+		return rep, err
+	}
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster})
+	defer rdb.Close()
+	backend, err := openLocker(ctx, cfg, deps{redis: rdb, db: db})
+	if err != nil {
+		return rep, err
+	}
+	defer backend.Close()
+	timed := &windowLocker{Locker: lockkit.Reentrant(backend)}
+
+	var mirror *inventory.Mirror
+	if cfg.StockStrategy == config.StockAtomicRedis {
+		mirror = inventory.NewMirror(rdb, cfg.KeyPrefix)
+	}
+	store := inventory.NewStore(db.DB, mirror)
+	// Combine stays off: the ceiling is one sale's window, one client.
+	svc, err := inventory.NewService(store, inventory.Options{Strategy: cfg.StockStrategy, Locker: timed, Mirror: mirror})
+	if err != nil {
+		return rep, err
+	}
+	const warmup = 20
+	if _, err := store.Put(ctx, inventory.Product{SKU: sku, Name: "ceiling probe", Stock: int64(n + warmup), PriceCents: 1}); err != nil {
+		return rep, err
+	}
+	locked := cfg.StockStrategy == config.StockLock
+	rep.Window = "purchase"
+	if locked {
+		rep.Window = "acquire + critical section + release"
+	}
+	windows := make([]time.Duration, 0, n)
+	for i := range n + warmup {
+		t0 := time.Now()
+		if _, err := svc.Purchase(ctx, 1, sku, 1); err != nil {
+			return rep, fmt.Errorf("sale %d: %w", i, err)
+		}
+		w := time.Since(t0)
+		if locked {
+			w = timed.last()
+		}
+		if i >= warmup {
+			windows = append(windows, w)
+		}
+	}
+	slices.Sort(windows)
+	median := windows[len(windows)/2]
+	rep.SerializedMicros = float64(median) / float64(time.Microsecond)
+	rep.CeilingPerSec = float64(time.Second) / float64(median)
+	return rep, nil
+}
+
+// windowLocker times each lease from the start of its Acquire to the end
+// of its Release: the span during which the key is not free for anyone
+// else, grant and hand-back included.
+type windowLocker struct {
+	lockkit.Locker
+	mu     sync.Mutex
+	window time.Duration
+}
+
+func (w *windowLocker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	t0 := time.Now()
+	l, err := w.Locker.Acquire(ctx, key, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &windowLease{Lease: l, t0: t0, w: w}, nil
+}
+
+func (w *windowLocker) last() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.window
+}
+
+func (w *windowLocker) Capabilities() lockkit.Capabilities { return lockkit.CapabilitiesOf(w.Locker) }
+
+type windowLease struct {
+	lockkit.Lease
+	t0 time.Time
+	w  *windowLocker
+}
+
+func (l *windowLease) Release(ctx context.Context) error {
+	err := l.Lease.Release(ctx)
+	l.w.mu.Lock()
+	l.w.window = time.Since(l.t0)
+	l.w.mu.Unlock()
+	return err
+}

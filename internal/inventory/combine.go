@@ -1,0 +1,249 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/lockkit"
+)
+
+// combined is the lock strategy with the buyers of one SKU combined: the
+// purchases that queue in this process while one is being served are
+// served together by the next grant, in arrival order, in one
+// transaction (one claim, one read, one stock write, one multi-row
+// insert). A hot key then pays the lock hand-off and the two commits once
+// per batch instead of once per unit.
+//
+// Safety is the single path's, with these limits:
+//   - one lease covers the whole batch: if it is lost (fenced backends) the
+//     write is refused and every purchase of the batch fails with 503
+//     fenced; on a backend that cannot fence, the window in which a lost
+//     lease can overwrite a newer holder is the batch's, so it is bounded
+//     by maxBatch;
+//   - the batch commits all or nothing: one failing insert fails all;
+//   - products with a per-user limit are not combined (one limit check
+//     failing would fail the batch): they take the single path;
+//   - across processes the lock is fair in grants, not in units: one
+//     process's batch of n holds the key for n sales.
+type combined struct {
+	single   *locked // the path of a lone or limited purchase
+	locker   lockkit.Locker
+	opts     []lockkit.Option
+	store    *Store
+	maxBatch int
+	// delay is the business work, once per batch: the read, decide and
+	// write it stands for are done once for the whole batch.
+	delay time.Duration
+
+	mu     sync.Mutex
+	queues map[string]*skuQueue
+}
+
+// skuQueue is one SKU's purchases waiting in this process. leading is true
+// while some goroutine serves them.
+type skuQueue struct {
+	pending []*order
+	leading bool
+}
+
+type order struct {
+	ctx      context.Context
+	user     int64
+	quantity int64
+	done     chan orderResult // the purchase's outcome
+	lead     chan struct{}    // this order's goroutine must serve the next batch
+}
+
+type orderResult struct {
+	p   Purchase
+	err error
+}
+
+func newCombined(single *locked, o Options) *combined {
+	return &combined{single: single, locker: o.Locker, opts: o.LockOptions, store: single.store,
+		maxBatch: o.Combine, delay: o.CriticalSectionDelay, queues: map[string]*skuQueue{}}
+}
+
+func (c *combined) Get(ctx context.Context, sku string) (Product, error) {
+	return c.single.Get(ctx, sku)
+}
+
+func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantity int64) (Purchase, error) {
+	if err := validate(sku, quantity); err != nil {
+		return Purchase{}, err
+	}
+	prod, err := c.store.Get(ctx, sku)
+	if err != nil {
+		return Purchase{}, err
+	}
+	if prod.PerUserLimit > 0 {
+		return c.single.Purchase(ctx, user, sku, quantity)
+	}
+	o := &order{ctx: ctx, user: user, quantity: quantity, done: make(chan orderResult, 1), lead: make(chan struct{}, 1)}
+	c.mu.Lock()
+	q := c.queues[sku]
+	if q == nil {
+		q = &skuQueue{}
+		c.queues[sku] = q
+	}
+	q.pending = append(q.pending, o)
+	if !q.leading {
+		q.leading = true
+		o.lead <- struct{}{}
+	}
+	c.mu.Unlock()
+
+	for {
+		select {
+		case r := <-o.done:
+			return r.p, r.err
+		case <-o.lead:
+			c.serveNext(sku, q)
+		}
+	}
+}
+
+// serveNext serves up to maxBatch of q's pending purchases, then hands the
+// lead to the first one still pending, if any: a leader answers its own
+// buyer after one batch instead of serving the queue for ever.
+func (c *combined) serveNext(sku string, q *skuQueue) {
+	c.mu.Lock()
+	n := min(len(q.pending), c.maxBatch)
+	batch := q.pending[:n:n]
+	q.pending = q.pending[n:]
+	c.mu.Unlock()
+
+	c.serve(sku, batch)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(q.pending) == 0 {
+		q.leading = false
+		delete(c.queues, sku)
+		return
+	}
+	q.pending[0].lead <- struct{}{}
+}
+
+// serve sells batch under one grant. Buyers who left while queued are
+// answered with their context's error and take no part.
+func (c *combined) serve(sku string, batch []*order) {
+	live := batch[:0:0]
+	for _, o := range batch {
+		if err := context.Cause(o.ctx); err != nil {
+			o.done <- orderResult{err: err}
+			continue
+		}
+		live = append(live, o)
+	}
+	if len(live) == 0 {
+		return
+	}
+	if len(live) == 1 {
+		o := live[0]
+		p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
+		o.done <- orderResult{p: p, err: err}
+		return
+	}
+	// The batch outlives any one buyer's request: it serves them all. The
+	// lock's wait timeout still bounds the wait.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(live[0].ctx), writeTimeout+time.Minute)
+	defer cancel()
+	purchases := make([]Purchase, len(live))
+	sold := make([]bool, len(live))
+	var wrote bool
+	err := lockkit.Do(ctx, c.locker, Key(sku), func(ctx context.Context, fence uint64) error {
+		for i, o := range live {
+			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: fence}
+		}
+		err := c.store.updateMany(ctx, sku, fence, purchases, sold, c.delay)
+		wrote = err == nil
+		return err
+	}, c.opts...)
+	if wrote {
+		// As in locked.Purchase: sales the store accepted under an unbeaten
+		// fence stand even if Do then found the lease lost.
+		err = nil
+	}
+	if errors.Is(err, errNotCombinable) {
+		for _, o := range live {
+			p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
+			o.done <- orderResult{p: p, err: err}
+		}
+		return
+	}
+	for i, o := range live {
+		switch {
+		case err != nil:
+			o.done <- orderResult{err: err}
+		case sold[i]:
+			o.done <- orderResult{p: purchases[i]}
+		default:
+			o.done <- orderResult{err: soldOut(0, o.quantity)}
+		}
+	}
+}
+
+// errNotCombinable: the product gained a per-user limit since the buyers
+// queued; they take the single path.
+var errNotCombinable = errors.New("inventory: product has a per-user limit; not combined")
+
+// updateMany is Update for several purchases of one SKU under one fence:
+// it claims the row, reads it, sells to each purchase in order while stock
+// lasts (sold[i]), and writes the stock with one insert of every sold
+// purchase in one transaction. Nothing is written if none is sold.
+func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []Purchase, sold []bool, delay time.Duration) error {
+	if err := s.claim(ctx, sku, fence); err != nil {
+		return err
+	}
+	prod, err := s.Get(ctx, sku)
+	if err != nil {
+		return err
+	}
+	if prod.PerUserLimit > 0 {
+		return errNotCombinable
+	}
+	var rows []Purchase
+	for i := range ps {
+		if prod.Stock >= ps[i].Quantity {
+			prod.Stock -= ps[i].Quantity
+			sold[i] = true
+			rows = append(rows, ps[i])
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	if err := work(ctx, delay); err != nil {
+		clear(sold)
+		return err
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite(ctx)
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	err = s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
+		if err := writeStock(tx, prod, fence); err != nil {
+			return err
+		}
+		return tx.Create(&rows).Error
+	})
+	if err != nil {
+		clear(sold)
+		return err
+	}
+	// Hand the inserted rows (with their ids) back in the callers' order.
+	j := 0
+	for i := range ps {
+		if sold[i] {
+			ps[i] = rows[j]
+			j++
+		}
+	}
+	return nil
+}

@@ -1,0 +1,82 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/local"
+)
+
+// TestCombinedSellsExactlyTheStock: 64 buyers at once, stock 20, the lock
+// strategy combining up to 8 purchases per grant: exactly 20 sold, 44 sold
+// out, no drift, and fewer grants than sales (the batches happened).
+func TestCombinedSellsExactlyTheStock(t *testing.T) {
+	for dbName, newDB := range databases(t) {
+		t.Run(dbName, func(t *testing.T) {
+			ctx := context.Background()
+			store := NewStore(newDB(t).DB, nil)
+			locker := local.New()
+			defer locker.Close()
+			svc, err := NewService(store, Options{Strategy: StrategyLock, Locker: locker, Combine: 8,
+				CriticalSectionDelay: time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.Put(ctx, Product{SKU: "hot", Name: "hot", Stock: 20, PriceCents: 1}); err != nil {
+				t.Fatal(err)
+			}
+			sold, soldOut, _ := buyAll(t, svc, "hot", 64, func(i int) int64 { return int64(i + 1) })
+			if sold != 20 || soldOut != 44 {
+				t.Errorf("sold %d, sold out %d; want 20 and 44", sold, soldOut)
+			}
+			if p, err := store.Get(ctx, "hot"); err != nil || p.Stock != 0 {
+				t.Errorf("stock %d (%v), want 0", p.Stock, err)
+			}
+			assertNoDrift(t, store)
+			var grants int64
+			if err := store.db.Raw("SELECT COUNT(DISTINCT fence) FROM purchases WHERE sku = 'hot'").Scan(&grants).Error; err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("20 units sold under %d grants", grants)
+			if grants >= 20 {
+				t.Errorf("%d grants for 20 sales: nothing was combined", grants)
+			}
+
+			// A product with a per-user limit takes the single path, and
+			// the limit holds.
+			if _, err := store.Put(ctx, Product{SKU: "lim", Name: "lim", Stock: 100, PriceCents: 1, PerUserLimit: 3}); err != nil {
+				t.Fatal(err)
+			}
+			sold, _, limited := buyAll(t, svc, "lim", 12, func(int) int64 { return 7 })
+			if sold != 3 || limited != 9 {
+				t.Errorf("one user, limit 3: sold %d, limited %d; want 3 and 9", sold, limited)
+			}
+			assertNoDrift(t, store)
+		})
+	}
+}
+
+// TestStaleBatchIsRefusedWhole: a batch written under a token that a newer
+// one has beaten writes nothing: no unit of it is sold.
+func TestStaleBatchIsRefusedWhole(t *testing.T) {
+	ctx := context.Background()
+	store := NewStore(open(t, sqliteOptions(t)).DB, nil)
+	if _, err := store.Put(ctx, Product{SKU: "b", Name: "b", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.db.Exec("UPDATE products SET fence = 9").Error; err != nil {
+		t.Fatal(err)
+	}
+	ps := []Purchase{{SKU: "b", UserID: 1, Quantity: 1, Fence: 8}, {SKU: "b", UserID: 2, Quantity: 1, Fence: 8}}
+	sold := make([]bool, len(ps))
+	if err := store.updateMany(ctx, "b", 8, ps, sold, 0); !errors.Is(err, lockkit.ErrFenced) {
+		t.Fatalf("stale batch: %v, want ErrFenced", err)
+	}
+	if p, _ := store.Get(ctx, "b"); p.Stock != 10 || sold[0] || sold[1] {
+		t.Errorf("stock %d, sold %v; want 10 and none", p.Stock, sold)
+	}
+	assertNoDrift(t, store)
+}
