@@ -778,3 +778,39 @@ func TestPayWithClientKey(t *testing.T) {
 	}
 	s.auditOK()
 }
+
+// Every write of a balance or a stock bumps its row's version, the
+// optimistic strategies' check: an order's debit, reservation and return
+// are writes like any other.
+func TestOrderWritesBumpVersions(t *testing.T) {
+	s := newShop(t, Options{PayTimeout: 50 * time.Millisecond})
+	ctx := context.Background()
+	versions := func() (acct, prod uint64) {
+		a, err := s.accounts.Get(ctx, user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.products.Get(ctx, "widget")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Version, p.Version
+	}
+	a0, p0 := versions()
+	if _, _, err := s.service.Place(ctx, user, "k1", "widget", 1, true); err != nil {
+		t.Fatal(err)
+	}
+	if a, p := versions(); a != a0+1 || p != p0+1 {
+		t.Fatalf("after place and pay: versions %d, %d; want %d, %d", a, p, a0+1, p0+1)
+	}
+	if _, _, err := s.service.Place(ctx, user, "k2", "widget", 1, false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(60 * time.Millisecond)
+	if n, err := s.service.CloseExpired(ctx, slog.Default()); n != 1 || err != nil {
+		t.Fatalf("closed %d, %v", n, err)
+	}
+	if a, p := versions(); a != a0+1 || p != p0+3 {
+		t.Fatalf("after a reservation and its return: versions %d, %d; want %d, %d", a, p, a0+1, p0+3)
+	}
+}
