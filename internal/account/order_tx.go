@@ -32,7 +32,7 @@ func Debit(tx *gorm.DB, id, amount int64, fence uint64, order int64) error {
 	if amount <= 0 {
 		return fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
-	q := "UPDATE accounts SET balance = balance - ?, updated_at = ? WHERE id = ? AND balance >= ?"
+	q := "UPDATE accounts SET balance = balance - ?, version = version + 1, updated_at = ? WHERE id = ? AND balance >= ?"
 	args := []any{amount, time.Now().UTC(), id, amount}
 	if fence != 0 {
 		q += " AND fence = ?"

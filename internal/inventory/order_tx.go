@@ -89,9 +89,10 @@ func Return(tx *gorm.DB, p *Purchase, fence uint64) error {
 }
 
 // moveStock adds delta to sku's stock, refusing to go below zero, fenced
-// unless fence is 0.
+// unless fence is 0. It bumps the version like every write of the stock,
+// so that an optimistic writer that read the row before sees it changed.
 func moveStock(tx *gorm.DB, sku string, delta int64, fence uint64) error {
-	q := "UPDATE products SET stock = stock + ?, updated_at = ? WHERE sku = ? AND stock + ? >= 0"
+	q := "UPDATE products SET stock = stock + ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock + ? >= 0"
 	args := []any{delta, time.Now().UTC(), sku, delta}
 	if fence != 0 {
 		q += " AND fence = ?"
