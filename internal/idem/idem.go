@@ -81,8 +81,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/lockbench/shop/internal/lockkit"
 )
 
 // Header names.
@@ -169,12 +167,6 @@ type Options struct {
 	MaxTokens int
 	// Prefix namespaces the Redis keys (config SHOP_KEY_PREFIX).
 	Prefix string
-
-	// Deprecated: ignored. A key's in-flight marker is now its record's own
-	// lease, fenced by the record's run number; a lock per request left a
-	// fence counter behind for ever. Kept only so that callers written
-	// against the old Options compile until they drop it.
-	Locker lockkit.Locker
 }
 
 // Idem mints tokens and guards routes. It is safe for concurrent use.

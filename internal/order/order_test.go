@@ -148,7 +148,7 @@ func newShop(t *testing.T, o Options) *shop {
 	}
 	s.locker = o.Locker
 	s.service = NewService(s.orders, o)
-	tokens, err := idem.New(client, idem.Options{Locker: locker, Prefix: prefix})
+	tokens, err := idem.New(client, idem.Options{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

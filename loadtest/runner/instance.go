@@ -218,6 +218,9 @@ func shopEnv(o options, e testEnv, s spec, sec secrets, dsn, prefix, addr string
 		// The run starts from a reset; the instances stop at once between rows.
 		"SHOP_ALLOW_RESET=true",
 		"SHOP_DRAIN_DELAY=0",
+		// Short enough that the orders flow's unpaid orders are closed
+		// within a row's run, so closer races (and none's damage) show.
+		"SHOP_ORDER_PAY_TIMEOUT=5s",
 		"SHOP_HTTP_ADDR="+addr,
 		"SHOP_LOCK_BACKEND="+s.Backend,
 		"SHOP_STOCK_STRATEGY="+s.Strategy,
