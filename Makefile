@@ -39,6 +39,8 @@ openapi-lint: $(OPENAPI_LINT)/node_modules/.package-lock.json ## Lint internal/a
 		npx --no-install redocly lint --config redocly.yaml ../../internal/apidoc/openapi.yaml
 
 $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.json
+	@node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>22||a==22&&b>=12||a==20&&b>=19?0:1)' 2>/dev/null || \
+		{ echo "openapi-lint: needs Node 20.19+ or 22.12+ with npm (Redocly's requirement; Debian 12's nodejs is 18): install one from nodejs.org or NodeSource, or run the Go tests alone with 'scripts/with-testenv.sh go test ./...'" >&2; exit 1; }
 	cd $(OPENAPI_LINT) && npm ci --no-audit --no-fund
 
 # make bench: BENCH_ROUNDS rounds, each running every subject once (A B A B
