@@ -70,6 +70,17 @@ func Return(tx *gorm.DB, p *Purchase, fence uint64) error {
 	if p.Quantity <= 0 {
 		return fmt.Errorf("%w: quantity must be a positive integer, got %d", ErrInvalidQuantity, p.Quantity)
 	}
+	// An admin PUT of the product starts a new sale and drops the old
+	// sale's rows, this order's reservation with them: its units are not
+	// the new sale's to take back, and returning them would create stock.
+	var reserved int64
+	if err := tx.Model(&Purchase{}).Where("order_id = ? AND sku = ? AND quantity > 0", p.OrderID, p.SKU).
+		Count(&reserved).Error; err != nil {
+		return err
+	}
+	if reserved == 0 {
+		return nil
+	}
 	if err := moveStock(tx, p.SKU, p.Quantity, fence); err != nil {
 		return err
 	}
