@@ -253,7 +253,7 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	// session before hanging up.
 	stmtCtx, hangUp := context.WithCancel(context.WithoutCancel(ctx))
 	defer hangUp()
-	rows, err := conn.QueryContext(stmtCtx, query, name, name, seconds(ttl))
+	rows, err := conn.QueryContext(stmtCtx, query, name, name, name, name, seconds(ttl))
 	if err != nil {
 		return 0, 0, err
 	}
