@@ -7,12 +7,12 @@
 -- because a client that merely hangs up stays queued on the row lock, and
 -- is even granted it, until the server next writes to it.
 SELECT CONNECTION_ID();
--- No gap locks. The row used to be inserted inside the lease's
--- transaction (INSERT ... ON DUPLICATE KEY, rolled back on release, so
--- every grant inserted it anew); under REPEATABLE READ that insert and
--- its waiters' duplicate checks took next-key locks, and inserts of other
--- new names into those gaps queued behind a lease held for minutes (the
--- order closer's leader lease): TestHolderFaults/mysql-forupdate hung 60 s.
+-- No gap locks. The row used to be locked by an INSERT ... ON DUPLICATE
+-- KEY inside the lease's transaction; under REPEATABLE READ that insert
+-- and its waiters' duplicate checks took next-key locks, and inserts of
+-- other new names into those gaps queued behind a lease held for minutes
+-- (the order closer's leader lease): TestHolderFaults/mysql-forupdate
+-- hung 60 s.
 SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
 -- The row, created and committed outside the lease's transaction when
 -- missing (the NOT EXISTS is a consistent read under READ COMMITTED: it
