@@ -19,16 +19,6 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// skipUnlessCI skips with reason when something the test needs is not there
-// yet, and fails in CI, where nothing may be skipped.
-func skipUnlessCI(t *testing.T, reason string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(reason + " (CI=true: not skipping)")
-	}
-	t.Skip(reason)
-}
-
 func readFile(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)

@@ -16,14 +16,21 @@ func Require(t testing.TB, name string) string {
 	t.Helper()
 	const how = "make test starts the servers; by hand: scripts/testenv.sh up, then source /tmp/shop-testenv/env"
 	v := os.Getenv(name)
-	switch {
-	case v != "":
-	case os.Getenv("CI") == "true":
-		t.Fatalf("%s is not set: CI must run this test against a real server (%s)", name, how)
-	default:
-		t.Skipf("%s is not set (%s)", name, how)
+	if v == "" {
+		Missing(t, "%s is not set: this test needs a real server (%s)", name, how)
 	}
 	return v
+}
+
+// Missing reports that something the test needs is not there (a server, a
+// replica, a tool): it skips t on a developer's machine and fails it in CI.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf(format+" (CI=true: not skipping)", args...)
+		return
+	}
+	t.Skipf(format, args...)
 }
 
 // RequireList is Require for a comma-separated list of addresses.
