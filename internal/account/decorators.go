@@ -52,26 +52,22 @@ func (l *locked) Deposit(ctx context.Context, id, amount int64) (a Account, err 
 	if err := l.exist(ctx, id); err != nil {
 		return Account{}, err
 	}
-	var wrote bool
-	err = lockkit.Do(ctx, l.locker, Key(id), func(ctx context.Context, fence uint64) error {
+	err = lockkit.DoFenced(ctx, l.locker, Key(id), func(ctx context.Context, fence uint64) error {
 		a, err = l.next.Deposit(withFences(ctx, map[int64]uint64{id: fence}), id, amount)
-		wrote = err == nil
 		return err
 	}, l.opts...)
-	return a, landed(wrote, err)
+	return a, err
 }
 
 func (l *locked) Withdraw(ctx context.Context, id, amount int64) (a Account, err error) {
 	if err := l.exist(ctx, id); err != nil {
 		return Account{}, err
 	}
-	var wrote bool
-	err = lockkit.Do(ctx, l.locker, Key(id), func(ctx context.Context, fence uint64) error {
+	err = lockkit.DoFenced(ctx, l.locker, Key(id), func(ctx context.Context, fence uint64) error {
 		a, err = l.next.Withdraw(withFences(ctx, map[int64]uint64{id: fence}), id, amount)
-		wrote = err == nil
 		return err
 	}, l.opts...)
-	return a, landed(wrote, err)
+	return a, err
 }
 
 // Transfer locks both accounts; DoMany takes them in sorted order, so two
@@ -87,25 +83,12 @@ func (l *locked) Transfer(ctx context.Context, from, to, amount int64) (t Transf
 		return Transfer{}, err
 	}
 	keys := []string{Key(from), Key(to)}
-	var wrote bool
-	err = lockkit.DoMany(ctx, l.locker, keys, func(ctx context.Context, fences map[string]uint64) error {
+	err = lockkit.DoManyFenced(ctx, l.locker, keys, func(ctx context.Context, fences map[string]uint64) error {
 		f := map[int64]uint64{from: fences[Key(from)], to: fences[Key(to)]}
 		t, err = l.next.Transfer(withFences(ctx, f), from, to, amount)
-		wrote = err == nil
 		return err
 	}, l.opts...)
-	return t, landed(wrote, err)
-}
-
-// landed is the answer for a locked change whose store call returned
-// wrote: a write the store accepted carried a fence no later holder had
-// beaten, so it stands even if Do then found the lease lost, and answering
-// ErrLeaseLost ("nothing was changed") would tell the client a lie.
-func landed(wrote bool, err error) error {
-	if wrote {
-		return nil
-	}
-	return err
+	return t, err
 }
 
 // instrumented counts the writes a fence refused.

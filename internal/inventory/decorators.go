@@ -40,18 +40,10 @@ func (l *locked) Purchase(ctx context.Context, user int64, sku string, quantity 
 	if _, err := l.store.Get(ctx, sku); err != nil {
 		return Purchase{}, err
 	}
-	var wrote bool
-	err = lockkit.Do(ctx, l.locker, Key(sku), func(ctx context.Context, fence uint64) error {
+	err = lockkit.DoFenced(ctx, l.locker, Key(sku), func(ctx context.Context, fence uint64) error {
 		p, err = l.next.Purchase(withFence(ctx, fence), user, sku, quantity)
-		wrote = err == nil
 		return err
 	}, l.opts...)
-	if wrote {
-		// The store accepted the sale under a fence no later holder had
-		// beaten: it stands even if Do then found the lease lost, and
-		// ErrLeaseLost would tell the buyer that nothing was sold.
-		return p, nil
-	}
 	return p, err
 }
 

@@ -47,19 +47,9 @@ func (s *spread) owned(owner int64) string {
 // reply would keep the counter right without a lock; docs/likes-orders.md
 // says so.)
 func (s *spread) set(ctx context.Context, e Entity, user int64, add bool) error {
-	var done bool
-	err := lockkit.Do(ctx, s.locker, Key(e.Ref), func(ctx context.Context, fence uint64) error {
-		err := s.setFenced(ctx, e, user, add, fence)
-		done = err == nil
-		return err
+	return lockkit.DoFenced(ctx, s.locker, Key(e.Ref), func(ctx context.Context, fence uint64) error {
+		return s.setFenced(ctx, e, user, add, fence)
 	}, s.opts...)
-	if done {
-		// The set took the write under a token no later holder had beaten
-		// (or needed none): it stands even if Do then found the lease lost,
-		// and ErrLeaseLost would tell the client nothing changed.
-		return nil
-	}
-	return err
 }
 
 // setFenced is set's critical section, run under the lease whose token is

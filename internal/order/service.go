@@ -88,8 +88,7 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 		keys = append(keys, account.Key(user))
 	}
 	o = Order{UserID: user, IdempotencyKey: key, SKU: sku, Quantity: quantity}
-	var done bool
-	err = lockkit.DoMany(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
+	err = lockkit.DoManyFenced(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
 		f := Fences{Stock: fences[inventory.Key(sku)], Account: fences[account.Key(user)]}
 		existing, err = s.store.Create(ctx, &o, f, func(ctx context.Context, o *Order, p inventory.Product) error {
 			if p.PriceCents > 0 && quantity > math.MaxInt64/p.PriceCents {
@@ -106,23 +105,10 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 			}
 			return work(ctx, s.o.CriticalSectionDelay)
 		})
-		done = err == nil
 		return err
 	}, s.o.LockOptions...)
-	err = landed(done, err)
 	s.count(err)
 	return o, existing, err
-}
-
-// landed is the answer for a change whose store call returned done: a
-// transaction that committed carried fences no later holder had beaten,
-// so it stands even if Do then found the lease lost (lockkit.ErrLeaseLost
-// means "nothing was changed" to the client, which would be a lie).
-func landed(done bool, err error) error {
-	if done {
-		return nil
-	}
-	return err
 }
 
 func soldOut(left, asked int64) error {
@@ -149,8 +135,7 @@ func (s *Service) Pay(ctx context.Context, user, id int64) (Order, error) {
 	if o.AmountCents > 0 {
 		keys = append(keys, account.Key(user))
 	}
-	var done bool
-	err = lockkit.DoMany(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
+	err = lockkit.DoManyFenced(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
 		f := Fences{Order: fences[Key(id)], Account: fences[account.Key(user)]}
 		o, err = s.store.Update(ctx, id, f, func(ctx context.Context, o *Order) error {
 			if err := o.pay(now()); err != nil {
@@ -158,10 +143,8 @@ func (s *Service) Pay(ctx context.Context, user, id int64) (Order, error) {
 			}
 			return work(ctx, s.o.CriticalSectionDelay)
 		})
-		done = err == nil
 		return err
 	}, s.o.LockOptions...)
-	err = landed(done, err)
 	s.count(err)
 	return o, err
 }
@@ -173,8 +156,8 @@ func (s *Service) closeOne(ctx context.Context, id int64) (bool, error) {
 	if err != nil || o.Status != StatusAwaitingPayment {
 		return false, err
 	}
-	closed, done := false, false
-	err = lockkit.DoMany(ctx, s.o.Locker, []string{Key(id), inventory.Key(o.SKU)}, func(ctx context.Context, fences map[string]uint64) error {
+	closed := false
+	err = lockkit.DoManyFenced(ctx, s.o.Locker, []string{Key(id), inventory.Key(o.SKU)}, func(ctx context.Context, fences map[string]uint64) error {
 		f := Fences{Order: fences[Key(id)], Stock: fences[inventory.Key(o.SKU)]}
 		_, err := s.store.Update(ctx, id, f, func(ctx context.Context, o *Order) error {
 			if closed = o.cancel(now(), s.o.PayTimeout); !closed {
@@ -182,10 +165,8 @@ func (s *Service) closeOne(ctx context.Context, id int64) (bool, error) {
 			}
 			return work(ctx, s.o.CriticalSectionDelay)
 		})
-		done = err == nil
 		return err
 	}, s.o.LockOptions...)
-	err = landed(done, err)
 	s.count(err)
 	return closed && err == nil, err
 }
