@@ -211,9 +211,11 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		auth:    auth.New([]byte(cfg.JWTSecret), cfg.AdminToken),
 		auditor: auditor,
 		domains: domains,
-		reg:     reg,
-		metrics: a.metrics,
-		ready:   a.readiness,
+		// problems maps every error a handler returns to its answer.
+		problems: problems(),
+		reg:      reg,
+		metrics:  a.metrics,
+		ready:    a.readiness,
 	})
 	return a, nil
 }
