@@ -33,7 +33,8 @@ import (
 )
 
 // domain is what a business package gives the wiring. Adding one (likes,
-// orders) is one line in newApp's domains list.
+// orders) is a constructor like newLikes, one line in newApp's domains
+// list, and its Problems in problems().
 type domain interface {
 	// Register adds routes: api authenticates users, admin the operator.
 	Register(api, admin *gin.RouterGroup)
