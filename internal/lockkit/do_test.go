@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 	"github.com/lockbench/shop/internal/lockkit/local"
 )
 
@@ -93,7 +94,7 @@ func TestDoReportsALeaseLostWhileFnRan(t *testing.T) {
 type lateLocker struct{ lockkit.Locker }
 
 func (l lateLocker) Acquire(context.Context, string, ...lockkit.Option) (lockkit.Lease, error) {
-	return lockkit.NewLease(lockkit.Grant{Key: "k", Fence: 1, TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
+	return backend.NewLease(backend.Grant{Key: "k", Fence: 1, TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
 		Extend:  func(context.Context, time.Duration) error { return lockkit.ErrNotHeld },
 		Release: func(context.Context) error { return lockkit.ErrNotHeld }}), nil
 }

@@ -25,6 +25,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 const (
@@ -147,8 +148,8 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 }
 
 func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option, wait bool) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	// Escaped, so that no key's directory is a prefix of another's.
 	dir := l.prefix + url.PathEscape(key) + "/"
@@ -250,7 +251,7 @@ func (l *Locker) grant(key, me string, rev int64, s *session, o lockkit.Options,
 	defer l.mu.Unlock()
 	// Under mu: expire and extend must see both the timer and the lease.
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(me, rev, h) })
-	h.lease = lockkit.NewLease(lockkit.Grant{
+	h.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: uint64(rev), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extend(ctx, me, rev, h, ttl) },
 		Release: func(ctx context.Context) error { return l.release(ctx, me, rev, h) },
@@ -419,7 +420,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	// send time + TTL of the last renewal the server answered: never after
 	// the server expires the lease. (concurrency.Session counts from the
 	// reply's arrival and checks once a second: up to a second late.)
-	s = &session{id: id, lease: lockkit.NewLease(lockkit.Grant{
+	s = &session{id: id, lease: backend.NewLease(backend.Grant{
 		Key: "session", TTL: l.sessionTTL, Watchdog: true, Sent: sent,
 		Extend: func(ctx context.Context, _ time.Duration) error {
 			resp, err := l.client.KeepAliveOnce(ctx, id)
@@ -478,7 +479,7 @@ func (l *Locker) fail(ctx, waitCtx context.Context, err error) error {
 	case errors.Is(err, lockkit.ErrClosed):
 		return err
 	case waitCtx.Err() != nil:
-		return lockkit.WaitErr(ctx, waitCtx)
+		return backend.WaitErr(ctx, waitCtx)
 	}
 	return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 }

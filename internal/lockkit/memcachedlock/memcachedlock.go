@@ -43,6 +43,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // maxLease is memcached's longest relative expiry (30 days, less the extra
@@ -98,10 +99,10 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // done. It returns ErrUnavailable when the server failed outage attempts
 // running.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
-	poller := lockkit.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
+	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
 	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) {
 		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
 		if err != nil && waitCtx.Err() != nil {
@@ -116,7 +117,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	return l.try(ctx, key, o.TTL, watchdog)
 }
 
@@ -130,7 +131,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 	// gets-then-cas by the watchdog, by a caller's Extend and by Release
 	// would see each other's cas as a stranger's change: one at a time.
 	turn := make(chan struct{}, 1)
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			return l.call(ctx, turn, false, func() error { return l.swap(item, token, expiration(wholeSeconds(ttl))) })

@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 var (
@@ -106,8 +107,8 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // granted, ctx ends (ctx.Err()), the wait timeout runs out
 // (lockkit.ErrNotAcquired) or the Locker closes (lockkit.ErrClosed).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	poll := l.minPoll
 	for {
@@ -117,7 +118,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		if !errors.Is(err, lockkit.ErrNotAcquired) {
 			unwatch()
 			if err != nil && waitCtx.Err() != nil {
-				return nil, lockkit.WaitErr(ctx, waitCtx)
+				return nil, backend.WaitErr(ctx, waitCtx)
 			}
 			return lease, err
 		}
@@ -131,7 +132,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		case <-l.closed:
 			stop = lockkit.ErrClosed
 		case <-waitCtx.Done():
-			stop = lockkit.WaitErr(ctx, waitCtx)
+			stop = backend.WaitErr(ctx, waitCtx)
 		}
 		timer.Stop()
 		unwatch()
@@ -145,7 +146,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 // TryAcquire makes one attempt, one round trip, and returns
 // lockkit.ErrNotAcquired if the key is held and unexpired.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	return l.try(ctx, key, o.TTL, watchdog)
 }
 
@@ -179,7 +180,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 	if fence == 0 {
 		return nil, lockkit.ErrNotAcquired
 	}
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, Fence: uint64(fence), TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extendLease(ctx, name, owner, ttl) },
 		Release: func(ctx context.Context) error { return l.releaseLease(ctx, name, owner) },

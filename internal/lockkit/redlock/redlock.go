@@ -35,6 +35,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // outage is how many attempts running must fail to reach a majority before
@@ -103,13 +104,13 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // without waiting further, once outage attempts running could not reach a
 // majority of the masters.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	// Not redsync's own retry loop: it answers ErrFailed when ctx ends and
 	// cancels its attempts' clean-up with it; the poller returns ctx.Err()
 	// and lets every attempt finish.
-	poller := lockkit.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
+	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
 	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) {
 		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
 		if err != nil && waitCtx.Err() != nil {
@@ -124,7 +125,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	return l.try(ctx, key, o.TTL, watchdog)
 }
 
@@ -143,7 +144,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 		return nil, lockkit.ErrNotAcquired
 	}
 	value := m.Value()
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog,
 		// Until is redsync's validity end: the attempt's start plus the TTL
 		// minus the clock-drift allowance. Starting the lease there makes

@@ -28,6 +28,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 const (
@@ -188,13 +189,13 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 // connection's own timeouts, and ctx is checked between calls and while
 // waiting for the predecessor.
 func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option, wait bool) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	dir := l.dir(key)
 	for {
 		if waitCtx.Err() != nil {
-			return nil, lockkit.WaitErr(ctx, waitCtx)
+			return nil, backend.WaitErr(ctx, waitCtx)
 		}
 		node, err := l.create(dir)
 		if err != nil {
@@ -300,7 +301,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 		case <-deleted:
 		case <-waitCtx.Done():
 			l.abandon(node)
-			return nil, lockkit.WaitErr(ctx, waitCtx)
+			return nil, backend.WaitErr(ctx, waitCtx)
 		case <-l.closed:
 			return nil, lockkit.ErrClosed
 		}
@@ -333,7 +334,7 @@ func (l *Locker) retire(ctx, waitCtx context.Context, dir string, wait bool) err
 		select {
 		case <-changed:
 		case <-waitCtx.Done():
-			return lockkit.WaitErr(ctx, waitCtx)
+			return backend.WaitErr(ctx, waitCtx)
 		case <-l.closed:
 			return lockkit.ErrClosed
 		}
@@ -364,7 +365,7 @@ func (l *Locker) grant(key, node string, epoch uint64, session int64, fence uint
 	// Under mu: expire and extend must see both the timer and the lease.
 	h.session = session
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, h) })
-	h.lease = lockkit.NewLease(lockkit.Grant{
+	h.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, h, ttl) },
 		Release: func(ctx context.Context) error { return l.release(ctx, node, h) },

@@ -1,4 +1,4 @@
-package lockkit_test
+package backend_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // store is a fake lock server for one grant: it applies each Extend the
@@ -99,7 +100,7 @@ func requireLostBy(t *testing.T, lease lockkit.Lease, serverExpiry time.Time) {
 func TestExtendRacingRenewalFollowsTheServer(t *testing.T) {
 	const long, short = 600 * time.Millisecond, 100 * time.Millisecond
 	s := newStore(long)
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: long, Watchdog: true, Extend: s.extend,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: long, Watchdog: true, Extend: s.extend,
 		Release: func(context.Context) error { return nil }})
 	renewal := s.next(t, 2*long)
 	if renewal == nil || renewal.ttl != long {
@@ -136,7 +137,7 @@ func TestExtendRacingRenewalFollowsTheServer(t *testing.T) {
 // then trust the shorter of the two deadlines.
 func TestExtendWithUnknownOutcomeTrustsTheShorterDeadline(t *testing.T) {
 	s := newStore(time.Minute)
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: time.Minute, Extend: s.extend,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute, Extend: s.extend,
 		Release: func(context.Context) error { return nil }})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
@@ -154,7 +155,7 @@ func TestReleaseDoesNotWaitForAHungRenewal(t *testing.T) {
 	hung := make(chan *call, 1)
 	unblock := make(chan struct{})
 	defer close(unblock)
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			hung <- &call{ttl: ttl, ctx: ctx}
 			<-unblock // a driver that does not look at ctx
@@ -192,7 +193,7 @@ func TestWatchdogRenewsEveryThirdOfTTL(t *testing.T) {
 			c.reply <- nil
 		}
 	}()
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Extend: s.extend,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true, Extend: s.extend,
 		Release: func(context.Context) error { return nil }})
 	time.Sleep(4 * ttl)
 	if isClosed(lease.Lost()) {
@@ -213,7 +214,7 @@ func TestWatchdogRenewsEveryThirdOfTTL(t *testing.T) {
 // its deadline.
 func TestWatchdogLosesTheLeaseWhenNotHeld(t *testing.T) {
 	const ttl = 3 * time.Second // first renewal at 1 s
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true,
 		Extend:  func(context.Context, time.Duration) error { return lockkit.ErrNotHeld },
 		Release: func(context.Context) error { return lockkit.ErrNotHeld }})
 	select {
@@ -230,7 +231,7 @@ func TestWatchdogRetriesTransientErrorsUntilTheDeadline(t *testing.T) {
 	var mu sync.Mutex
 	attempts := 0
 	start := time.Now()
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Sent: start,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true, Sent: start,
 		Extend: func(context.Context, time.Duration) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -251,7 +252,7 @@ func TestWatchdogRetriesTransientErrorsUntilTheDeadline(t *testing.T) {
 
 func TestGoneClosesLost(t *testing.T) {
 	gone := make(chan struct{})
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: time.Minute, Gone: gone,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute, Gone: gone,
 		Extend:  func(context.Context, time.Duration) error { return nil },
 		Release: func(context.Context) error { return nil }})
 	close(gone)
@@ -265,7 +266,7 @@ func TestGoneClosesLost(t *testing.T) {
 // A grant whose deadline passed before it reached the caller is lost from
 // the start: nobody may act on it.
 func TestGrantPastItsDeadlineIsLostAtOnce(t *testing.T) {
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
 		Extend:  func(context.Context, time.Duration) error { return nil },
 		Release: func(context.Context) error { return nil }})
 	if !isClosed(lease.Lost()) {
@@ -279,7 +280,7 @@ func TestClosedStopsTheWatchdog(t *testing.T) {
 	close(closedCh)
 	var mu sync.Mutex
 	renewals := 0
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Closed: closedCh,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true, Closed: closedCh,
 		Extend: func(context.Context, time.Duration) error {
 			mu.Lock()
 			defer mu.Unlock()

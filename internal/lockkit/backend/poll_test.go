@@ -1,4 +1,4 @@
-package lockkit_test
+package backend_test
 
 import (
 	"context"
@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
-var poller = lockkit.Poller{MinDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond, Outage: 3}
+var poller = backend.Poller{MinDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond, Outage: 3}
 
 func granted() lockkit.Lease {
-	return lockkit.NewLease(lockkit.Grant{Key: "k", TTL: time.Minute,
+	return backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute,
 		Extend:  func(context.Context, time.Duration) error { return nil },
 		Release: func(context.Context) error { return nil }})
 }
