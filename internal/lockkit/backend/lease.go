@@ -92,14 +92,7 @@ func (l *lease) Lost() <-chan struct{} { return l.lost }
 
 func (l *lease) markLost() { l.lostOnce.Do(func() { close(l.lost) }) }
 
-func (l *lease) isLost() bool {
-	select {
-	case <-l.lost:
-		return true
-	default:
-		return false
-	}
-}
+func (l *lease) isLost() bool { return IsClosed(l.lost) }
 
 // renew is the watchdog's tick, run by its timer.
 func (l *lease) renew() {

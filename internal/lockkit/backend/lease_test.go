@@ -73,15 +73,6 @@ func (s *store) next(t *testing.T, within time.Duration) *call {
 	}
 }
 
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // The holder must stop trusting its lease no later than the server lets
 // the grant go, plus timer noise.
 func requireLostBy(t *testing.T, lease lockkit.Lease, serverExpiry time.Time) {
@@ -175,7 +166,7 @@ func TestReleaseDoesNotWaitForAHungRenewal(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("Release waited for a renewal that hangs")
 	}
-	if !isClosed(lease.Lost()) {
+	if !backend.IsClosed(lease.Lost()) {
 		t.Fatal("Lost open after Release")
 	}
 	select {
@@ -196,7 +187,7 @@ func TestWatchdogRenewsEveryThirdOfTTL(t *testing.T) {
 	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true, Extend: s.extend,
 		Release: func(context.Context) error { return nil }})
 	time.Sleep(4 * ttl)
-	if isClosed(lease.Lost()) {
+	if backend.IsClosed(lease.Lost()) {
 		t.Fatal("a renewed lease was lost")
 	}
 	if err := lease.Release(context.Background()); err != nil {
@@ -269,7 +260,7 @@ func TestGrantPastItsDeadlineIsLostAtOnce(t *testing.T) {
 	lease := backend.NewLease(backend.Grant{Key: "k", TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
 		Extend:  func(context.Context, time.Duration) error { return nil },
 		Release: func(context.Context) error { return nil }})
-	if !isClosed(lease.Lost()) {
+	if !backend.IsClosed(lease.Lost()) {
 		t.Fatal("a grant already past its deadline has Lost open")
 	}
 }

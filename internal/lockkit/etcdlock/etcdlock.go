@@ -75,13 +75,15 @@ type Locker struct {
 	closed     <-chan struct{}
 	once       sync.Once
 	newSession chan struct{} // a one-slot semaphore: one session is made at a time
-	background sync.WaitGroup
+	// background runs deletions that Close waits for; once it is stopped,
+	// nothing new starts, as revoking the session deletes every key of ours.
+	// Close stops it under mu, where currentSession looks whether it is.
+	background backend.Group
 
 	mu      sync.Mutex
 	session *session
 	held    map[*held]struct{}
 	names   map[string]bool // our keys that may exist on the server
-	closing bool
 }
 
 type session struct {
@@ -154,7 +156,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 	// Escaped, so that no key's directory is a prefix of another's.
 	dir := l.prefix + url.PathEscape(key) + "/"
 	for {
-		if isClosed(l.closed) {
+		if backend.IsClosed(l.closed) {
 			return nil, lockkit.ErrClosed
 		}
 		s, err := l.currentSession(waitCtx)
@@ -356,7 +358,7 @@ func (l *Locker) remove(ctx context.Context, me string, rev int64) (deleted bool
 // keeps an orphan. A caller that queues again need not wait for it either:
 // it gets a new name, and a stale key ahead of it is deleted in time.
 func (l *Locker) abandon(me string, rev int64) {
-	l.goBackground(func() {
+	l.background.Go(func() {
 		ctx, cancel := context.WithTimeout(l.life, callTimeout)
 		defer cancel()
 		if _, err := l.remove(ctx, me, rev); err != nil {
@@ -368,7 +370,7 @@ func (l *Locker) abandon(me string, rev int64) {
 // bury retries the deletion until it is done or the Locker closes; a lost
 // session ends it too, as the key is then gone.
 func (l *Locker) bury(me string, rev int64) {
-	l.goBackground(func() {
+	l.background.Go(func() {
 		for {
 			select {
 			case <-l.closed:
@@ -385,17 +387,6 @@ func (l *Locker) bury(me string, rev int64) {
 	})
 }
 
-// goBackground runs fn in a goroutine that Close waits for; once closing,
-// it runs nothing, as revoking the session deletes every key of ours.
-func (l *Locker) goBackground(fn func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		return
-	}
-	l.background.Go(fn)
-}
-
 // currentSession returns the live session, opening one if there is none.
 func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	select {
@@ -407,7 +398,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	l.mu.Lock()
 	s := l.session
 	l.mu.Unlock()
-	if s != nil && !isClosed(s.lease.Lost()) {
+	if s != nil && !backend.IsClosed(s.lease.Lost()) {
 		return s, nil
 	}
 	sent := time.Now()
@@ -437,7 +428,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closing {
+	if backend.IsClosed(l.background.Done()) {
 		_ = s.lease.Release(ctx)
 		return nil, lockkit.ErrClosed
 	}
@@ -451,7 +442,7 @@ func (l *Locker) Close() error {
 	var err error
 	l.once.Do(func() {
 		l.mu.Lock()
-		l.closing = true
+		l.background.Stop()
 		for h := range l.held {
 			h.timer.Stop()
 		}
@@ -474,7 +465,7 @@ func (l *Locker) Close() error {
 // fail maps an error of a call made under waitCtx to lockkit's.
 func (l *Locker) fail(ctx, waitCtx context.Context, err error) error {
 	switch {
-	case isClosed(l.closed):
+	case backend.IsClosed(l.closed):
 		return lockkit.ErrClosed
 	case errors.Is(err, lockkit.ErrClosed):
 		return err
@@ -482,13 +473,4 @@ func (l *Locker) fail(ctx, waitCtx context.Context, err error) error {
 		return backend.WaitErr(ctx, waitCtx)
 	}
 	return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
-}
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

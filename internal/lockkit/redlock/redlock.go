@@ -26,7 +26,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/go-redsync/redsync/v4"
@@ -49,12 +48,9 @@ type Locker struct {
 	quorum   int
 	minDelay time.Duration
 	maxDelay time.Duration
-	closed   chan struct{}
-	once     sync.Once
-
-	mu       sync.Mutex
-	closing  bool
-	attempts sync.WaitGroup // attempts running in the background
+	// background runs the attempts whose callers did not wait for them;
+	// its Done is the Locker's shutdown signal.
+	background backend.Group
 }
 
 // Option configures a Locker.
@@ -87,7 +83,6 @@ func New(clients []redis.UniversalClient, opts ...Option) *Locker {
 		quorum:   len(clients)/2 + 1,
 		minDelay: 10 * time.Millisecond,
 		maxDelay: 50 * time.Millisecond,
-		closed:   make(chan struct{}),
 	}
 	for _, opt := range opts {
 		opt(l)
@@ -110,7 +105,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	// Not redsync's own retry loop: it answers ErrFailed when ctx ends and
 	// cancels its attempts' clean-up with it; the poller returns ctx.Err()
 	// and lets every attempt finish.
-	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
+	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.background.Done()}
 	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) {
 		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
 		if err != nil && waitCtx.Err() != nil {
@@ -165,7 +160,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 			ok, err := l.mutex(key, ttl, value).UnlockContext(ctx)
 			return l.ownerErr(ok, err)
 		},
-		Closed: l.closed,
+		Closed: l.background.Done(),
 	}), nil
 }
 
@@ -179,7 +174,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 func (l *Locker) lock(ctx context.Context, m *redsync.Mutex, ttl time.Duration) error {
 	result := make(chan error) // unbuffered: a send hands the outcome to a caller still waiting
 	abandoned := make(chan struct{})
-	started := l.goBackground(func() {
+	started := l.background.Go(func() {
 		detached := context.WithoutCancel(ctx)
 		err := m.TryLockContext(detached)
 		select {
@@ -202,18 +197,6 @@ func (l *Locker) lock(ctx context.Context, m *redsync.Mutex, ttl time.Duration) 
 		close(abandoned)
 		return ctx.Err()
 	}
-}
-
-// goBackground runs fn in a goroutine that Close waits for, unless the
-// Locker is closing.
-func (l *Locker) goBackground(fn func()) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		return false
-	}
-	l.attempts.Go(fn)
-	return true
 }
 
 // mutex builds a fresh redsync.Mutex per operation: a Mutex keeps its
@@ -292,12 +275,7 @@ func tally(err error) (down, notOurs int) {
 // each bounded by two operation timeouts. Leases still held expire by their TTL; the
 // clients stay open.
 func (l *Locker) Close() error {
-	l.once.Do(func() {
-		l.mu.Lock()
-		l.closing = true
-		l.mu.Unlock()
-		close(l.closed)
-		l.attempts.Wait()
-	})
+	l.background.Stop()
+	l.background.Wait()
 	return nil
 }
