@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/backend"
@@ -284,5 +287,83 @@ func TestClosedStopsTheWatchdog(t *testing.T) {
 	defer mu.Unlock()
 	if renewals != 0 {
 		t.Fatalf("%d renewals after the Locker closed", renewals)
+	}
+}
+
+// A lease with an explicit TTL is never renewed: it is trusted until its
+// deadline, Sent+TTL, and not a moment longer.
+func TestLeaseWithoutWatchdogIsLostAtItsDeadline(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	var renewals atomic.Int32
+	start := time.Now()
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Sent: start,
+		Extend:  func(context.Context, time.Duration) error { renewals.Add(1); return nil },
+		Release: func(context.Context) error { return nil }})
+	<-lease.Lost()
+	if lost := time.Since(start); lost < ttl || lost > ttl+200*time.Millisecond {
+		t.Fatalf("lost after %v, want at its %v deadline", lost, ttl)
+	}
+	if n := renewals.Load(); n != 0 {
+		t.Fatalf("%d renewals of a lease with an explicit TTL", n)
+	}
+	if err := lease.Extend(context.Background(), ttl); !errors.Is(err, lockkit.ErrLeaseLost) {
+		t.Fatalf("Extend after the deadline = %v, want ErrLeaseLost", err)
+	}
+}
+
+// An Extend the store accepted moves the deadline to its send time plus
+// the new TTL.
+func TestExtendMovesTheDeadline(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	start := time.Now()
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Sent: start,
+		Extend:  func(context.Context, time.Duration) error { return nil },
+		Release: func(context.Context) error { return nil }})
+	if err := lease.Extend(context.Background(), 3*ttl); err != nil {
+		t.Fatal(err)
+	}
+	<-lease.Lost()
+	if lost := time.Since(start); lost < 3*ttl {
+		t.Fatalf("lost after %v, before the extended %v", lost, 3*ttl)
+	}
+}
+
+// An Extend the store refused as not ours loses the lease at once.
+func TestExtendNotHeldLosesTheLease(t *testing.T) {
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute,
+		Extend:  func(context.Context, time.Duration) error { return lockkit.ErrNotHeld },
+		Release: func(context.Context) error { return nil }})
+	if err := lease.Extend(context.Background(), time.Minute); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Extend = %v, want ErrNotHeld", err)
+	}
+	if !backend.IsClosed(lease.Lost()) {
+		t.Fatal("Lost open after the store said the grant is not ours")
+	}
+}
+
+// Release passes the store's answer on, closes Lost, and leaves nothing
+// running: not the expiry, not the watchdog, not the Gone watcher.
+func TestReleaseEndsEverythingTheLeaseRan(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const ttl = 60 * time.Millisecond
+	var renewals, releases atomic.Int32
+	lease := backend.NewLease(backend.Grant{Key: "k", Fence: 7, TTL: ttl, Watchdog: true, Gone: make(chan struct{}),
+		Extend:  func(context.Context, time.Duration) error { renewals.Add(1); return nil },
+		Release: func(context.Context) error { releases.Add(1); return lockkit.ErrNotHeld }})
+	if lease.Key() != "k" || lease.Fence() != 7 {
+		t.Fatalf("lease of %q fence %d, want the grant's", lease.Key(), lease.Fence())
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Release = %v, want the store's ErrNotHeld", err)
+	}
+	if !backend.IsClosed(lease.Lost()) {
+		t.Fatal("Lost open after Release")
+	}
+	time.Sleep(2 * ttl)
+	if n := renewals.Load(); n != 0 {
+		t.Fatalf("%d renewals after Release", n)
+	}
+	if n := releases.Load(); n != 1 {
+		t.Fatalf("the store got %d releases, want 1", n)
 	}
 }

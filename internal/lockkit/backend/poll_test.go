@@ -82,3 +82,27 @@ func TestPollerEndsWithItsWait(t *testing.T) {
 		t.Fatalf("closed Locker: %v, want ErrClosed", err)
 	}
 }
+
+// Every retry waits between MinDelay and MaxDelay: the jitter spreads the
+// waiters, and never turns the poll into a busy loop.
+func TestPollerWaitsBetweenTries(t *testing.T) {
+	p := backend.Poller{MinDelay: 20 * time.Millisecond, MaxDelay: 30 * time.Millisecond, Outage: 3}
+	var at []time.Time
+	try := func() (lockkit.Lease, error) {
+		at = append(at, time.Now())
+		if len(at) < 4 {
+			return nil, lockkit.ErrNotAcquired
+		}
+		return granted(), nil
+	}
+	lease, err := p.Acquire(context.Background(), lockkit.Options{}, try)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < p.MinDelay {
+			t.Fatalf("try %d came %v after the one before, under MinDelay %v", i+1, gap, p.MinDelay)
+		}
+	}
+}
