@@ -24,7 +24,9 @@ type Options struct {
 
 // WithTTL sets an explicit lease length and turns the watchdog off: the lease
 // ends after ttl unless the holder calls Extend.
-func WithTTL(ttl time.Duration) Option { return func(o *Options) { o.TTL = ttl } }
+func WithTTL(ttl time.Duration) Option {
+	return func(o *Options) { o.TTL, o.AutoRenew = ttl, false }
+}
 
 // WithAutoRenew sets the lease length and keeps the watchdog on: the lease
 // is renewed every ttl/3 while its holder lives. A short ttl notices a

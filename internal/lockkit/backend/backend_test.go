@@ -21,6 +21,9 @@ func TestResolve(t *testing.T) {
 		{"WithTTL", []lockkit.Option{lockkit.WithTTL(time.Second)}, time.Second, false},
 		{"WithAutoRenew", []lockkit.Option{lockkit.WithAutoRenew(time.Second)}, time.Second, true},
 		{"WithTTL-zero", []lockkit.Option{lockkit.WithTTL(0)}, lockkit.DefaultLeaseTTL, true},
+		// The last option wins, as its doc says: WithTTL turns the watchdog off.
+		{"WithAutoRenew-then-WithTTL", []lockkit.Option{lockkit.WithAutoRenew(time.Minute), lockkit.WithTTL(time.Second)}, time.Second, false},
+		{"WithTTL-then-WithAutoRenew", []lockkit.Option{lockkit.WithTTL(time.Second), lockkit.WithAutoRenew(time.Minute)}, time.Minute, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, watchdog := backend.Resolve(tc.opts)
