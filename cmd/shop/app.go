@@ -85,14 +85,13 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 
-	var rdb redis.UniversalClient
-	if needsRedis(cfg) {
-		rdb, err = openRedis(cfg, a, log)
-		if err != nil {
-			return nil, err
-		}
-		a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
+	// Redis is always opened: likes and idempotency tokens live there
+	// whatever the lock backend.
+	rdb, err := openRedis(cfg, a, log)
+	if err != nil {
+		return nil, err
 	}
+	a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
 
 	backend, err := openLocker(ctx, cfg, deps{redis: rdb, db: db})
 	if err != nil {
