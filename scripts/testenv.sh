@@ -94,6 +94,24 @@ DEF_ZK_ADDRS=$H:$ZK_PORT
 DEF_ETCD_ENDPOINTS=$H:$ETCD_PORT
 DEF_MEMCACHED_ADDR=$H:$MEMCACHED_PORT
 DEF_SENTINEL_ADDRS=$(list3 "$SENTINEL_PORT")
+REDIS_PKGS=redis-server:/usr/bin/redis-server,redis-tools:redis-cli,redis-sentinel:/usr/bin/redis-sentinel
+
+# The servers `up` starts, in order, one line each: the SHOP_TEST_* variable
+# the tests read, the variable holding its default, the packages it needs
+# (PACKAGE:PROBE, comma-separated) and the function that starts it or
+# reuses one already answering. The server of a new lock backend is one
+# more line here (its registry entry in internal/lockkit/registry names the
+# variable; docs/backends.md). Sentinel is opt-in (--with-sentinel) and
+# kept apart.
+SERVERS=(
+	"SHOP_TEST_MYSQL_DSN DEF_MYSQL_DSN mariadb-server:/usr/sbin/mariadbd,mariadb-client:mariadb up_mariadb"
+	"SHOP_TEST_REDIS_ADDR DEF_REDIS_ADDR $REDIS_PKGS up_redis"
+	"SHOP_TEST_REDIS_CLUSTER_ADDRS DEF_CLUSTER_ADDRS $REDIS_PKGS ensure_cluster"
+	"SHOP_TEST_REDLOCK_ADDRS DEF_REDLOCK_ADDRS $REDIS_PKGS up_redlock"
+	"SHOP_TEST_ZK_ADDRS DEF_ZK_ADDRS zookeeper:/usr/share/java/zookeeper.jar,zookeeper:/usr/share/zookeeper/bin/zkServer.sh ensure_zookeeper"
+	"SHOP_TEST_ETCD_ENDPOINTS DEF_ETCD_ENDPOINTS etcd-server:etcd,etcd-client:etcdctl ensure_etcd"
+	"SHOP_TEST_MEMCACHED_ADDR DEF_MEMCACHED_ADDR memcached:memcached ensure_memcached"
+)
 DEF_SENTINEL_MASTER_ADDR=$H:$SENT_REDIS_PORT
 DEF_SENTINEL_REPLICA_ADDR=$H:$((SENT_REDIS_PORT + 1))
 
@@ -323,6 +341,27 @@ ensure_sentinel() { # ensure_sentinel PORT MASTERPORT
 	record "$name" "$H:$p" "$d/redis.pid" "$d" ":$p"
 }
 
+up_mariadb() {
+	ensure_mariadb
+	raise_mysql_connections
+}
+
+up_redis() {
+	if redis_ok 6379; then
+		note_reused redis-6379 "$H:6379"
+	else
+		port_busy 6379 && die "$H:6379 is in use but does not answer Redis PING; stop it or set SHOP_TEST_REDIS_ADDR"
+		ensure_redis redis-6379 6379 0
+	fi
+}
+
+up_redlock() {
+	local p
+	for p in "$REDLOCK_PORT" $((REDLOCK_PORT + 1)) $((REDLOCK_PORT + 2)); do
+		ensure_redis "redlock-$p" "$p" 0
+	done
+}
+
 # Three shop processes, each with its pool and a mysql-forupdate pool of
 # held connections, plus parallel test packages, pass the default 151
 # connections; the setting lasts until the server restarts.
@@ -546,61 +585,36 @@ cmd_up() {
 	touch "$STARTED"
 	[[ -z $RUNFILE ]] || : >"$RUNFILE"
 
-	local use_mysql=1 use_redis=1 use_cluster=1 use_redlock=1 use_zk=1 use_etcd=1 use_mc=1 use_sent=$with_sentinel
-	user_set SHOP_TEST_MYSQL_DSN "$DEF_MYSQL_DSN" && use_mysql=0
-	user_set SHOP_TEST_REDIS_ADDR "$DEF_REDIS_ADDR" && use_redis=0
-	user_set SHOP_TEST_REDIS_CLUSTER_ADDRS "$DEF_CLUSTER_ADDRS" && use_cluster=0
-	user_set SHOP_TEST_REDLOCK_ADDRS "$DEF_REDLOCK_ADDRS" && use_redlock=0
-	user_set SHOP_TEST_ZK_ADDRS "$DEF_ZK_ADDRS" && use_zk=0
-	user_set SHOP_TEST_ETCD_ENDPOINTS "$DEF_ETCD_ENDPOINTS" && use_etcd=0
-	user_set SHOP_TEST_MEMCACHED_ADDR "$DEF_MEMCACHED_ADDR" && use_mc=0
+	local use_sent=$with_sentinel line var def pkgs start spec
+	local -a run=()
 	user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS" && use_sent=0
 
 	# promtool (Debian's prometheus package) tests deploy/prometheus's
 	# alert rules; a tool, not a server: nothing to start.
 	local -a pk=(iproute2:ss netcat-openbsd:nc prometheus:promtool)
-	if ((use_redis || use_cluster || use_redlock || use_sent)); then
-		pk+=(redis-server:/usr/bin/redis-server redis-tools:redis-cli redis-sentinel:/usr/bin/redis-sentinel)
+	for line in "${SERVERS[@]}"; do
+		read -r var def pkgs start <<<"$line"
+		user_set "$var" "${!def}" && continue
+		IFS=, read -ra spec <<<"$pkgs"
+		pk+=("${spec[@]}")
+		run+=("$start")
+	done
+	if ((use_sent)); then
+		IFS=, read -ra spec <<<"$REDIS_PKGS"
+		pk+=("${spec[@]}")
 	fi
-	((use_mysql)) && pk+=(mariadb-server:/usr/sbin/mariadbd mariadb-client:mariadb)
-	((use_zk)) && pk+=(zookeeper:/usr/share/java/zookeeper.jar zookeeper:/usr/share/zookeeper/bin/zkServer.sh)
-	((use_etcd)) && pk+=(etcd-server:etcd etcd-client:etcdctl)
-	((use_mc)) && pk+=(memcached:memcached)
 	ensure_packages "${pk[@]}"
 
-	if ((use_mysql)); then
-		ensure_mariadb
-		raise_mysql_connections
-	fi
-	if ((use_redis)); then
-		if redis_ok 6379; then
-			note_reused redis-6379 "$H:6379"
-		else
-			port_busy 6379 && die "$H:6379 is in use but does not answer Redis PING; stop it or set SHOP_TEST_REDIS_ADDR"
-			ensure_redis redis-6379 6379 0
-		fi
-	fi
-	((use_cluster)) && ensure_cluster
-	if ((use_redlock)); then
-		local p
-		for p in "$REDLOCK_PORT" $((REDLOCK_PORT + 1)) $((REDLOCK_PORT + 2)); do
-			ensure_redis "redlock-$p" "$p" 0
-		done
-	fi
-	((use_zk)) && ensure_zookeeper
-	((use_etcd)) && ensure_etcd
-	((use_mc)) && ensure_memcached
+	for start in "${run[@]}"; do
+		"$start"
+	done
 	((use_sent)) && ensure_sentinel_group
 
 	local q="'"
 	{
-		local v d
-		for v in REDIS_ADDR:DEF_REDIS_ADDR REDIS_CLUSTER_ADDRS:DEF_CLUSTER_ADDRS \
-			REDLOCK_ADDRS:DEF_REDLOCK_ADDRS MYSQL_DSN:DEF_MYSQL_DSN ZK_ADDRS:DEF_ZK_ADDRS \
-			ETCD_ENDPOINTS:DEF_ETCD_ENDPOINTS MEMCACHED_ADDR:DEF_MEMCACHED_ADDR; do
-			d=${v#*:}
-			v=SHOP_TEST_${v%%:*}
-			printf 'export %s=%s%s%s\n' "$v" "$q" "${!v:-${!d}}" "$q"
+		for line in "${SERVERS[@]}"; do
+			read -r var def _ <<<"$line"
+			printf 'export %s=%s%s%s\n' "$var" "$q" "${!var:-${!def}}" "$q"
 		done
 		printf "export SHOP_TEST_PROMTOOL='%s'\n" "${SHOP_TEST_PROMTOOL:-$(command -v promtool)}"
 		if ((with_sentinel)) || user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS"; then

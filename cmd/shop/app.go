@@ -124,8 +124,7 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	return a, nil
 }
 
-// openStores opens the database, migrated, and Redis when anything needs
-// it (nil otherwise).
+// openStores opens the database, migrated, and Redis.
 func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logger) (*storage.DB, redis.UniversalClient, error) {
 	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns,
 		SlowQuery: cfg.SlowQuery, Log: log})
@@ -138,14 +137,13 @@ func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logge
 		return nil, nil, fmt.Errorf("migrate: %w", err)
 	}
 
-	var rdb redis.UniversalClient
-	if needsRedis(cfg) {
-		rdb, err = openRedis(cfg, a, log)
-		if err != nil {
-			return nil, nil, err
-		}
-		a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
+	// Redis is always opened: likes and idempotency tokens live there
+	// whatever the lock backend.
+	rdb, err := openRedis(cfg, a, log)
+	if err != nil {
+		return nil, nil, err
 	}
+	a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
 	return db, rdb, nil
 }
 

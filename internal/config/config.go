@@ -17,10 +17,13 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/lockbench/shop/internal/lockkit/registry"
 )
 
-// Backends are the lock backend names SHOP_LOCK_BACKEND accepts.
-var Backends = []string{"none", "local", "redis", "redlock", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached"}
+// Backends are the lock backend names SHOP_LOCK_BACKEND accepts: those of
+// the backend registry.
+var Backends = registry.Names()
 
 // Stock strategies SHOP_STOCK_STRATEGY accepts.
 const (
@@ -43,7 +46,7 @@ const (
 )
 
 // Like strategies SHOP_LIKE_STRATEGY accepts; they are the names
-// like.Options.Strategy takes (config stays a leaf package, so a test checks
+// like.Options.Strategy takes (config imports no domain package, so a test checks
 // that the two agree).
 const (
 	// LikeLock writes an entity's set and its owner's counter under
@@ -105,8 +108,9 @@ type Config struct {
 	// when set, RedisAddrs are Sentinel addresses.
 	RedisSentinelMaster string
 	// KeyPrefix is SHOP_KEY_PREFIX (default empty): prepended to every key
-	// shop writes to shared stores (lock keys, the Redis stock mirror), so
-	// that several shops or test runs can share one server.
+	// shop writes to shared stores (lock keys of every backend, the Redis
+	// stock mirror), so that several shops or test runs can share one
+	// server.
 	KeyPrefix string
 	// RedlockAddrs is SHOP_REDLOCK_ADDRS: the independent Redis masters of
 	// the redlock backend, comma-separated.
@@ -407,23 +411,40 @@ func (p *parser) secrets(c *Config) {
 	}
 }
 
-// backendNeeds checks that the chosen backend has the addresses it needs,
-// so that a typo fails at start rather than at the first request.
+// backendNeeds checks that the chosen backend has the setting its registry
+// entry needs, so that a typo fails at start rather than at the first
+// request.
 func (p *parser) backendNeeds(c Config) {
-	need := map[string]struct {
-		name string
-		set  bool
-	}{
-		"redlock":         {"SHOP_REDLOCK_ADDRS", len(c.RedlockAddrs) > 0},
-		"mysql":           {"SHOP_MYSQL_DSN", c.MySQLDSN != ""},
-		"mysql-forupdate": {"SHOP_MYSQL_DSN", c.MySQLDSN != ""},
-		"zookeeper":       {"SHOP_ZK_ADDRS", len(c.ZKAddrs) > 0},
-		"etcd":            {"SHOP_ETCD_ENDPOINTS", len(c.EtcdEndpoints) > 0},
-		"memcached":       {"SHOP_MEMCACHED_ADDRS", len(c.MemcachedAddrs) > 0},
+	b, ok := registry.Lookup(c.LockBackend)
+	if !ok || b.Needs == "" {
+		return
 	}
-	if n, ok := need[c.LockBackend]; ok && !n.set {
-		p.fail("SHOP_LOCK_BACKEND", "%s needs %s", c.LockBackend, n.name)
+	set, known := c.isSet(b.Needs)
+	if !known {
+		p.fail("SHOP_LOCK_BACKEND", "%s needs %s, which config does not read", c.LockBackend, b.Needs)
+	} else if !set {
+		p.fail("SHOP_LOCK_BACKEND", "%s needs %s", c.LockBackend, b.Needs)
 	}
+}
+
+// isSet reports whether the server setting named by its variable is set;
+// known is false for a variable that is not one of them.
+func (c Config) isSet(variable string) (set, known bool) {
+	switch variable {
+	case "SHOP_REDIS_ADDRS":
+		return len(c.RedisAddrs) > 0, true
+	case "SHOP_REDLOCK_ADDRS":
+		return len(c.RedlockAddrs) > 0, true
+	case "SHOP_MYSQL_DSN":
+		return c.MySQLDSN != "", true
+	case "SHOP_ZK_ADDRS":
+		return len(c.ZKAddrs) > 0, true
+	case "SHOP_ETCD_ENDPOINTS":
+		return len(c.EtcdEndpoints) > 0, true
+	case "SHOP_MEMCACHED_ADDRS":
+		return len(c.MemcachedAddrs) > 0, true
+	}
+	return false, false
 }
 
 type parser struct {

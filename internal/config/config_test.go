@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
+	"github.com/lockbench/shop/internal/lockkit/registry"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -97,6 +98,28 @@ func TestBackendNeedsItsServers(t *testing.T) {
 	for _, b := range []string{"redlock", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached"} {
 		if _, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_LOCK_BACKEND": b})); err == nil {
 			t.Errorf("%s without servers: accepted", b)
+		}
+	}
+}
+
+// Every registered backend is accepted with the setting it needs and
+// refused, naming that setting, without it.
+func TestEveryRegisteredBackendLoads(t *testing.T) {
+	for _, b := range registry.Backends() {
+		vars := map[string]string{"SHOP_ENV": "dev", "SHOP_LOCK_BACKEND": b.Name}
+		if b.Needs != "" {
+			_, err := Load(env(vars))
+			if err == nil || !strings.Contains(err.Error(), b.Needs) {
+				t.Errorf("%s without %s: %v", b.Name, b.Needs, err)
+			}
+			// Every server setting is a list of addresses but the DSN.
+			vars[b.Needs] = "127.0.0.1:1,127.0.0.1:2"
+			if b.Needs == "SHOP_MYSQL_DSN" {
+				vars[b.Needs] = "root:@tcp(127.0.0.1:3306)/shop"
+			}
+		}
+		if c, err := Load(env(vars)); err != nil || c.LockBackend != b.Name {
+			t.Errorf("%s with what it needs: %+v, %v", b.Name, c.LockBackend, err)
 		}
 	}
 }

@@ -115,7 +115,7 @@ func (r *rig) waited(in *shoptest.Instance) time.Duration {
 // (holder killed) against every backend that excludes across processes,
 // each backend with its own two shop processes.
 func TestHolderFaults(t *testing.T) {
-	for _, backend := range crossProcess {
+	for _, backend := range crossProcess() {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			env := lockEnv(t, backend)
@@ -181,7 +181,7 @@ func pauseFault(r *rig, backend string, a, b *shoptest.Instance) {
 	if (lost == 0) != lin {
 		t.Errorf("the audit (drift %d) and the history check (%s) disagree:\n%s", lost, verdict, r.hist.describe(id))
 	}
-	if fenceBackends[backend] {
+	if fences(backend) {
 		// The fence, or the holder's own lease deadline checked before the
 		// write, refuses every late write.
 		if lost != 0 || oversold != 0 || !lin {
@@ -243,7 +243,7 @@ func crashFault(r *rig, backend string, a, b *shoptest.Instance) {
 	}
 	// Generous: a loaded 2-core machine delays everything; this bounds
 	// correctness (the lock comes back by itself), not speed.
-	if limit := holderTTL + sessionSlack[backend] + 10*time.Second; usable > limit {
+	if limit := holderTTL + sessionSlack(backend) + 10*time.Second; usable > limit {
 		t.Errorf("lock usable again %v after the crash; want within %v", usable, limit)
 	}
 	if lost != 0 || oversold != 0 || !lin {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/lockbench/shop/internal/lockkit/registry"
 	"github.com/lockbench/shop/internal/shoptest"
 )
 
@@ -44,22 +46,30 @@ func needFull(t *testing.T) {
 	}
 }
 
-// fenceBackends are the backends whose grants carry a fencing token, so
-// the stores refuse a stale holder's write; redlock and memcached cannot
-// fence (docs/backends-redlock-memcached-unsafe.md says why).
-var fenceBackends = map[string]bool{
-	"redis": true, "mysql": true, "mysql-forupdate": true, "zookeeper": true, "etcd": true,
+// crossProcess are the registered backends that exclude between
+// processes: every fault here needs at least two shop processes.
+func crossProcess() []string {
+	var names []string
+	for _, b := range registry.CrossProcess() {
+		names = append(names, b.Name)
+	}
+	return names
 }
 
-// crossProcess are the backends that exclude between processes: every
-// fault here needs at least two shop processes.
-var crossProcess = []string{"redis", "redlock", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached"}
+// fences reports whether backend's grants carry a fencing token, so that
+// the stores refuse a stale holder's write (redlock and memcached cannot:
+// docs/backends-redlock-memcached-unsafe.md).
+func fences(backend string) bool {
+	b, _ := registry.Lookup(backend)
+	return b.Capabilities.Fencing
+}
 
-// sessionSlack is how long a dead holder's grant may outlive its TTL:
-// the session timeout of the session-based backends (cmd/shop/lockers.go
-// uses 6 s for both), plus memcached's whole-second clock.
-var sessionSlack = map[string]time.Duration{
-	"zookeeper": 6 * time.Second, "etcd": 6 * time.Second, "memcached": 2 * time.Second,
+// sessionSlack is how long a dead holder's grant of backend may outlive
+// its TTL: the session timeout of the session-based backends, memcached's
+// whole-second clock.
+func sessionSlack(backend string) time.Duration {
+	b, _ := registry.Lookup(backend)
+	return b.Slack
 }
 
 // row is one line of the table.
@@ -139,21 +149,17 @@ func orDash(s string) string {
 }
 
 // lockEnv is the part of a shop process's environment that points backend
-// at the shared test servers.
+// at the shared test servers. The mysql backends need nothing more: newRig
+// gives every rig a private database.
 func lockEnv(t *testing.T, backend string) map[string]string {
 	t.Helper()
 	env := map[string]string{"SHOP_LOCK_BACKEND": backend}
-	switch backend {
-	case "redis":
-		env["SHOP_REDIS_ADDRS"] = shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")
-	case "redlock":
-		env["SHOP_REDLOCK_ADDRS"] = shoptest.Env(t, "SHOP_TEST_REDLOCK_ADDRS")
-	case "zookeeper":
-		env["SHOP_ZK_ADDRS"] = shoptest.Env(t, "SHOP_TEST_ZK_ADDRS")
-	case "etcd":
-		env["SHOP_ETCD_ENDPOINTS"] = shoptest.Env(t, "SHOP_TEST_ETCD_ENDPOINTS")
-	case "memcached":
-		env["SHOP_MEMCACHED_ADDRS"] = shoptest.Env(t, "SHOP_TEST_MEMCACHED_ADDR")
+	b, ok := registry.Lookup(backend)
+	if !ok {
+		t.Fatalf("backend %q is not registered", backend)
+	}
+	if srv := b.Server; srv.Setting != "" && srv.Kind != registry.MariaDB {
+		env[srv.Setting] = shoptest.Env(t, srv.TestEnv)
 	}
 	return env
 }
@@ -282,4 +288,26 @@ lines:
 		}
 	}
 	return sum, nil
+}
+
+// The suite's backend lists come from the registry; this pins down that a
+// registered backend is never left out of them without a stated reason.
+func TestSuiteCoversEveryBackend(t *testing.T) {
+	restarted := map[string]bool{}
+	for _, b := range restartBackends() {
+		restarted[b.Name] = true
+	}
+	for _, b := range registry.Backends() {
+		held := slices.Contains(crossProcess(), b.Name)
+		if held != b.Capabilities.CrossProcess {
+			t.Errorf("backend %s: in the holder faults = %v, want %v", b.Name, held, b.Capabilities.CrossProcess)
+		}
+		// Redlock's three masters are not one server to restart.
+		if want := held && b.Server.Kind != registry.Redlock; restarted[b.Name] != want {
+			t.Errorf("backend %s: in the restart fault = %v, want %v", b.Name, restarted[b.Name], want)
+		}
+		if held && b.Server.Setting == "" {
+			t.Errorf("backend %s excludes across processes but names no server setting to point shop at", b.Name)
+		}
+	}
 }

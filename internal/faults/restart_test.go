@@ -11,29 +11,37 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/lockkit/registry"
 	"github.com/lockbench/shop/internal/problem"
 	"github.com/lockbench/shop/internal/shoptest"
 )
 
-// restartKinds maps each backend to the private server fault 3 restarts.
-// The mysql backends keep their locks in the shop's own database, so their
-// shop processes use the private MariaDB for everything.
-var restartKinds = map[string]string{
-	"redis": "redis", "zookeeper": "zookeeper", "etcd": "etcd", "memcached": "memcached",
-	"mysql": "mariadb", "mysql-forupdate": "mariadb",
+// restartBackends are the backends fault 3 restarts the server of: every
+// one that excludes across processes, but redlock, whose three masters are
+// not one server to restart. The mysql backends keep their locks in the
+// shop's own database, so their shop processes use the private MariaDB for
+// everything.
+func restartBackends() []registry.Backend {
+	var out []registry.Backend
+	for _, b := range registry.CrossProcess() {
+		if b.Server.Kind != registry.Redlock {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // TestLockServerRestart is fault 3: under a steady load of deposits from two
 // shop processes, the lock server is stopped, left down for a while and
 // started again. The short form restarts Redis; SHOP_FAULTS=full every kind.
 func TestLockServerRestart(t *testing.T) {
-	for _, backend := range []string{"redis", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached"} {
-		t.Run(backend, func(t *testing.T) {
-			if backend != "redis" {
+	for _, b := range restartBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			if b.Name != "redis" {
 				needFull(t)
 			}
 			t.Parallel()
-			restartFault(t, backend, restartKinds[backend])
+			restartFault(t, b.Name, b.Server.Kind)
 		})
 	}
 	// Redis without persistence forgets the fence counters and the grants:
@@ -60,16 +68,11 @@ func restartFault(t *testing.T, backend, kind string) {
 		"SHOP_LOCK_TTL":               holderTTL.String(),
 		"SHOP_CRITICAL_SECTION_DELAY": "20ms",
 	}
+	reg, _ := registry.Lookup(backend)
 	switch kind {
-	case "redis", "redis-volatile":
-		env["SHOP_REDIS_ADDRS"] = srv.addr
-	case "zookeeper":
-		env["SHOP_ZK_ADDRS"] = srv.addr
-	case "etcd":
-		env["SHOP_ETCD_ENDPOINTS"] = srv.addr
-	case "memcached":
-		env["SHOP_MEMCACHED_ADDRS"] = srv.addr
-	case "mariadb":
+	default:
+		env[reg.Server.Setting] = srv.addr
+	case registry.MariaDB:
 		root, err := sqlOpen(srv.dsn(""))
 		if err != nil {
 			t.Fatal(err)
@@ -236,7 +239,7 @@ func restartFault(t *testing.T, backend, kind string) {
 			}
 		}
 	}
-	if fenceBackends[backend] && (lost != 0 || !lin) {
+	if fences(backend) && (lost != 0 || !lin) {
 		t.Errorf("restart lost updates: drift %d, linearizable %s\n%s", lost, verdict, r.hist.describe(id))
 	}
 	if (lost == 0) != lin {

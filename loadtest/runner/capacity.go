@@ -24,8 +24,8 @@ import (
 // capacityRows are what -capacity all measures: every backend that holds
 // across processes, the lock-free strategies, and three lock rows again
 // with the buyers of the hot SKU combined under one grant.
-var capacityRows = []string{"redis", "redlock", "mysql", "mysql-forupdate", "zookeeper", "etcd", "memcached",
-	"atomic-sql", "atomic-redis", "optimistic", "redis+combined", "mysql-forupdate+combined", "zookeeper+combined"}
+var capacityRows = append(append(crossProcessNames(), referenceRows...),
+	"redis+combined", "mysql-forupdate+combined", "zookeeper+combined")
 
 // capacityOptions are the knobs of the search for the highest rate held.
 type capacityOptions struct {

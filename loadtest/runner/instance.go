@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,40 +27,42 @@ import (
 // testEnv are the servers scripts/testenv.sh starts, from the SHOP_TEST_*
 // variables of /tmp/shop-testenv/env.
 type testEnv struct {
-	mysqlDSN  string
-	cluster   string
-	redlock   string
-	zk        string
-	etcd      string
-	memcached string
+	mysqlDSN string
+	cluster  string
+	// lockServers are the SHOP_* settings of every registered backend's
+	// server that is not one of shop's own stores, each set to its
+	// SHOP_TEST_* address: every instance gets them all, so that any row
+	// can run.
+	lockServers []string
 }
 
 func loadTestEnv(getenv func(string) string) (testEnv, error) {
 	e := testEnv{
-		mysqlDSN:  getenv("SHOP_TEST_MYSQL_DSN"),
-		cluster:   getenv("SHOP_TEST_REDIS_CLUSTER_ADDRS"),
-		redlock:   getenv("SHOP_TEST_REDLOCK_ADDRS"),
-		zk:        getenv("SHOP_TEST_ZK_ADDRS"),
-		etcd:      getenv("SHOP_TEST_ETCD_ENDPOINTS"),
-		memcached: getenv("SHOP_TEST_MEMCACHED_ADDR"),
+		mysqlDSN: getenv("SHOP_TEST_MYSQL_DSN"),
+		cluster:  getenv("SHOP_TEST_REDIS_CLUSTER_ADDRS"),
+	}
+	vars := map[string]string{"SHOP_TEST_MYSQL_DSN": e.mysqlDSN, "SHOP_TEST_REDIS_CLUSTER_ADDRS": e.cluster}
+	addrs := []string{e.cluster}
+	for _, srv := range lockServers() {
+		v := getenv(srv.TestEnv)
+		vars[srv.TestEnv] = v
+		addrs = append(addrs, v)
+		e.lockServers = append(e.lockServers, srv.Setting+"="+v)
 	}
 	var missing []string
-	for name, v := range map[string]string{
-		"SHOP_TEST_MYSQL_DSN": e.mysqlDSN, "SHOP_TEST_REDIS_CLUSTER_ADDRS": e.cluster,
-		"SHOP_TEST_REDLOCK_ADDRS": e.redlock, "SHOP_TEST_ZK_ADDRS": e.zk,
-		"SHOP_TEST_ETCD_ENDPOINTS": e.etcd, "SHOP_TEST_MEMCACHED_ADDR": e.memcached,
-	} {
+	for name, v := range vars {
 		if v == "" {
 			missing = append(missing, name)
 		}
 	}
 	if len(missing) > 0 {
+		slices.Sort(missing)
 		return e, fmt.Errorf("%s unset: run `scripts/testenv.sh up && source /tmp/shop-testenv/env` first (make loadtest does)",
 			strings.Join(missing, ", "))
 	}
 	// Every address must be on loopback: the load test never leaves the
 	// machine it runs on.
-	for _, list := range []string{e.cluster, e.redlock, e.zk, e.etcd, e.memcached} {
+	for _, list := range addrs {
 		for _, a := range strings.Split(list, ",") {
 			if err := loopback(a); err != nil {
 				return e, err
@@ -213,6 +216,7 @@ func shopEnv(o options, e testEnv, s spec, sec secrets, dsn, prefix, addr string
 			env = append(env, kv)
 		}
 	}
+	env = append(env, e.lockServers...)
 	return append(env,
 		"SHOP_ENV=production",
 		// The run starts from a reset; the instances stop at once between rows.
@@ -232,10 +236,6 @@ func shopEnv(o options, e testEnv, s spec, sec secrets, dsn, prefix, addr string
 		// the other tests running against the same server.
 		"SHOP_DB_MAX_CONNS=8",
 		"SHOP_REDIS_ADDRS="+e.cluster,
-		"SHOP_REDLOCK_ADDRS="+e.redlock,
-		"SHOP_ZK_ADDRS="+e.zk,
-		"SHOP_ETCD_ENDPOINTS="+e.etcd,
-		"SHOP_MEMCACHED_ADDRS="+e.memcached,
 		"SHOP_KEY_PREFIX="+prefix,
 		"SHOP_JWT_SECRET="+sec.jwt,
 		"SHOP_ADMIN_TOKEN="+sec.admin,

@@ -27,12 +27,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/lockbench/shop/internal/lockkit/registry"
 )
 
-// allRows is what -backends all runs: every backend of config.Backends,
-// then the two lock-free stock strategies as reference rows.
-var allRows = []string{"none", "local", "redis", "redlock", "mysql", "mysql-forupdate",
-	"zookeeper", "etcd", "memcached", "atomic-sql", "atomic-redis", "optimistic"}
+// allRows is what -backends all runs: every registered backend, then the
+// lock-free strategies as reference rows.
+var allRows = append(registry.Names(), referenceRows...)
 
 // options are the knobs of one run; every row of a report shares them.
 type options struct {

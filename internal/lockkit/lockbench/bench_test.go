@@ -28,7 +28,10 @@ var contention = Contention{
 // subject is one lock implementation under test. newAcquirer opens a
 // client (as one process would) and returns how to acquire with it.
 type subject struct {
-	name        string
+	name string
+	// backend is the registered backend (internal/lockkit/registry) the
+	// subject measures; empty for the peers it is compared with.
+	backend     string
 	newAcquirer func(b *testing.B) Acquirer
 	// perGoroutine gives every goroutine its own client, as if each were a
 	// process of its own; otherwise all goroutines share one.
@@ -80,10 +83,10 @@ func redisGroup() group {
 			return func(ctx context.Context) error { return c.Ping(ctx).Err() }
 		},
 		subjects: []subject{
-			{name: "shop-redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second))},
-			{name: "shop-redis-per-client", newAcquirer: ours(lockkit.WithTTL(10 * time.Second)), perGoroutine: true, contendedOnly: true},
-			{name: "shop-redis-fair", newAcquirer: ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair())},
-			{name: "shop-redis-fair-per-client", newAcquirer: ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair()), perGoroutine: true, contendedOnly: true},
+			{name: "shop-redis", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second))},
+			{name: "shop-redis-per-client", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second)), perGoroutine: true, contendedOnly: true},
+			{name: "shop-redis-fair", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair())},
+			{name: "shop-redis-fair-per-client", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair()), perGoroutine: true, contendedOnly: true},
 			{name: "redsync", newAcquirer: func(b *testing.B) Acquirer {
 				rs := redsync.New(goredis.NewPool(newClient(b)))
 				return func(ctx context.Context, key string) (func() error, error) {

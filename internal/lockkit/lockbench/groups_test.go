@@ -63,7 +63,7 @@ func redlockGroup() group {
 			return func(ctx context.Context) error { return c.Ping(ctx).Err() }
 		},
 		subjects: []subject{
-			{name: "shop-redlock", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-redlock", backend: "redlock", newAcquirer: func(b *testing.B) Acquirer {
 				return lockkitAcquirer(closeWith(b, redlock.New(clients(b)), nil), long)
 			}},
 			{name: "redsync", newAcquirer: func(b *testing.B) Acquirer {
@@ -102,7 +102,7 @@ func zookeeperGroup() group {
 			return func(context.Context) error { _, _, err := c.Exists("/"); return err }
 		},
 		subjects: []subject{
-			{name: "shop-zookeeper", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-zookeeper", backend: "zookeeper", newAcquirer: func(b *testing.B) Acquirer {
 				l, err := zklock.New(addrs, 10*time.Second, zklock.WithRoot("/bench/shop"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
 			}},
@@ -138,7 +138,7 @@ func etcdGroup() group {
 			return func(ctx context.Context) error { _, err := c.Get(ctx, "/bench/ping"); return err }
 		},
 		subjects: []subject{
-			{name: "shop-etcd", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-etcd", backend: "etcd", newAcquirer: func(b *testing.B) Acquirer {
 				l, err := etcdlock.FromClient(client(b), etcdlock.WithPrefix("/bench/shop/"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
 			}},
@@ -192,12 +192,12 @@ func mysqlGroup() group {
 			return func(ctx context.Context) error { return db.WithContext(ctx).Exec("SELECT 1").Error }
 		},
 		subjects: []subject{
-			{name: "shop-mysql-lease-row", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-mysql-lease-row", backend: "mysql", newAcquirer: func(b *testing.B) Acquirer {
 				l, err := mysqllock.New(open(b), mysqllock.WithTable("bench_locks"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
 			}},
-			{name: "shop-mysql-forupdate", newAcquirer: func(b *testing.B) Acquirer {
-				l, err := mysqllock.NewForUpdate(open(b), mysqllock.WithTable("bench_row_locks"), mysqllock.WithMaxConns(40))
+			{name: "shop-mysql-forupdate", backend: "mysql-forupdate", newAcquirer: func(b *testing.B) Acquirer {
+				l, err := mysqllock.NewForUpdate(open(b), mysqllock.WithTable("bench_row_locks"), mysqllock.WithIdleConns(40))
 				return lockkitAcquirer(closeWith(b, l, err), long)
 			}},
 		},
@@ -219,7 +219,7 @@ func memcachedGroup() group {
 			}
 		},
 		subjects: []subject{
-			{name: "shop-memcached", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-memcached", backend: "memcached", newAcquirer: func(b *testing.B) Acquirer {
 				c := memcache.New(addr)
 				c.MaxIdleConns = 64
 				return lockkitAcquirer(closeWith(b, lockkit.WithKeyPrefix(memcachedlock.New(c), "bench:"), nil), long)
