@@ -21,6 +21,7 @@ import (
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
@@ -39,6 +40,9 @@ type domain interface {
 	Register(api, admin *gin.RouterGroup)
 	audit.Resetter
 	Checks() []audit.Check
+	// A domain that keeps fences must be able to forget them; required
+	// of every domain, so that a new one cannot leave it out unnoticed.
+	guard.FencedDomain
 }
 
 // models are every table, for migrations. Add a domain's here.
@@ -150,7 +154,7 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	}
 
 	likes, err := like.New(rdb, like.Options{Strategy: cfg.LikeStrategy, Locker: locker, LockOptions: lockOpts,
-		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay})
+		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay, Metrics: lockMetrics})
 	if err != nil {
 		return nil, err
 	}
@@ -172,10 +176,8 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	// lock on an in-process server, so forgetting them is safe.
 	if cfg.EmbeddedRedis() && cfg.LockBackend == "redis" {
 		for _, d := range domains {
-			if f, ok := d.(interface{ ForgetFences(context.Context) error }); ok {
-				if err := f.ForgetFences(ctx); err != nil {
-					return nil, fmt.Errorf("forget fences: %w", err)
-				}
+			if err := d.ForgetFences(ctx); err != nil {
+				return nil, fmt.Errorf("forget fences: %w", err)
 			}
 		}
 	}
