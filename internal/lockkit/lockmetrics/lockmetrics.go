@@ -7,17 +7,16 @@
 // lease's hold time and its loss are recorded when it is released.
 //
 // Metrics are labelled by backend and by key class (stock, account, like,
-// order; every other class, and a key taken without one, is "other"), never
-// by the key itself: one series per SKU or account would grow without
-// bound. The class is given, never read back out of the key: For binds a
-// Locker to one class, and package guard takes each key through the
-// Locker of its class.
+// order; the leader lease, and a key taken without a class, is "other"),
+// never by the key itself: one series per SKU or account would grow
+// without bound. The class is given, never read back out of the key: For
+// binds a Locker to one class, and package guard takes each key through
+// the Locker of its class.
 package lockmetrics
 
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"time"
 
@@ -27,21 +26,15 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
-// Classes are the key classes with a label value of their own; any other
-// is counted as "other". The leader lease (lockkey.OrderCloser) is one of
-// those: its label has been "other" since before classes were declared,
-// and dashboards and alerts select on these values.
-var Classes = []lockkey.Class{lockkey.Stock, lockkey.Account, lockkey.Like, lockkey.Order}
-
-// other is the label of every class not in Classes.
-const other = "other"
-
-// label is the label value of class c.
+// label is the label value of class c: its name, so that a class
+// declared in lockkey is labelled without a change here. The closer's
+// leader lease keeps "other", its label from before classes were
+// declared: dashboards and alerts select on these values.
 func label(c lockkey.Class) string {
-	if slices.Contains(Classes, c) {
-		return string(c)
+	if c == "" || c == lockkey.OrderCloser {
+		return "other"
 	}
-	return other
+	return string(c)
 }
 
 // Metrics holds the collectors of one backend. Create it once per process.
@@ -96,7 +89,7 @@ func (m *Metrics) Fenced(class lockkey.Class) {
 // Wrap returns l with its acquisitions and leases measured, labelled
 // "other"; For gives the same Locker labelled by a class.
 func (m *Metrics) Wrap(l lockkit.Locker) *Locker {
-	return &Locker{locker: locker{m: m, inner: l, class: other}}
+	return &Locker{locker: locker{m: m, inner: l, class: label("")}}
 }
 
 // Locker is a measured lockkit.Locker.
