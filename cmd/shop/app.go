@@ -34,7 +34,8 @@ import (
 )
 
 // domain is what a business package gives the wiring. Adding one (likes,
-// orders) is one line in newApp's domains list.
+// orders) is a constructor like newLikes, one line in newApp's domains
+// list, and its Problems in problems().
 type domain interface {
 	// Register adds routes: api authenticates users, admin the operator.
 	Register(api, admin *gin.RouterGroup)
@@ -78,53 +79,15 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		}
 	}()
 
-	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns,
-		SlowQuery: cfg.SlowQuery, Log: log})
+	db, rdb, err := a.openStores(ctx, cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	a.closers = append(a.closers, db.Close)
-	a.ready = append(a.ready, readyCheck{"database", db.Ping})
-	if err := db.Migrate(ctx, models()...); err != nil {
-		return nil, fmt.Errorf("migrate: %w", err)
-	}
-
-	var rdb redis.UniversalClient
-	if needsRedis(cfg) {
-		rdb, err = openRedis(cfg, a, log)
-		if err != nil {
-			return nil, err
-		}
-		a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
-	}
-
-	backend, err := openLocker(ctx, cfg, deps{redis: rdb, db: db})
+	reg := newRegistry()
+	locks, err := a.openLocking(ctx, cfg, db, rdb, reg)
 	if err != nil {
 		return nil, err
 	}
-	a.closers = append(a.closers, backend.Close)
-	if p, ok := backend.(interface{ Ping(context.Context) error }); ok {
-		a.ready = append(a.ready, readyCheck{"lock backend " + cfg.LockBackend, p.Ping})
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	lockMetrics := lockmetrics.New(reg, cfg.LockBackend)
-	// Admission sits inside the metrics, so that its refusals count as
-	// lock-busy like a wait timeout does.
-	locker := lockMetrics.Wrap(admission.Wrap(lockkit.Reentrant(backend), cfg.LockMaxWaiters))
-	retry := optimistic.DefaultPolicy
-	retry.Attempts = cfg.OptimisticAttempts
-	retryMetrics := optimistic.NewMetrics(reg)
-
-	var lockOpts []lockkit.Option
-	if cfg.LockTTL > 0 {
-		lockOpts = append(lockOpts, lockkit.WithTTL(cfg.LockTTL))
-	}
-	if cfg.LockWaitTimeout > 0 {
-		lockOpts = append(lockOpts, lockkit.WithWaitTimeout(cfg.LockWaitTimeout))
-	}
-
 	// Idempotency records live in Redis whatever the lock backend: each is
 	// fenced by its own run number, not by a lock.
 	tokens, err := idem.New(rdb, idem.Options{TTL: cfg.IdemTTL, MaxTokens: cfg.IdemMaxTokens, Prefix: cfg.KeyPrefix})
@@ -132,58 +95,169 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		return nil, err
 	}
 
-	accountStore := account.NewStore(db.DB)
-	a.accounts = accountStore
-	accounts := &account.Domain{Store: accountStore, Service: account.NewService(accountStore, account.Options{
-		Locker: locker, LockOptions: lockOpts, Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
-		Strategy: cfg.BalanceStrategy, Retry: retry, OptimisticMetrics: retryMetrics,
-	}), Idempotent: tokens.Optional()}
+	accounts := newAccounts(cfg, db, locks, tokens)
+	a.accounts = accounts.Store
+	products, err := newProducts(cfg, db, rdb, locks, tokens)
+	if err != nil {
+		return nil, err
+	}
+	likes, err := newLikes(cfg, rdb, locks)
+	if err != nil {
+		return nil, err
+	}
+	orders := newOrders(cfg, db, locks, tokens, accounts.Store, products.Store)
+	domains := []domain{accounts, products, likes, orders}
+	if err := forgetFences(ctx, cfg, domains); err != nil {
+		return nil, err
+	}
+	a.startCloser(orders.Service, log)
 
+	auditor := newAuditor(cfg, domains, reg)
+	a.metrics = a.metricsHandler(reg)
+	a.handler = newRouter(routerDeps{
+		cfg:      cfg,
+		log:      log,
+		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken),
+		auditor:  auditor,
+		domains:  domains,
+		problems: problems(),
+		reg:      reg,
+		metrics:  a.metrics,
+		ready:    a.readiness,
+	})
+	return a, nil
+}
+
+// openStores opens the database, migrated, and Redis when anything needs
+// it (nil otherwise).
+func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logger) (*storage.DB, redis.UniversalClient, error) {
+	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns,
+		SlowQuery: cfg.SlowQuery, Log: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	a.closers = append(a.closers, db.Close)
+	a.ready = append(a.ready, readyCheck{"database", db.Ping})
+	if err := db.Migrate(ctx, models()...); err != nil {
+		return nil, nil, fmt.Errorf("migrate: %w", err)
+	}
+
+	var rdb redis.UniversalClient
+	if needsRedis(cfg) {
+		rdb, err = openRedis(cfg, a, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
+	}
+	return db, rdb, nil
+}
+
+// locking is what every domain's service is given to keep its writes
+// right: the locker and its options, the optimistic retry policy, and the
+// metrics of both.
+type locking struct {
+	locker       lockkit.Locker
+	options      []lockkit.Option
+	metrics      *lockmetrics.Metrics
+	retry        optimistic.Policy
+	retryMetrics *optimistic.Metrics
+}
+
+// openLocking opens the lock backend cfg names and wraps it as every
+// domain uses it.
+func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB, rdb redis.UniversalClient,
+	reg prometheus.Registerer) (locking, error) {
+	backend, err := openLocker(ctx, cfg, deps{redis: rdb, db: db})
+	if err != nil {
+		return locking{}, err
+	}
+	a.closers = append(a.closers, backend.Close)
+	if p, ok := backend.(interface{ Ping(context.Context) error }); ok {
+		a.ready = append(a.ready, readyCheck{"lock backend " + cfg.LockBackend, p.Ping})
+	}
+
+	lockMetrics := lockmetrics.New(reg, cfg.LockBackend)
+	l := locking{
+		// Admission sits inside the metrics, so that its refusals count as
+		// lock-busy like a wait timeout does.
+		locker:       lockMetrics.Wrap(admission.Wrap(lockkit.Reentrant(backend), cfg.LockMaxWaiters)),
+		metrics:      lockMetrics,
+		retry:        optimistic.DefaultPolicy,
+		retryMetrics: optimistic.NewMetrics(reg),
+	}
+	l.retry.Attempts = cfg.OptimisticAttempts
+	if cfg.LockTTL > 0 {
+		l.options = append(l.options, lockkit.WithTTL(cfg.LockTTL))
+	}
+	if cfg.LockWaitTimeout > 0 {
+		l.options = append(l.options, lockkit.WithWaitTimeout(cfg.LockWaitTimeout))
+	}
+	return l, nil
+}
+
+func newAccounts(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem) *account.Domain {
+	store := account.NewStore(db.DB)
+	return &account.Domain{Store: store, Service: account.NewService(store, account.Options{
+		Locker: l.locker, LockOptions: l.options, Metrics: l.metrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
+		Strategy: cfg.BalanceStrategy, Retry: l.retry, OptimisticMetrics: l.retryMetrics,
+	}), Idempotent: tokens.Optional()}
+}
+
+func newProducts(cfg config.Config, db *storage.DB, rdb redis.UniversalClient, l locking, tokens *idem.Idem) (*inventory.Domain, error) {
 	var mirror *inventory.Mirror
 	if cfg.StockStrategy == config.StockAtomicRedis {
 		mirror = inventory.NewMirror(rdb, cfg.KeyPrefix)
 	}
-	productStore := inventory.NewStore(db.DB, mirror)
-	products, err := inventory.NewService(productStore, inventory.Options{
-		Strategy: cfg.StockStrategy, Locker: locker, LockOptions: lockOpts, Mirror: mirror,
-		Metrics: lockMetrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
-		Retry: retry, OptimisticMetrics: retryMetrics, Combine: cfg.StockCombine,
+	store := inventory.NewStore(db.DB, mirror)
+	products, err := inventory.NewService(store, inventory.Options{
+		Strategy: cfg.StockStrategy, Locker: l.locker, LockOptions: l.options, Mirror: mirror,
+		Metrics: l.metrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
+		Retry: l.retry, OptimisticMetrics: l.retryMetrics, Combine: cfg.StockCombine,
 	})
 	if err != nil {
 		return nil, err
 	}
+	return &inventory.Domain{Service: products, Store: store, Idempotent: tokens.Optional()}, nil
+}
 
-	likes, err := like.New(rdb, like.Options{Strategy: cfg.LikeStrategy, Locker: locker, LockOptions: lockOpts,
-		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay, Metrics: lockMetrics})
+func newLikes(cfg config.Config, rdb redis.UniversalClient, l locking) (*like.Domain, error) {
+	likes, err := like.New(rdb, like.Options{Strategy: cfg.LikeStrategy, Locker: l.locker, LockOptions: l.options,
+		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay, Metrics: l.metrics})
 	if err != nil {
 		return nil, err
 	}
-	orderStore := order.NewStore(db.DB, productStore, accountStore)
-	orders := order.NewService(orderStore, order.Options{Locker: locker, LockOptions: lockOpts,
-		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, Metrics: lockMetrics,
+	return &like.Domain{Service: likes}, nil
+}
+
+func newOrders(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem,
+	accounts *account.Store, products *inventory.Store) *order.Domain {
+	store := order.NewStore(db.DB, products, accounts)
+	orders := order.NewService(store, order.Options{Locker: l.locker, LockOptions: l.options,
+		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, Metrics: l.metrics,
 		CriticalSectionDelay: cfg.CriticalSectionDelay})
+	return &order.Domain{Service: orders, Store: store, Idem: tokens}
+}
 
-	domains := []domain{
-		accounts,
-		&inventory.Domain{Service: products, Store: productStore, Idempotent: tokens.Optional()},
-		&like.Domain{Service: likes},
-		&order.Domain{Service: orders, Store: orderStore, Idem: tokens},
+// forgetFences: the embedded Redis starts empty, fence counters included,
+// so its tokens start over at 1 and the fences an earlier run left in a
+// kept SQLite file would refuse every write. No other process can hold a
+// lock on an in-process server, so forgetting them is safe.
+func forgetFences(ctx context.Context, cfg config.Config, domains []domain) error {
+	if !cfg.EmbeddedRedis() || cfg.LockBackend != "redis" {
+		return nil
 	}
-
-	// The embedded Redis starts empty, fence counters included, so its
-	// tokens start over at 1 and the fences an earlier run left in a kept
-	// SQLite file would refuse every write. No other process can hold a
-	// lock on an in-process server, so forgetting them is safe.
-	if cfg.EmbeddedRedis() && cfg.LockBackend == "redis" {
-		for _, d := range domains {
-			if err := d.ForgetFences(ctx); err != nil {
-				return nil, fmt.Errorf("forget fences: %w", err)
-			}
+	for _, d := range domains {
+		if err := d.ForgetFences(ctx); err != nil {
+			return fmt.Errorf("forget fences: %w", err)
 		}
 	}
+	return nil
+}
 
-	a.startCloser(orders, log)
-
+// newAuditor audits every domain's checks and resets every domain, in the
+// order of domains.
+func newAuditor(cfg config.Config, domains []domain, reg prometheus.Registerer) *audit.Auditor {
 	var checks []audit.Check
 	var resetters []audit.Resetter
 	for _, d := range domains {
@@ -195,6 +269,19 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if !cfg.AllowReset {
 		auditor.DisableReset()
 	}
+	return auditor
+}
+
+// newRegistry holds every metric of the process, the Go runtime's and the
+// process's own included.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// metricsHandler serves reg, with shop_ready added.
+func (a *app) metricsHandler(reg *prometheus.Registry) http.Handler {
 	// Asked at each scrape, so that an alert sees what /readyz would say
 	// without anyone probing it (deploy/prometheus/alerts.yml).
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -206,18 +293,7 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		}
 		return 1
 	}))
-	a.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
-	a.handler = newRouter(routerDeps{
-		cfg:     cfg,
-		log:     log,
-		auth:    auth.New([]byte(cfg.JWTSecret), cfg.AdminToken),
-		auditor: auditor,
-		domains: domains,
-		reg:     reg,
-		metrics: a.metrics,
-		ready:   a.readiness,
-	})
-	return a, nil
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 }
 
 // startCloser runs the order closer until the app closes. It stops before

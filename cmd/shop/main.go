@@ -32,7 +32,6 @@ import (
 
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/config"
-	"github.com/lockbench/shop/internal/problem"
 	"github.com/lockbench/shop/internal/storage"
 )
 
@@ -283,7 +282,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	case err := <-serveErr:
 		// A listener failed: stop at once, but still never close a store
 		// under a running handler.
-		cancelRequests(problem.ErrShuttingDown)
+		cancelRequests(errShuttingDown)
 		_ = srv.Close()
 		if metricsSrv != nil {
 			_ = metricsSrv.Close()
@@ -307,7 +306,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := srv.Shutdown(sctx); err != nil {
 		overrun = fmt.Errorf("shutdown: in-flight requests outlived %s and were cancelled", cfg.ShutdownTimeout)
 		log.Warn("cancelling the requests still running", "requests", running.count(), "timeout", cfg.ShutdownTimeout)
-		cancelRequests(problem.ErrShuttingDown)
+		cancelRequests(errShuttingDown)
 		gctx, gcancel := context.WithTimeout(context.Background(), cancelGrace)
 		defer gcancel()
 		if err := running.wait(gctx); err != nil {

@@ -29,9 +29,11 @@ type routerDeps struct {
 	auth    *auth.Auth
 	auditor *audit.Auditor
 	domains []domain
-	reg     *prometheus.Registry
-	metrics http.Handler
-	ready   func(context.Context) map[string]error
+	// problems maps every error a handler returns to its answer.
+	problems problem.Table
+	reg      *prometheus.Registry
+	metrics  http.Handler
+	ready    func(context.Context) map[string]error
 }
 
 func newRouter(d routerDeps) http.Handler {
@@ -45,7 +47,8 @@ func newRouter(d routerDeps) http.Handler {
 	r.ContextWithFallback = true
 
 	httpMetrics := newHTTPMetrics(d.reg)
-	r.Use(requestID, accessLog(d.log), httpMetrics.observe, problem.Recover(), problem.LimitBody(d.cfg.MaxBodyBytes))
+	r.Use(requestID, accessLog(d.log), httpMetrics.observe, problem.Errors(d.problems), problem.Recover(),
+		problem.LimitBody(d.cfg.MaxBodyBytes))
 	r.NoRoute(problem.NoRoute)
 	r.NoMethod(problem.NoMethod)
 
@@ -66,11 +69,11 @@ func newRouter(d routerDeps) http.Handler {
 }
 
 func readyz(ready func(context.Context) map[string]error) gin.HandlerFunc {
-	return func(c *gin.Context) {
+	return problem.Handle(func(c *gin.Context) error {
 		down := ready(c.Request.Context())
 		if len(down) == 0 {
 			c.JSON(http.StatusOK, gin.H{"status": "ready"})
-			return
+			return nil
 		}
 		names := make([]string, 0, len(down))
 		for name, err := range down {
@@ -83,8 +86,8 @@ func readyz(ready func(context.Context) map[string]error) gin.HandlerFunc {
 		slices.Sort(names)
 		e := problem.New(http.StatusServiceUnavailable, "not-ready", "not ready; down: "+strings.Join(names, ", "))
 		e.Title = "Not ready"
-		problem.Write(c, e)
-	}
+		return e
+	})
 }
 
 var goodRequestID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)

@@ -13,12 +13,15 @@ import (
 	"github.com/lockbench/shop/internal/problem"
 )
 
-func init() {
-	problem.Register(ErrNotFound, http.StatusNotFound, "account-not-found", "Account not found")
-	problem.Register(ErrInsufficientFunds, http.StatusUnprocessableEntity, "insufficient-funds", "Insufficient funds")
-	problem.Register(ErrOverflow, http.StatusUnprocessableEntity, "balance-overflow", "Balance overflow")
-	problem.Register(ErrInvalidAmount, http.StatusBadRequest, "invalid-input", "Invalid input")
-	problem.Register(ErrSameAccount, http.StatusBadRequest, "invalid-input", "Invalid input")
+// Problems are the account errors' rows of the API's problem table.
+func Problems() []problem.Mapping {
+	return []problem.Mapping{
+		{Target: ErrNotFound, Status: http.StatusNotFound, Slug: "account-not-found", Title: "Account not found"},
+		{Target: ErrInsufficientFunds, Status: http.StatusUnprocessableEntity, Slug: "insufficient-funds", Title: "Insufficient funds"},
+		{Target: ErrOverflow, Status: http.StatusUnprocessableEntity, Slug: "balance-overflow", Title: "Balance overflow"},
+		{Target: ErrInvalidAmount, Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input"},
+		{Target: ErrSameAccount, Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input"},
+	}
 }
 
 // Domain is the account domain as cmd/shop wires it: routes, fixtures and
@@ -35,18 +38,18 @@ type Domain struct {
 // Register adds the user routes to api (which authenticates users) and the
 // admin routes to admin (which checks the admin token).
 func (d *Domain) Register(api, admin *gin.RouterGroup) {
-	api.GET("/accounts/:id", d.get)
+	api.GET("/accounts/:id", problem.Handle(d.get))
 	api.POST("/accounts/:id/deposit", d.guarded(d.deposit)...)
 	api.POST("/accounts/:id/withdraw", d.guarded(d.withdraw)...)
 	api.POST("/transfers", d.guarded(d.transfer)...)
-	admin.POST("/accounts", d.put)
+	admin.POST("/accounts", problem.Handle(d.put))
 }
 
-func (d *Domain) guarded(h gin.HandlerFunc) []gin.HandlerFunc {
+func (d *Domain) guarded(h problem.Handler) []gin.HandlerFunc {
 	if d.Idempotent == nil {
-		return []gin.HandlerFunc{h}
+		return []gin.HandlerFunc{problem.Handle(h)}
 	}
-	return []gin.HandlerFunc{d.Idempotent, h}
+	return []gin.HandlerFunc{d.Idempotent, problem.Handle(h)}
 }
 
 // Reset implements audit.Resetter.
@@ -79,101 +82,90 @@ type putRequest struct {
 	Balance *int64 `json:"balance_cents"`
 }
 
-func (d *Domain) get(c *gin.Context) {
+func (d *Domain) get(c *gin.Context) error {
 	id, err := ownAccount(c)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	a, err := d.Service.Get(c.Request.Context(), id)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, a)
+	return nil
 }
 
-func (d *Domain) deposit(c *gin.Context)  { d.change(c, d.Service.Deposit) }
-func (d *Domain) withdraw(c *gin.Context) { d.change(c, d.Service.Withdraw) }
+func (d *Domain) deposit(c *gin.Context) error  { return d.change(c, d.Service.Deposit) }
+func (d *Domain) withdraw(c *gin.Context) error { return d.change(c, d.Service.Withdraw) }
 
-func (d *Domain) change(c *gin.Context, op func(context.Context, int64, int64) (Account, error)) {
+func (d *Domain) change(c *gin.Context, op func(context.Context, int64, int64) (Account, error)) error {
 	id, err := ownAccount(c)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	var req amountRequest
 	if err := problem.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	if err := positive("amount_cents", req.Amount); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	a, err := op(c.Request.Context(), id, *req.Amount)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, a)
+	return nil
 }
 
-func (d *Domain) transfer(c *gin.Context) {
+func (d *Domain) transfer(c *gin.Context) error {
 	var req transferRequest
 	if err := problem.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	for _, f := range []struct {
 		name string
 		v    *int64
 	}{{"from", req.From}, {"to", req.To}, {"amount_cents", req.Amount}} {
 		if err := positive(f.name, f.v); err != nil {
-			problem.Write(c, err)
-			return
+			return err
 		}
 	}
 	if err := auth.RequireSelf(c, *req.From); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	t, err := d.Service.Transfer(c.Request.Context(), *req.From, *req.To, *req.Amount)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, t)
+	return nil
 }
 
-func (d *Domain) put(c *gin.Context) {
+func (d *Domain) put(c *gin.Context) error {
 	var req putRequest
 	if err := problem.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	if err := positive("id", req.ID); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	if req.Balance == nil {
-		problem.Write(c, problem.BadRequest("balance_cents is required: a non-negative integer"))
-		return
+		return problem.BadRequest("balance_cents is required: a non-negative integer")
 	}
 	if *req.Balance < 0 {
-		problem.Write(c, problem.BadRequest(fmt.Sprintf("balance_cents must be a non-negative integer, got %d", *req.Balance)))
-		return
+		return problem.BadRequest(fmt.Sprintf("balance_cents must be a non-negative integer, got %d", *req.Balance))
 	}
 	created, err := d.Store.Put(c.Request.Context(), *req.ID, *req.Balance)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
 	}
 	c.JSON(status, Account{ID: *req.ID, Balance: *req.Balance})
+	return nil
 }
 
 // ownAccount parses the :id of the path and checks that it is the caller's.

@@ -90,8 +90,11 @@ func (r Report) MarshalJSON() ([]byte, error) {
 // ErrResetDisabled answers POST /reset on an Auditor whose reset is off.
 var ErrResetDisabled = errors.New("the reset is disabled on this instance (production); set SHOP_ALLOW_RESET=true to allow it")
 
-func init() {
-	problem.Register(ErrResetDisabled, http.StatusForbidden, "reset-disabled", "Reset disabled")
+// Problems are the audit errors' rows of the API's problem table.
+func Problems() []problem.Mapping {
+	return []problem.Mapping{
+		{Target: ErrResetDisabled, Status: http.StatusForbidden, Slug: "reset-disabled", Title: "Reset disabled"},
+	}
 }
 
 // Auditor runs checks and resets.
@@ -215,44 +218,41 @@ func abs(v int64) int64 {
 
 // Register adds GET /audit and POST /reset to the admin group.
 func (a *Auditor) Register(admin *gin.RouterGroup) {
-	admin.GET("/audit", a.getAudit)
-	admin.POST("/reset", a.postReset)
+	admin.GET("/audit", problem.Handle(a.getAudit))
+	admin.POST("/reset", problem.Handle(a.postReset))
 }
 
-func (a *Auditor) getAudit(c *gin.Context) {
+func (a *Auditor) getAudit(c *gin.Context) error {
 	r, err := a.Audit(c.Request.Context())
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, r)
+	return nil
 }
 
 type resetRequest struct {
 	Fixture string `json:"fixture"`
 }
 
-func (a *Auditor) postReset(c *gin.Context) {
+func (a *Auditor) postReset(c *gin.Context) error {
 	if a.resetDisabled {
-		problem.Write(c, ErrResetDisabled)
-		return
+		return ErrResetDisabled
 	}
 	req := resetRequest{Fixture: Fixtures[0]}
 	// The body is optional: an empty one resets to the default fixture.
 	if c.Request.ContentLength != 0 {
 		if err := problem.DecodeJSON(c, &req); err != nil {
-			problem.Write(c, err)
-			return
+			return err
 		}
 	}
 	if !slices.Contains(Fixtures, req.Fixture) {
-		problem.Write(c, problem.BadRequest(fmt.Sprintf("fixture must be one of %s, got %q",
-			strings.Join(Fixtures, ", "), req.Fixture)))
-		return
+		return problem.BadRequest(fmt.Sprintf("fixture must be one of %s, got %q",
+			strings.Join(Fixtures, ", "), req.Fixture))
 	}
 	if err := a.Reset(c.Request.Context(), req.Fixture); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, gin.H{"fixture": req.Fixture})
+	return nil
 }

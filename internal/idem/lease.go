@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // runLease is a running request's hold on its key, kept by lockkit's lease
@@ -29,7 +30,7 @@ type runLease struct {
 // started it later than that, so claimed+Lease is never late).
 func (m *Idem) lease(recKey, leaseKey, run string, claimed time.Time) *runLease {
 	r := &runLease{}
-	r.Lease = lockkit.NewLease(lockkit.Grant{
+	r.Lease = backend.NewLease(backend.Grant{
 		Key: leaseKey, TTL: m.o.Lease, Watchdog: true, Sent: claimed,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			r.mu.Lock()

@@ -307,22 +307,21 @@ func (w *capture) keep(b []byte) {
 
 // Register adds POST /idempotency-tokens to api (which authenticates users).
 func (m *Idem) Register(api *gin.RouterGroup) {
-	api.POST("/idempotency-tokens", m.issue)
+	api.POST("/idempotency-tokens", problem.Handle(m.issue))
 }
 
-func (m *Idem) issue(c *gin.Context) {
+func (m *Idem) issue(c *gin.Context) error {
 	t, err := m.Issue(c.Request.Context(), auth.UserID(c))
 	var full *TokensExhaustedError
 	if errors.As(err, &full) {
 		e := titled(problem.New(http.StatusTooManyRequests, "idempotency-tokens-exhausted", full.Error()), "Idempotency tokens exhausted")
 		e.RetryAfter = max(1, int(math.Ceil(full.RetryAfter.Seconds())))
-		problem.Write(c, e)
-		return
+		return e
 	}
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.Header("Cache-Control", "no-store")
 	c.JSON(http.StatusCreated, t)
+	return nil
 }

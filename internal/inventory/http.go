@@ -13,11 +13,14 @@ import (
 	"github.com/lockbench/shop/internal/problem"
 )
 
-func init() {
-	problem.Register(ErrNotFound, http.StatusNotFound, "product-not-found", "Product not found")
-	problem.Register(ErrSoldOut, http.StatusConflict, "sold-out", "Sold out")
-	problem.Register(ErrLimitExceeded, http.StatusConflict, "purchase-limit", "Purchase limit exceeded")
-	problem.Register(ErrInvalidQuantity, http.StatusBadRequest, "invalid-input", "Invalid input")
+// Problems are the inventory errors' rows of the API's problem table.
+func Problems() []problem.Mapping {
+	return []problem.Mapping{
+		{Target: ErrNotFound, Status: http.StatusNotFound, Slug: "product-not-found", Title: "Product not found"},
+		{Target: ErrSoldOut, Status: http.StatusConflict, Slug: "sold-out", Title: "Sold out"},
+		{Target: ErrLimitExceeded, Status: http.StatusConflict, Slug: "purchase-limit", Title: "Purchase limit exceeded"},
+		{Target: ErrInvalidQuantity, Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input"},
+	}
 }
 
 // Domain is the inventory domain as cmd/shop wires it.
@@ -32,13 +35,13 @@ type Domain struct {
 
 // Register adds the user routes to api and the admin routes to admin.
 func (d *Domain) Register(api, admin *gin.RouterGroup) {
-	api.GET("/products/:sku", d.get)
+	api.GET("/products/:sku", problem.Handle(d.get))
 	if d.Idempotent != nil {
-		api.POST("/seckill/:sku/purchase", d.Idempotent, d.purchase)
+		api.POST("/seckill/:sku/purchase", d.Idempotent, problem.Handle(d.purchase))
 	} else {
-		api.POST("/seckill/:sku/purchase", d.purchase)
+		api.POST("/seckill/:sku/purchase", problem.Handle(d.purchase))
 	}
-	admin.POST("/products", d.put)
+	admin.POST("/products", problem.Handle(d.put))
 }
 
 // Reset implements audit.Resetter.
@@ -71,48 +74,43 @@ type putRequest struct {
 	PerUserLimit *int64  `json:"per_user_limit"`
 }
 
-func (d *Domain) get(c *gin.Context) {
+func (d *Domain) get(c *gin.Context) error {
 	p, err := d.Service.Get(c.Request.Context(), c.Param("sku"))
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, p)
+	return nil
 }
 
-func (d *Domain) purchase(c *gin.Context) {
+func (d *Domain) purchase(c *gin.Context) error {
 	var req purchaseRequest
 	if err := problem.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	if req.Quantity == nil {
-		problem.Write(c, problem.BadRequest("quantity is required: a positive integer"))
-		return
+		return problem.BadRequest("quantity is required: a positive integer")
 	}
 	p, err := d.Service.Purchase(c.Request.Context(), auth.UserID(c), c.Param("sku"), *req.Quantity)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusCreated, p)
+	return nil
 }
 
-func (d *Domain) put(c *gin.Context) {
+func (d *Domain) put(c *gin.Context) error {
 	var req putRequest
 	if err := problem.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	p, err := req.product()
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	created, err := d.Store.Put(c.Request.Context(), p)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	status := http.StatusOK
 	if created {
@@ -120,6 +118,7 @@ func (d *Domain) put(c *gin.Context) {
 	}
 	p.InitialStock = p.Stock
 	c.JSON(status, p)
+	return nil
 }
 
 func (r putRequest) product() (Product, error) {

@@ -13,10 +13,13 @@ import (
 	"github.com/lockbench/shop/internal/problem"
 )
 
-func init() {
-	problem.Register(ErrEntityNotFound, http.StatusNotFound, "entity-not-found", "Entity not found")
-	problem.Register(ErrOwnerConflict, http.StatusConflict, "owner-conflict", "Entity has another owner")
-	problem.Register(ErrInvalidEntity, http.StatusBadRequest, "invalid-input", "Invalid input")
+// Problems are the like errors' rows of the API's problem table.
+func Problems() []problem.Mapping {
+	return []problem.Mapping{
+		{Target: ErrEntityNotFound, Status: http.StatusNotFound, Slug: "entity-not-found", Title: "Entity not found"},
+		{Target: ErrOwnerConflict, Status: http.StatusConflict, Slug: "owner-conflict", Title: "Entity has another owner"},
+		{Target: ErrInvalidEntity, Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input"},
+	}
 }
 
 // Domain is the like domain as cmd/shop wires it: routes, fixtures and the
@@ -28,11 +31,11 @@ type Domain struct {
 // Register adds the user routes to api (which authenticates users) and the
 // admin route to admin (which checks the admin token).
 func (d *Domain) Register(api, admin *gin.RouterGroup) {
-	api.GET("/likes/:type/:id", d.get)
-	api.PUT("/likes/:type/:id", d.like)
-	api.DELETE("/likes/:type/:id", d.unlike)
-	api.GET("/users/:id/likes", d.received)
-	admin.POST("/entities", d.register)
+	api.GET("/likes/:type/:id", problem.Handle(d.get))
+	api.PUT("/likes/:type/:id", problem.Handle(d.like))
+	api.DELETE("/likes/:type/:id", problem.Handle(d.unlike))
+	api.GET("/users/:id/likes", problem.Handle(d.received))
+	admin.POST("/entities", problem.Handle(d.register))
 }
 
 // Reset implements audit.Resetter.
@@ -47,22 +50,20 @@ func (d *Domain) Checks() []audit.Check {
 
 func ref(c *gin.Context) Ref { return Ref{Type: c.Param("type"), ID: c.Param("id")} }
 
-func (d *Domain) get(c *gin.Context) {
-	d.answer(c, d.Service.Get)
-}
+func (d *Domain) get(c *gin.Context) error { return d.answer(c, d.Service.Get) }
 
 // like and unlike are PUT and DELETE: the same request twice leaves the
 // same state, and both answer with it.
-func (d *Domain) like(c *gin.Context)   { d.answer(c, d.Service.Like) }
-func (d *Domain) unlike(c *gin.Context) { d.answer(c, d.Service.Unlike) }
+func (d *Domain) like(c *gin.Context) error   { return d.answer(c, d.Service.Like) }
+func (d *Domain) unlike(c *gin.Context) error { return d.answer(c, d.Service.Unlike) }
 
-func (d *Domain) answer(c *gin.Context, op func(context.Context, int64, Ref) (State, error)) {
+func (d *Domain) answer(c *gin.Context, op func(context.Context, int64, Ref) (State, error)) error {
 	st, err := op(c.Request.Context(), auth.UserID(c), ref(c))
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, st)
+	return nil
 }
 
 // Received is the body of GET /api/v1/users/{id}/likes.
@@ -72,19 +73,18 @@ type Received struct {
 }
 
 // received is public to every authenticated user, as like counts are.
-func (d *Domain) received(c *gin.Context) {
+func (d *Domain) received(c *gin.Context) error {
 	raw := c.Param("id")
 	id, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || id <= 0 {
-		problem.Write(c, problem.BadRequest(fmt.Sprintf("user id must be a positive integer, got %q", raw)))
-		return
+		return problem.BadRequest(fmt.Sprintf("user id must be a positive integer, got %q", raw))
 	}
 	n, err := d.Service.Received(c.Request.Context(), id)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, Received{UserID: id, Received: n})
+	return nil
 }
 
 type registerRequest struct {
@@ -93,25 +93,23 @@ type registerRequest struct {
 	Owner *int64  `json:"owner_id"`
 }
 
-func (d *Domain) register(c *gin.Context) {
+func (d *Domain) register(c *gin.Context) error {
 	var req registerRequest
 	if err := problem.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	if req.Type == nil || req.ID == nil || req.Owner == nil {
-		problem.Write(c, problem.BadRequest("type, id and owner_id are required"))
-		return
+		return problem.BadRequest("type, id and owner_id are required")
 	}
 	e := Entity{Ref: Ref{Type: *req.Type, ID: *req.ID}, Owner: *req.Owner}
 	created, err := d.Service.Register(c.Request.Context(), e)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
 	}
 	c.JSON(status, e)
+	return nil
 }

@@ -22,7 +22,7 @@ func router(t *testing.T, d *Domain) (*gin.Engine, *auth.Auth) {
 	gin.SetMode(gin.TestMode)
 	a := auth.New([]byte(testSecret), testAdmin)
 	r := gin.New()
-	r.Use(problem.Recover())
+	r.Use(problem.Errors(Problems()), problem.Recover())
 	d.Register(r.Group("/api/v1", a.User()), r.Group("/admin/v1", a.Admin()))
 	return r, a
 }

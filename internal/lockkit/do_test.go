@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 	"github.com/lockbench/shop/internal/lockkit/local"
 )
 
@@ -93,7 +96,7 @@ func TestDoReportsALeaseLostWhileFnRan(t *testing.T) {
 type lateLocker struct{ lockkit.Locker }
 
 func (l lateLocker) Acquire(context.Context, string, ...lockkit.Option) (lockkit.Lease, error) {
-	return lockkit.NewLease(lockkit.Grant{Key: "k", Fence: 1, TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
+	return backend.NewLease(backend.Grant{Key: "k", Fence: 1, TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
 		Extend:  func(context.Context, time.Duration) error { return lockkit.ErrNotHeld },
 		Release: func(context.Context) error { return lockkit.ErrNotHeld }}), nil
 }
@@ -226,4 +229,111 @@ func TestDoManyOppositeOrdersDoNotDeadlock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// fn's own error says more than ErrLeaseLost: Do keeps it.
+func TestDoKeepsFnsErrorAfterALostLease(t *testing.T) {
+	l := local.New()
+	defer l.Close()
+	boom := errors.New("boom")
+	err := lockkit.Do(context.Background(), l, "k", func(ctx context.Context, _ uint64) error {
+		l.Steal("k")
+		<-ctx.Done()
+		return boom
+	}, lockkit.WithAutoRenew(60*time.Millisecond))
+	if !errors.Is(err, boom) {
+		t.Fatalf("Do = %v, want fn's error", err)
+	}
+}
+
+// Do's watch on the lease ends with fn, and the release stops the lease's
+// timers: nothing Do started outlives it.
+func TestDoLeavesNoGoroutineBehind(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	l := local.New()
+	defer l.Close()
+	for range 10 {
+		if err := lockkit.Do(context.Background(), l, "k", func(context.Context, uint64) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// optionsSeen records the options each Acquire was given.
+type optionsSeen struct {
+	lockkit.Locker
+	mu   sync.Mutex
+	seen []lockkit.Options
+}
+
+func (o *optionsSeen) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	resolved, _ := backend.Resolve(opts)
+	o.mu.Lock()
+	o.seen = append(o.seen, resolved)
+	o.mu.Unlock()
+	return o.Locker.Acquire(ctx, key, opts...)
+}
+
+func TestDoAndDoManyPassTheirOptionsToEveryAcquire(t *testing.T) {
+	store := local.New()
+	defer store.Close()
+	l := &optionsSeen{Locker: store}
+	opts := []lockkit.Option{lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(time.Second)}
+	noop := func(context.Context, uint64) error { return nil }
+	if err := lockkit.Do(context.Background(), l, "k", noop, opts...); err != nil {
+		t.Fatal(err)
+	}
+	if err := lockkit.DoMany(context.Background(), l, []string{"a", "b"}, func(context.Context, map[string]uint64) error { return nil }, opts...); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.seen) != 3 {
+		t.Fatalf("%d acquires, want 3", len(l.seen))
+	}
+	for _, o := range l.seen {
+		if o.TTL != time.Minute || o.WaitTimeout != time.Second {
+			t.Fatalf("Acquire got %+v, want the caller's TTL and wait timeout", o)
+		}
+	}
+}
+
+func TestDoManyReturnsFnsErrorAndReleasesEveryKey(t *testing.T) {
+	store := local.New()
+	defer store.Close()
+	r := &recorder{Locker: store}
+	boom := errors.New("boom")
+	err := lockkit.DoMany(context.Background(), r, []string{"b", "a"}, func(context.Context, map[string]uint64) error { return boom })
+	if !errors.Is(err, boom) {
+		t.Fatalf("DoMany = %v, want fn's error", err)
+	}
+	want := []string{"acquire a", "acquire b", "release b", "release a"}
+	if !slices.Equal(r.events, want) {
+		t.Fatalf("events %v, want %v", r.events, want)
+	}
+}
+
+// Losing any one of the keys cancels fn's context, and DoMany answers
+// ErrLeaseLost for the work that ran partly unlocked.
+func TestDoManyCancelsFnWhenAnyLeaseIsLost(t *testing.T) {
+	l := local.New()
+	defer l.Close()
+	err := lockkit.DoMany(context.Background(), l, []string{"a", "b"}, func(ctx context.Context, _ map[string]uint64) error {
+		l.Steal("a") // the first key, whose Do is the outermost
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+			t.Error("fn's context not cancelled after a lease was lost")
+		}
+		if cause := context.Cause(ctx); !errors.Is(cause, lockkit.ErrLeaseLost) {
+			t.Errorf("fn's context cause = %v, want ErrLeaseLost", cause)
+		}
+		return nil
+	}, lockkit.WithAutoRenew(60*time.Millisecond))
+	if !errors.Is(err, lockkit.ErrLeaseLost) {
+		t.Fatalf("DoMany = %v, want ErrLeaseLost", err)
+	}
+	lease, err := l.TryAcquire(context.Background(), "b")
+	if err != nil {
+		t.Fatalf("the key still held was not released: %v", err)
+	}
+	_ = lease.Release(context.Background())
 }

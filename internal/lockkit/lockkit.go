@@ -6,6 +6,10 @@
 // says through Lost when it can no longer be trusted. Backends differ in what
 // they can promise; each declares it in Capabilities, and the conformance
 // suite in lockkit/locktest holds every backend to what it declares.
+//
+// This package is what callers use. Backends are built from
+// lockkit/backend, which callers never need, as database drivers are built
+// from database/sql/driver.
 package lockkit
 
 import (

@@ -8,28 +8,31 @@ import (
 // Option tunes one Acquire or TryAcquire.
 type Option func(*Options)
 
-// Options is the resolved set of options. Backends read it through Resolve.
+// Options is the resolved set of options. Backends read it through
+// backend.Resolve.
 type Options struct {
 	// TTL is the lease length. Zero means DefaultLeaseTTL renewed by the
-	// watchdog; a TTL given explicitly is never renewed by lockkit.
+	// watchdog; a TTL given with WithTTL is never renewed by lockkit.
 	TTL time.Duration
 	// WaitTimeout bounds Acquire's wait; zero waits until ctx is done.
 	WaitTimeout time.Duration
 	// Fair asks for first-come first-served grants where the backend can.
 	Fair bool
-	// renew is set by WithAutoRenew: a TTL that the watchdog renews.
-	renew bool
+	// AutoRenew is set by WithAutoRenew: the watchdog renews TTL.
+	AutoRenew bool
 }
 
 // WithTTL sets an explicit lease length and turns the watchdog off: the lease
 // ends after ttl unless the holder calls Extend.
-func WithTTL(ttl time.Duration) Option { return func(o *Options) { o.TTL = ttl } }
+func WithTTL(ttl time.Duration) Option {
+	return func(o *Options) { o.TTL, o.AutoRenew = ttl, false }
+}
 
 // WithAutoRenew sets the lease length and keeps the watchdog on: the lease
 // is renewed every ttl/3 while its holder lives. A short ttl notices a
 // vanished lease sooner, at the price of more renewals.
 func WithAutoRenew(ttl time.Duration) Option {
-	return func(o *Options) { o.TTL, o.renew = ttl, true }
+	return func(o *Options) { o.TTL, o.AutoRenew = ttl, true }
 }
 
 // WithWaitTimeout bounds how long Acquire waits before ErrNotAcquired.
@@ -37,40 +40,6 @@ func WithWaitTimeout(d time.Duration) Option { return func(o *Options) { o.WaitT
 
 // WithFair asks for a first-come first-served grant order.
 func WithFair() Option { return func(o *Options) { o.Fair = true } }
-
-// Resolve applies opts over the defaults. Watchdog reports whether the lease
-// must be renewed in the background (no explicit TTL was given).
-func Resolve(opts []Option) (o Options, watchdog bool) {
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.TTL <= 0 {
-		o.TTL, o.renew = DefaultLeaseTTL, true
-	}
-	return o, o.renew
-}
-
-// WaitContext derives the context Acquire waits under: ctx bounded by the
-// wait timeout, if one was given.
-func (o Options) WaitContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if o.WaitTimeout > 0 {
-		return context.WithTimeoutCause(ctx, o.WaitTimeout, ErrNotAcquired)
-	}
-	return context.WithCancel(ctx)
-}
-
-// WaitErr turns the error of a wait that ended with its context into what
-// Acquire returns: ErrNotAcquired when the wait timeout ran out, ctx.Err()
-// when the caller's own context ended.
-func WaitErr(parent, wait context.Context) error {
-	if err := parent.Err(); err != nil {
-		return err
-	}
-	if cause := context.Cause(wait); cause != nil {
-		return cause
-	}
-	return ErrNotAcquired
-}
 
 type ownerKey struct{}
 

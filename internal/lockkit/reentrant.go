@@ -117,6 +117,8 @@ func (n *nested) Release(ctx context.Context) error {
 	return n.h.lease.Release(ctx)
 }
 
+// closed is backend.IsClosed, which lockkit cannot import: backend imports
+// lockkit.
 func closed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:

@@ -13,12 +13,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/lockbench/shop/internal/problem"
 )
 
 // ErrConflict: the row changed under every attempt the policy allowed.
@@ -32,10 +29,6 @@ var ErrConflict = errors.New("write conflict")
 // ErrMoved is what a store's versioned write returns when the version it
 // read is no longer the row's: Do retries on it.
 var ErrMoved = errors.New("row changed since it was read")
-
-func init() {
-	problem.RegisterRetry(ErrConflict, http.StatusServiceUnavailable, "conflict", "Write conflict", 1)
-}
 
 // Policy bounds the retries.
 type Policy struct {

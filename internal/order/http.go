@@ -16,10 +16,13 @@ import (
 	"github.com/lockbench/shop/internal/problem"
 )
 
-func init() {
-	problem.Register(ErrNotFound, http.StatusNotFound, "order-not-found", "Order not found")
-	problem.Register(ErrCancelled, http.StatusConflict, "order-cancelled", "Order cancelled")
-	problem.Register(ErrTooLarge, http.StatusUnprocessableEntity, "order-too-large", "Order amount too large")
+// Problems are the order errors' rows of the API's problem table.
+func Problems() []problem.Mapping {
+	return []problem.Mapping{
+		{Target: ErrNotFound, Status: http.StatusNotFound, Slug: "order-not-found", Title: "Order not found"},
+		{Target: ErrCancelled, Status: http.StatusConflict, Slug: "order-cancelled", Title: "Order cancelled"},
+		{Target: ErrTooLarge, Status: http.StatusUnprocessableEntity, Slug: "order-too-large", Title: "Order amount too large"},
+	}
 }
 
 // Page sizes of GET /orders.
@@ -41,14 +44,14 @@ type Domain struct {
 // and GET /orders/{id} to api. No admin routes.
 func (d *Domain) Register(api, _ *gin.RouterGroup) {
 	d.Idem.Register(api)
-	api.POST("/orders", d.Idem.Middleware(), d.place)
-	api.GET("/orders", d.list)
-	api.GET("/orders/:id", d.get)
+	api.POST("/orders", d.Idem.Middleware(), problem.Handle(d.place))
+	api.GET("/orders", problem.Handle(d.list))
+	api.GET("/orders/:id", problem.Handle(d.get))
 	// Pay takes the client's optional key, like every money-moving POST.
 	// It is idempotent by itself (paying a paid order answers the same body
 	// and debits nothing), so a 5xx is not stored: the retry runs again and
 	// finds what the first attempt did.
-	api.POST("/orders/:id/pay", d.Idem.Guard(idem.Policy{RerunServerErrors: true}), d.pay)
+	api.POST("/orders/:id/pay", d.Idem.Guard(idem.Policy{RerunServerErrors: true}), problem.Handle(d.pay))
 }
 
 // Reset implements audit.Resetter.
@@ -70,61 +73,58 @@ type placeRequest struct {
 	Pay bool `json:"pay"`
 }
 
-func (d *Domain) place(c *gin.Context) {
+func (d *Domain) place(c *gin.Context) error {
 	var req placeRequest
 	if err := problem.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	if req.SKU == nil || req.Quantity == nil {
-		problem.Write(c, problem.BadRequest("sku and quantity are required"))
-		return
+		return problem.BadRequest("sku and quantity are required")
 	}
 	o, _, err := d.Service.Place(c.Request.Context(), auth.UserID(c), idem.Key(c), *req.SKU, *req.Quantity, req.Pay)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.Header("Location", "/api/v1/orders/"+strconv.FormatInt(o.ID, 10))
 	c.JSON(http.StatusCreated, o)
+	return nil
 }
 
-func (d *Domain) pay(c *gin.Context) {
-	id, ok := orderID(c)
-	if !ok {
-		return
+func (d *Domain) pay(c *gin.Context) error {
+	id, err := orderID(c)
+	if err != nil {
+		return err
 	}
 	o, err := d.Service.Pay(c.Request.Context(), auth.UserID(c), id)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, o)
+	return nil
 }
 
 // get answers 404 for another user's order, as for a missing one: 403
 // would confirm that the id exists.
-func (d *Domain) get(c *gin.Context) {
-	id, ok := orderID(c)
-	if !ok {
-		return
+func (d *Domain) get(c *gin.Context) error {
+	id, err := orderID(c)
+	if err != nil {
+		return err
 	}
 	o, err := d.Service.Get(c.Request.Context(), auth.UserID(c), id)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	c.JSON(http.StatusOK, o)
+	return nil
 }
 
-func orderID(c *gin.Context) (int64, bool) {
+func orderID(c *gin.Context) (int64, error) {
 	raw := c.Param("id")
 	id, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || id <= 0 {
-		problem.Write(c, problem.BadRequest(fmt.Sprintf("order id must be a positive integer, got %q", raw)))
-		return 0, false
+		return 0, problem.BadRequest(fmt.Sprintf("order id must be a positive integer, got %q", raw))
 	}
-	return id, true
+	return id, nil
 }
 
 // page is GET /orders' answer. NextCursor is absent on the last page.
@@ -157,13 +157,12 @@ func decodeCursor(s string) (int64, bool) {
 // list answers the caller's orders, newest first. The cursor is the
 // next_cursor of the page before: keyset pagination on the id, so a page
 // neither repeats nor skips an order when new ones are placed meanwhile.
-func (d *Domain) list(c *gin.Context) {
+func (d *Domain) list(c *gin.Context) error {
 	limit := defaultPageSize
 	if raw, ok := c.GetQuery("limit"); ok {
 		n, err := strconv.Atoi(raw)
 		if err != nil || n < 1 || n > maxPageSize {
-			problem.Write(c, problem.BadRequest(fmt.Sprintf("limit must be an integer from 1 to %d, got %q", maxPageSize, raw)))
-			return
+			return problem.BadRequest(fmt.Sprintf("limit must be an integer from 1 to %d, got %q", maxPageSize, raw))
 		}
 		limit = n
 	}
@@ -171,15 +170,13 @@ func (d *Domain) list(c *gin.Context) {
 	if raw, ok := c.GetQuery("cursor"); ok {
 		id, valid := decodeCursor(raw)
 		if !valid {
-			problem.Write(c, problem.BadRequest(fmt.Sprintf("cursor %q is not a next_cursor this API returned", raw)))
-			return
+			return problem.BadRequest(fmt.Sprintf("cursor %q is not a next_cursor this API returned", raw))
 		}
 		before = id
 	}
 	orders, more, err := d.Service.List(c.Request.Context(), auth.UserID(c), before, limit)
 	if err != nil {
-		problem.Write(c, err)
-		return
+		return err
 	}
 	p := page{Orders: orders}
 	if p.Orders == nil {
@@ -189,4 +186,5 @@ func (d *Domain) list(c *gin.Context) {
 		p.NextCursor = encodeCursor(orders[len(orders)-1].ID)
 	}
 	c.JSON(http.StatusOK, p)
+	return nil
 }

@@ -160,7 +160,8 @@ func newShop(t *testing.T, o Options) *shop {
 
 	gin.SetMode(gin.TestMode)
 	r := gin.New()
-	r.Use(problem.Recover(), problem.LimitBody(1<<16))
+	r.Use(problem.Errors(slices.Concat(Problems(), account.Problems(), inventory.Problems())),
+		problem.Recover(), problem.LimitBody(1<<16))
 	s.domain.Register(r.Group("/api/v1", s.auth.User()), r.Group("/admin/v1", s.auth.Admin()))
 	s.router = r
 

@@ -29,7 +29,7 @@ type fuzzRequest struct {
 // FuzzDecodeJSON feeds DecodeJSON arbitrary bodies and media types. It must
 // never panic; it either decodes exactly one object that reads back the
 // same after a round trip, or refuses with a problem of status 400, 413 or
-// 415 whose status problem.From keeps.
+// 415 whose status Table.From keeps.
 func FuzzDecodeJSON(f *testing.F) {
 	for _, seed := range []struct{ ct, body string }{
 		{"application/json", `{"amount_cents":100}`},
@@ -72,7 +72,7 @@ func FuzzDecodeJSON(f *testing.F) {
 			default:
 				t.Fatalf("refusal with status %d: %v", pe.Status, err)
 			}
-			if d, _ := From(err); d.Status != pe.Status || d.Detail == "" {
+			if d, _ := Table(nil).From(err); d.Status != pe.Status || d.Detail == "" {
 				t.Fatalf("From(%v) = %+v", err, d)
 			}
 			return

@@ -14,9 +14,11 @@ import (
 )
 
 // TestEveryTypeHasItsHeading: every problem type the code can answer with
-// (a slug given to Register, RegisterRetry or New, or set as an Error's or
-// a mapping's Slug anywhere in the module) links to a heading that exists
-// in docs/api.md, so a client following the type lands on its explanation.
+// (a slug given to New, or set as an Error's or a table Mapping's Slug
+// anywhere in the module) links to a heading that exists in docs/api.md,
+// so a client following the type lands on its explanation; and every
+// heading of the docs' Problems section is a type the code answers with,
+// so the docs explain no problem that cannot happen.
 func TestEveryTypeHasItsHeading(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -42,6 +44,26 @@ func TestEveryTypeHasItsHeading(t *testing.T) {
 			t.Errorf("%s: problem type %s%s has no heading \"### %s\" in docs/api.md", where, TypeBase, slug, slug)
 		}
 	}
+	documented := problemHeadings(string(doc))
+	if len(documented) < 10 {
+		t.Fatalf("found only %d headings under \"## Problems\" in docs/api.md: the scan is broken", len(documented))
+	}
+	for _, heading := range documented {
+		if _, ok := slugs[githubAnchor(heading)]; !ok {
+			t.Errorf("docs/api.md documents problem type %q, which no code answers with", heading)
+		}
+	}
+}
+
+// problemHeadings are the headings of the "## Problems" section of doc.
+func problemHeadings(doc string) []string {
+	_, section, _ := strings.Cut(doc, "\n## Problems\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	var out []string
+	for _, m := range regexp.MustCompile(`(?m)^###\s+(.+?)\s*$`).FindAllStringSubmatch(section, -1) {
+		out = append(out, m[1])
+	}
+	return out
 }
 
 // githubAnchor is the id GitHub gives a Markdown heading.
@@ -101,10 +123,7 @@ func usedSlugs(t *testing.T, root string) map[string]string {
 						name = fn.Name
 					}
 				}
-				switch {
-				case (name == "Register" || name == "RegisterRetry") && len(n.Args) > 2:
-					add(n.Args[2])
-				case name == "New" && len(n.Args) > 1:
+				if name == "New" && len(n.Args) > 1 {
 					add(n.Args[1])
 				}
 			case *ast.KeyValueExpr:

@@ -1,36 +1,26 @@
 // Package problem turns errors into RFC 9457 problem details
 // (application/problem+json), the only error format shop answers with.
 //
-// Domain packages keep plain sentinel errors and map each one to a status in
-// one line, next to their handlers:
+// Handlers return errors (Handler, adapted to gin by Handle); one Table,
+// handed to the router at wiring time (Errors), maps them to problems:
 //
-//	problem.Register(inventory.ErrSoldOut, http.StatusConflict, "sold-out", "Sold out")
+//	{Target: inventory.ErrSoldOut, Status: http.StatusConflict, Slug: "sold-out", Title: "Sold out"}
 //
-// Write then finds the first registered error in the chain (errors.Is) and
-// uses the error's message as the detail, so wrap sentinels with a message
-// meant for the client: fmt.Errorf("%w: 3 left, 5 asked", ErrSoldOut).
-// Errors nobody registered are internal: the client gets a generic 500 and
-// the log gets the error.
+// The first row an error matches decides, and the error's message is the
+// detail, so wrap sentinels with a message meant for the client:
+// fmt.Errorf("%w: 3 left, 5 asked", ErrSoldOut). Errors no row matches are
+// internal: the client gets a generic 500 and the log gets the error.
 package problem
 
 import (
-	"context"
-	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"runtime/debug"
 	"strconv"
-	"sync"
-	"syscall"
 
 	"github.com/gin-gonic/gin"
-	"github.com/go-sql-driver/mysql"
-	"github.com/redis/go-redis/v9"
-
-	"github.com/lockbench/shop/internal/lockkit"
 )
 
 // ContentType is the media type of every error body.
@@ -57,6 +47,7 @@ type Details struct {
 
 // Error is a problem made on the spot, for failures that are not a domain
 // sentinel: bad input, authentication, routing. Its message is the detail.
+// It needs no row in the Table.
 type Error struct {
 	Status int
 	Slug   string // the anchor of Type; the title is derived from the status when empty
@@ -80,83 +71,40 @@ func BadRequest(detail string) *Error {
 	return &Error{Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input", Detail: detail}
 }
 
-type mapping struct {
-	target     error
-	status     int
-	slug       string
-	title      string
-	retryAfter int
-	// generic, if set, replaces the error's message: used where the message
-	// may carry internals (addresses, driver text).
-	generic string
+// Mapping is one row of a Table: the errors it matches are answered with
+// its status, type, title and Retry-After.
+type Mapping struct {
+	// Target matches every error that errors.Is it.
+	Target error
+	// Match, when set, replaces Target: for a class of errors no one
+	// sentinel names (a broken connection, whatever the driver).
+	Match func(error) bool
+
+	Status int
+	Slug   string
+	Title  string
+	// Detail, when set, replaces the error's message: used where the
+	// message is written for programmers or may carry internals
+	// (addresses, driver text).
+	Detail string
+	// RetryAfter, in seconds, is sent as the Retry-After header when > 0.
+	RetryAfter int
 }
 
-var (
-	mu       sync.RWMutex
-	registry []mapping
-)
-
-// Register maps every error that matches target (errors.Is) to status, with
-// a type URI ending in slug and a short human title. The error's message is
-// the detail, so it must be fit for the client. A later registration of the
-// same target replaces the earlier one.
-func Register(target error, status int, slug, title string) {
-	add(mapping{target: target, status: status, slug: slug, title: title})
-}
-
-// RegisterRetry is Register for a transient failure: the response carries
-// Retry-After: seconds.
-func RegisterRetry(target error, status int, slug, title string, seconds int) {
-	add(mapping{target: target, status: status, slug: slug, title: title, retryAfter: seconds})
-}
-
-func add(m mapping) {
-	mu.Lock()
-	defer mu.Unlock()
-	for i := range registry {
-		if registry[i].target == m.target {
-			registry[i] = m
-			return
-		}
+func (m Mapping) matches(err error) bool {
+	if m.Match != nil {
+		return m.Match(err)
 	}
-	registry = append(registry, m)
+	return errors.Is(err, m.Target)
 }
 
-// ErrShuttingDown is the cause with which shutdown cancels the requests
-// that outlived SHOP_SHUTDOWN_TIMEOUT: their transactions roll back, and
-// the client is told to retry elsewhere.
-var ErrShuttingDown = errors.New("this instance is shutting down")
-
-func init() {
-	add(mapping{target: ErrShuttingDown, status: http.StatusServiceUnavailable, slug: "shutting-down",
-		title: "Shutting down", retryAfter: 1, generic: "this instance is shutting down and stopped the request before it finished; retry it"})
-	// A lock held by someone else for longer than the wait timeout, or a
-	// lease lost before the write: the request changed nothing, the same
-	// request will most likely succeed in a moment, and the cause is on the
-	// server side (contention, a slow holder), not in what the client sent.
-	// 503 + Retry-After says exactly that; 409 would tell the client that
-	// its request conflicts with the resource's state, and that a retry is
-	// pointless until the client changes something.
-	RegisterRetry(lockkit.ErrNotAcquired, http.StatusServiceUnavailable, "lock-busy", "Lock busy", 1)
-	RegisterRetry(lockkit.ErrLeaseLost, http.StatusServiceUnavailable, "lease-lost", "Lock lease lost", 1)
-	RegisterRetry(lockkit.ErrFenced, http.StatusServiceUnavailable, "fenced", "Write refused: stale lock", 1)
-	add(mapping{target: lockkit.ErrUnavailable, status: http.StatusServiceUnavailable, slug: "unavailable",
-		title: "Dependency unavailable", retryAfter: 1, generic: "the lock server is unreachable; nothing was changed"})
-	add(mapping{target: lockkit.ErrClosed, status: http.StatusServiceUnavailable, slug: "shutting-down",
-		title: "Shutting down", retryAfter: 1, generic: "this instance is shutting down; nothing was changed"})
-}
-
-// details of lockkit errors are their messages, which are written for
-// programmers; these say what happened to the client's request.
-var lockDetails = map[error]string{
-	lockkit.ErrNotAcquired: "the lock this request needs stayed busy for the whole wait timeout; nothing was changed",
-	lockkit.ErrLeaseLost:   "this request's lock lease ended before its write; nothing was changed",
-	lockkit.ErrFenced:      "this request's lock lease expired and a later holder wrote first; the stale write was refused and nothing was changed",
-}
+// Table maps errors to problems; the first matching row decides. The zero
+// Table knows only *Error: everything else is an internal error.
+type Table []Mapping
 
 // From turns err into the problem details and headers to answer with. It
-// never returns the message of an unregistered error.
-func From(err error) (Details, http.Header) {
+// never returns the message of an error whose row does not allow it.
+func (t Table) From(err error) (Details, http.Header) {
 	h := http.Header{}
 	var pe *Error
 	if errors.As(err, &pe) {
@@ -168,59 +116,50 @@ func From(err error) (Details, http.Header) {
 		}
 		return details(pe.Status, pe.Slug, pe.Title, pe.Detail), h
 	}
-	mu.RLock()
-	defer mu.RUnlock()
-	for _, m := range registry {
-		if !errors.Is(err, m.target) {
+	for _, m := range t {
+		if !m.matches(err) {
 			continue
 		}
 		detail := err.Error()
-		if d, ok := lockDetails[m.target]; ok {
-			detail = d
+		if m.Detail != "" {
+			detail = m.Detail
 		}
-		if m.generic != "" {
-			detail = m.generic
+		if m.RetryAfter > 0 {
+			h.Set("Retry-After", strconv.Itoa(m.RetryAfter))
 		}
-		if m.retryAfter > 0 {
-			h.Set("Retry-After", strconv.Itoa(m.retryAfter))
-		}
-		return details(m.status, m.slug, m.title, detail), h
+		return details(m.Status, m.Slug, m.Title, detail), h
 	}
-	switch {
-	case errors.Is(err, mysql.ErrInvalidConn):
-		// The driver sent a statement and the connection broke before the
-		// reply: a COMMIT may have landed (seen in TestLockServerRestart:
-		// a deposit answered so was in the balance). Neither "nothing was
-		// changed" nor a bug; and no Retry-After, which would invite a
-		// blind retry of a change that may have been applied.
-		return details(http.StatusServiceUnavailable, "outcome-unknown", "Outcome unknown",
-			"the database connection broke before it confirmed this request's change, which may or may not have been applied; read the resource before retrying, or retry with the same Idempotency-Key"), h
-	case unreachable(err):
-		h.Set("Retry-After", "1")
-		return details(http.StatusServiceUnavailable, "unavailable", "Dependency unavailable",
-			"a server this request needs is unreachable; nothing was changed"), h
-	case errors.Is(err, context.DeadlineExceeded):
-		h.Set("Retry-After", "1")
-		return details(http.StatusServiceUnavailable, "timeout", "Timed out",
-			"the request ran out of time before it could finish"), h
-	case errors.Is(err, context.Canceled):
-		// The client went away, or the server is stopping: nobody reads
-		// this, but the log and the metrics should not call it a 500.
-		return details(http.StatusServiceUnavailable, "cancelled", "Cancelled",
-			"the request was cancelled before it finished"), h
-	}
-	return details(http.StatusInternalServerError, "internal", "Internal error",
-		"the server failed to handle this request; the request id identifies it in the logs"), h
+	return details(internal.Status, internal.Slug, internal.Title, internal.Detail), h
 }
 
-// unreachable reports a connection-level failure to a backing server: the
-// lock backend or the database when it does not wrap ErrUnavailable itself.
-func unreachable(err error) bool {
-	var opErr *net.OpError
-	var dnsErr *net.DNSError
-	return errors.As(err, &opErr) || errors.As(err, &dnsErr) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, driver.ErrBadConn) || errors.Is(err, redis.ErrClosed)
+// internal answers every error no row matches: its message, which may
+// carry anything, stays in the log.
+var internal = Mapping{Status: http.StatusInternalServerError, Slug: "internal", Title: "Internal error",
+	Detail: "the server failed to handle this request; the request id identifies it in the logs"}
+
+const tableKey = "problem.table"
+
+// Errors makes t the table by which Write, and so every Handler, answers
+// the request's errors. The router installs it before any handler that
+// may fail.
+func Errors(t Table) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		c.Set(tableKey, t)
+		c.Next()
+	}
+}
+
+// Handler is a gin handler that returns its failure instead of answering
+// it.
+type Handler func(*gin.Context) error
+
+// Handle adapts h to gin: an error h returns is answered by Write.
+func Handle(h Handler) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if err := h(c); err != nil {
+			Write(c, err)
+		}
+	}
 }
 
 func details(status int, slug, title, detail string) Details {
@@ -233,10 +172,14 @@ func details(status int, slug, title, detail string) Details {
 	return Details{Type: TypeBase + slug, Title: title, Status: status, Detail: detail}
 }
 
-// Write answers c with err as problem+json and aborts the handler chain.
-// 5xx other than 503 are logged with the error, which the body never shows.
+// Write answers c with err as problem+json, mapped by the table Errors
+// installed, and aborts the handler chain. 5xx other than 503 are logged
+// with the error, which the body never shows. Middleware, which cannot
+// return an error, calls Write; handlers return theirs to Handle.
 func Write(c *gin.Context, err error) {
-	d, h := From(err)
+	installed, _ := c.Get(tableKey)
+	t, _ := installed.(Table)
+	d, h := t.From(err)
 	for k, v := range h {
 		c.Writer.Header()[k] = v
 	}
@@ -307,7 +250,7 @@ func Recover() gin.HandlerFunc {
 			if c.Writer.Written() {
 				return // too late for a problem body
 			}
-			Write(c, errors.New("panic")) // unregistered: a generic 500
+			Write(c, errors.New("panic")) // matches no row: a generic 500
 		}()
 		c.Next()
 	}

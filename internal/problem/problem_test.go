@@ -4,53 +4,95 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/gin-gonic/gin"
-	"github.com/go-sql-driver/mysql"
-
-	"github.com/lockbench/shop/internal/lockkit"
 )
 
-var errDomain = errors.New("thing is broken")
+var (
+	errDomain = errors.New("thing is broken")
+	errSecret = errors.New("dial 10.0.0.7:6379: refused")
+	errOther  = errors.New("other thing")
+)
+
+var table = Table{
+	{Target: errDomain, Status: http.StatusConflict, Slug: "thing-broken", Title: "Thing broken"},
+	{Target: errSecret, Status: http.StatusServiceUnavailable, Slug: "unavailable", Title: "Dependency unavailable",
+		RetryAfter: 1, Detail: "a server is unreachable"},
+	{Match: func(err error) bool { return strings.Contains(err.Error(), "other") }, Status: http.StatusGone,
+		Slug: "gone", Title: "Gone"},
+	// Never reached for errDomain: the first matching row decides.
+	{Target: errDomain, Status: http.StatusTeapot, Slug: "late", Title: "Late"},
+}
 
 func TestFrom(t *testing.T) {
-	Register(errDomain, http.StatusConflict, "thing-broken", "Thing broken")
 	for _, tc := range []struct {
 		name       string
+		table      Table
 		err        error
 		status     int
 		slug       string
 		detail     string
 		retryAfter string
 	}{
-		{"registered-wrapped", fmt.Errorf("%w: part 3", errDomain), 409, "thing-broken", "thing is broken: part 3", ""},
-		{"fenced", fmt.Errorf("account 1: %w", lockkit.ErrFenced), 503, "fenced", "stale write was refused", "1"},
-		{"busy", lockkit.ErrNotAcquired, 503, "lock-busy", "wait timeout", "1"},
-		{"unavailable-hides-address", fmt.Errorf("%w: dial 10.0.0.7:6379", lockkit.ErrUnavailable), 503, "unavailable", "unreachable", "1"},
-		{"net-error", &net.OpError{Op: "dial", Err: errors.New("refused")}, 503, "unavailable", "unreachable", "1"},
-		// A statement whose connection MariaDB closed before the reply, as
-		// it stopped: seen in make faults, TestLockServerRestart, from the
-		// account store, which passes gorm's errors up unwrapped. It may
-		// have committed, so it is neither unavailable (nothing changed)
-		// nor internal; and no Retry-After.
-		{"mysql-reply-lost", fmt.Errorf("deposit: %w", mysql.ErrInvalidConn), 503, "outcome-unknown", "may or may not have been applied", ""},
-		{"mysql-statement-error", &mysql.MySQLError{Number: 1146, Message: "Table 'secret' doesn't exist"}, 500, "internal", "request id", ""},
-		{"internal-hides-message", errors.New("pq: secret table missing"), 500, "internal", "request id", ""},
-		{"made-here", BadRequest("quantity must be a positive integer, got -3"), 400, "invalid-input", "got -3", ""},
+		{"mapped-wrapped", table, fmt.Errorf("%w: part 3", errDomain), 409, "thing-broken", "thing is broken: part 3", ""},
+		{"detail-hides-message", table, fmt.Errorf("redis: %w", errSecret), 503, "unavailable", "unreachable", "1"},
+		{"matched", table, fmt.Errorf("the %w", errOther), 410, "gone", "the other thing", ""},
+		{"internal-hides-message", table, errors.New("pq: secret table missing"), 500, "internal", "request id", ""},
+		{"made-here", table, BadRequest("quantity must be a positive integer, got -3"), 400, "invalid-input", "got -3", ""},
+		{"made-here-without-table", nil, BadRequest("quantity must be a positive integer, got -3"), 400, "invalid-input", "got -3", ""},
+		{"retry-made-here", nil, &Error{Status: 409, Slug: "in-use", Detail: "in use", RetryAfter: 2}, 409, "in-use", "in use", "2"},
+		{"no-table-is-internal", nil, errDomain, 500, "internal", "request id", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, h := From(tc.err)
+			d, h := tc.table.From(tc.err)
 			if d.Status != tc.status || d.Type != TypeBase+tc.slug || !strings.Contains(d.Detail, tc.detail) ||
 				h.Get("Retry-After") != tc.retryAfter || d.Title == "" {
 				t.Errorf("From(%v) = %+v, Retry-After %q", tc.err, d, h.Get("Retry-After"))
 			}
 			if strings.Contains(d.Detail, "secret") || strings.Contains(d.Detail, "10.0.0.7") {
 				t.Errorf("detail leaks internals: %q", d.Detail)
+			}
+		})
+	}
+}
+
+// TestHandleAnswersThroughTheTable: a Handler's error is answered with the
+// table Errors installed, also from a handler behind other middleware.
+func TestHandleAnswersThroughTheTable(t *testing.T) {
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.Use(Errors(table), Recover())
+	fail := func(err error) Handler { return func(*gin.Context) error { return err } }
+	r.GET("/conflict", func(c *gin.Context) { c.Next() }, Handle(fail(fmt.Errorf("%w: part 3", errDomain))))
+	r.GET("/busy", Handle(fail(errSecret)))
+	r.GET("/ok", Handle(func(c *gin.Context) error { c.JSON(http.StatusOK, "fine"); return nil }))
+	bare := gin.New()
+	bare.GET("/conflict", Handle(fail(errDomain)))
+	for _, tc := range []struct {
+		name       string
+		h          http.Handler
+		path       string
+		status     int
+		body       string
+		retryAfter string
+	}{
+		{"mapped-409", r, "/conflict", 409, `"detail":"thing is broken: part 3"`, ""},
+		{"mapped-503", r, "/busy", 503, `"type":"` + TypeBase + `unavailable"`, "1"},
+		{"ok-200", r, "/ok", 200, `"fine"`, ""},
+		{"no-table-500", bare, "/conflict", 500, `"type":"` + TypeBase + `internal"`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			tc.h.ServeHTTP(rec, httptest.NewRequest("GET", tc.path, nil))
+			if rec.Code != tc.status || !strings.Contains(rec.Body.String(), tc.body) || rec.Header().Get("Retry-After") != tc.retryAfter {
+				t.Fatalf("%d %v %s; want %d with %s", rec.Code, rec.Header(), rec.Body, tc.status, tc.body)
+			}
+			if rec.Code >= 400 && rec.Header().Get("Content-Type") != ContentType {
+				t.Fatalf("Content-Type %q", rec.Header().Get("Content-Type"))
 			}
 		})
 	}

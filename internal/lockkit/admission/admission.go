@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // ewmaWeight is the weight of the newest hold in the estimate: enough
@@ -55,7 +56,7 @@ type queue struct {
 }
 
 func (l *locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, _ := lockkit.Resolve(opts)
+	o, _ := backend.Resolve(opts)
 	l.mu.Lock()
 	q := l.keys[key]
 	if q == nil {

@@ -25,6 +25,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 const (
@@ -74,13 +75,15 @@ type Locker struct {
 	closed     <-chan struct{}
 	once       sync.Once
 	newSession chan struct{} // a one-slot semaphore: one session is made at a time
-	background sync.WaitGroup
+	// background runs deletions that Close waits for; once it is stopped,
+	// nothing new starts, as revoking the session deletes every key of ours.
+	// Close stops it under mu, where currentSession looks whether it is.
+	background backend.Group
 
 	mu      sync.Mutex
 	session *session
 	held    map[*held]struct{}
 	names   map[string]bool // our keys that may exist on the server
-	closing bool
 }
 
 type session struct {
@@ -147,13 +150,13 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 }
 
 func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option, wait bool) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	// Escaped, so that no key's directory is a prefix of another's.
 	dir := l.prefix + url.PathEscape(key) + "/"
 	for {
-		if isClosed(l.closed) {
+		if backend.IsClosed(l.closed) {
 			return nil, lockkit.ErrClosed
 		}
 		s, err := l.currentSession(waitCtx)
@@ -250,7 +253,7 @@ func (l *Locker) grant(key, me string, rev int64, s *session, o lockkit.Options,
 	defer l.mu.Unlock()
 	// Under mu: expire and extend must see both the timer and the lease.
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(me, rev, h) })
-	h.lease = lockkit.NewLease(lockkit.Grant{
+	h.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: uint64(rev), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extend(ctx, me, rev, h, ttl) },
 		Release: func(ctx context.Context) error { return l.release(ctx, me, rev, h) },
@@ -355,7 +358,7 @@ func (l *Locker) remove(ctx context.Context, me string, rev int64) (deleted bool
 // keeps an orphan. A caller that queues again need not wait for it either:
 // it gets a new name, and a stale key ahead of it is deleted in time.
 func (l *Locker) abandon(me string, rev int64) {
-	l.goBackground(func() {
+	l.background.Go(func() {
 		ctx, cancel := context.WithTimeout(l.life, callTimeout)
 		defer cancel()
 		if _, err := l.remove(ctx, me, rev); err != nil {
@@ -367,7 +370,7 @@ func (l *Locker) abandon(me string, rev int64) {
 // bury retries the deletion until it is done or the Locker closes; a lost
 // session ends it too, as the key is then gone.
 func (l *Locker) bury(me string, rev int64) {
-	l.goBackground(func() {
+	l.background.Go(func() {
 		for {
 			select {
 			case <-l.closed:
@@ -384,17 +387,6 @@ func (l *Locker) bury(me string, rev int64) {
 	})
 }
 
-// goBackground runs fn in a goroutine that Close waits for; once closing,
-// it runs nothing, as revoking the session deletes every key of ours.
-func (l *Locker) goBackground(fn func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		return
-	}
-	l.background.Go(fn)
-}
-
 // currentSession returns the live session, opening one if there is none.
 func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	select {
@@ -406,7 +398,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	l.mu.Lock()
 	s := l.session
 	l.mu.Unlock()
-	if s != nil && !isClosed(s.lease.Lost()) {
+	if s != nil && !backend.IsClosed(s.lease.Lost()) {
 		return s, nil
 	}
 	sent := time.Now()
@@ -419,7 +411,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	// send time + TTL of the last renewal the server answered: never after
 	// the server expires the lease. (concurrency.Session counts from the
 	// reply's arrival and checks once a second: up to a second late.)
-	s = &session{id: id, lease: lockkit.NewLease(lockkit.Grant{
+	s = &session{id: id, lease: backend.NewLease(backend.Grant{
 		Key: "session", TTL: l.sessionTTL, Watchdog: true, Sent: sent,
 		Extend: func(ctx context.Context, _ time.Duration) error {
 			resp, err := l.client.KeepAliveOnce(ctx, id)
@@ -436,7 +428,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closing {
+	if backend.IsClosed(l.background.Done()) {
 		_ = s.lease.Release(ctx)
 		return nil, lockkit.ErrClosed
 	}
@@ -450,7 +442,7 @@ func (l *Locker) Close() error {
 	var err error
 	l.once.Do(func() {
 		l.mu.Lock()
-		l.closing = true
+		l.background.Stop()
 		for h := range l.held {
 			h.timer.Stop()
 		}
@@ -473,21 +465,12 @@ func (l *Locker) Close() error {
 // fail maps an error of a call made under waitCtx to lockkit's.
 func (l *Locker) fail(ctx, waitCtx context.Context, err error) error {
 	switch {
-	case isClosed(l.closed):
+	case backend.IsClosed(l.closed):
 		return lockkit.ErrClosed
 	case errors.Is(err, lockkit.ErrClosed):
 		return err
 	case waitCtx.Err() != nil:
-		return lockkit.WaitErr(ctx, waitCtx)
+		return backend.WaitErr(ctx, waitCtx)
 	}
 	return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
-}
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

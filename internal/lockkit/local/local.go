@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // Locker is the in-process backend.
@@ -46,8 +47,8 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 }
 
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	for {
 		lease, freed, wake, err := l.try(key, o.TTL, watchdog)
@@ -61,14 +62,14 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		case <-l.closed:
 		case <-waitCtx.Done():
 			timer.Stop()
-			return nil, lockkit.WaitErr(ctx, waitCtx)
+			return nil, backend.WaitErr(ctx, waitCtx)
 		}
 		timer.Stop()
 	}
 }
 
 func (l *Locker) TryAcquire(_ context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	lease, _, _, err := l.try(key, o.TTL, watchdog)
 	if err == nil && lease == nil {
 		err = lockkit.ErrNotAcquired
@@ -102,7 +103,7 @@ func (l *Locker) try(key string, ttl time.Duration, watchdog bool) (lockkit.Leas
 	owner := l.tokens
 	e.owner, e.expires = owner, now.Add(ttl)
 	e.fence++
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, Fence: e.fence, TTL: ttl, Watchdog: watchdog, Sent: now,
 		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(key, owner, ttl) },
 		Release: func(context.Context) error { return l.release(key, owner) },

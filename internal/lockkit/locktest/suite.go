@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // Environment of the helper processes the cross-process tests start.
@@ -330,7 +331,7 @@ func (s *suite) extendAfterTakeover(t *testing.T) {
 	bTTL := 4 * s.h.TTL
 	lb := mustAcquire(t, b, key, lockkit.WithTTL(bTTL))
 	defer lb.Release(ctx)
-	lostFirst := closed(la.Lost())
+	lostFirst := backend.IsClosed(la.Lost())
 	err := la.Extend(ctx, time.Minute)
 	switch {
 	case lostFirst && !errors.Is(err, lockkit.ErrLeaseLost):
@@ -340,7 +341,7 @@ func (s *suite) extendAfterTakeover(t *testing.T) {
 	case !errors.Is(err, lockkit.ErrNotHeld):
 		t.Fatalf("Extend of a key another owner holds = %v, want ErrNotHeld", err)
 	}
-	if !closed(la.Lost()) {
+	if !backend.IsClosed(la.Lost()) {
 		t.Fatal("Extend found the key taken but left Lost open")
 	}
 	// Nothing changed: the new holder still holds the key, for no longer
@@ -805,15 +806,6 @@ func splitOpts(opts []any) (context.Context, []lockkit.Option) {
 		}
 	}
 	return ctx, lopts
-}
-
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }
 
 func randomHex(n int) string {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // The tests in this file watch or cut a client's connections through a
@@ -151,7 +152,7 @@ func (s *suite) releaseWhileRenewalHangs(t *testing.T) {
 	if took := time.Since(start); took > budget+overrun {
 		t.Fatalf("Release with a %v context took %v while a renewal hung (%v)", budget, took, err)
 	}
-	if !closed(lease.Lost()) {
+	if !backend.IsClosed(lease.Lost()) {
 		t.Fatal("Lost still open after Release returned")
 	}
 }

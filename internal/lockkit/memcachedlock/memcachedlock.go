@@ -37,12 +37,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // maxLease is memcached's longest relative expiry (30 days, less the extra
@@ -58,12 +58,9 @@ type Locker struct {
 	mc       *memcache.Client
 	minDelay time.Duration
 	maxDelay time.Duration
-	closed   chan struct{}
-	once     sync.Once
-
-	mu       sync.Mutex
-	closing  bool
-	inflight sync.WaitGroup // calls whose callers did not wait for them
+	// background runs the calls whose callers did not wait for them; its
+	// Done is the Locker's shutdown signal.
+	background backend.Group
 }
 
 // Option configures a Locker.
@@ -82,7 +79,7 @@ func WithRetryDelay(lo, hi time.Duration) Option {
 // background and Close waits for them. With several servers the client
 // picks one per key, so a lock is only as available as that server.
 func New(client *memcache.Client, opts ...Option) *Locker {
-	l := &Locker{mc: client, minDelay: 10 * time.Millisecond, maxDelay: 50 * time.Millisecond, closed: make(chan struct{})}
+	l := &Locker{mc: client, minDelay: 10 * time.Millisecond, maxDelay: 50 * time.Millisecond}
 	for _, opt := range opts {
 		opt(l)
 	}
@@ -98,10 +95,10 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // done. It returns ErrUnavailable when the server failed outage attempts
 // running.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
-	poller := lockkit.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
+	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.background.Done()}
 	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) {
 		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
 		if err != nil && waitCtx.Err() != nil {
@@ -116,7 +113,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	return l.try(ctx, key, o.TTL, watchdog)
 }
 
@@ -130,7 +127,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 	// gets-then-cas by the watchdog, by a caller's Extend and by Release
 	// would see each other's cas as a stranger's change: one at a time.
 	turn := make(chan struct{}, 1)
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			return l.call(ctx, turn, false, func() error { return l.swap(item, token, expiration(wholeSeconds(ttl))) })
@@ -138,7 +135,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 		Release: func(ctx context.Context) error {
 			return l.call(ctx, turn, true, func() error { return l.release(item, token) })
 		},
-		Closed: l.closed,
+		Closed: l.background.Done(),
 	}), nil
 }
 
@@ -149,7 +146,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 func (l *Locker) add(ctx context.Context, item, token string, ttl time.Duration) error {
 	result := make(chan error) // unbuffered: a send hands the outcome to a caller still waiting
 	abandoned := make(chan struct{})
-	started := l.goBackground(func() {
+	started := l.background.Go(func() {
 		err := l.mc.Add(&memcache.Item{Key: item, Value: []byte(token), Expiration: expiration(ttl)})
 		granted := false
 		select {
@@ -201,7 +198,7 @@ func (l *Locker) call(ctx context.Context, turn chan struct{}, must bool, op fun
 		}
 		result <- op()
 	}
-	if !l.goBackground(run) {
+	if !l.background.Go(run) {
 		run()
 		return <-result
 	}
@@ -211,18 +208,6 @@ func (l *Locker) call(ctx context.Context, turn chan struct{}, must bool, op fun
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// goBackground runs fn in a goroutine that Close waits for, unless the
-// Locker is closing.
-func (l *Locker) goBackground(fn func()) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		return false
-	}
-	l.inflight.Go(fn)
-	return true
 }
 
 // release is a delete that happens only if the item still holds token:
@@ -288,12 +273,7 @@ func ItemKey(key string) string {
 // then makes its own). Leases still held expire by their TTL; the client
 // stays open.
 func (l *Locker) Close() error {
-	l.once.Do(func() {
-		l.mu.Lock()
-		l.closing = true
-		l.mu.Unlock()
-		close(l.closed)
-		l.inflight.Wait()
-	})
+	l.background.Stop()
+	l.background.Wait()
 	return nil
 }

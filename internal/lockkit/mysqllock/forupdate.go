@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 var (
@@ -170,8 +171,8 @@ func (l *ForUpdateLocker) Capabilities() lockkit.Capabilities {
 // Locker closes (lockkit.ErrClosed); in each of the last three cases the
 // waiting session is KILLed, so nothing stays queued in the server.
 func (l *ForUpdateLocker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	stopOnClose := context.AfterFunc(l.done, cancel)
 	defer stopOnClose()
@@ -180,7 +181,7 @@ func (l *ForUpdateLocker) Acquire(ctx context.Context, key string, opts ...lockk
 		if l.done.Err() != nil {
 			return nil, lockkit.ErrClosed
 		}
-		return nil, lockkit.WaitErr(ctx, waitCtx)
+		return nil, backend.WaitErr(ctx, waitCtx)
 	}
 	return lease, err
 }
@@ -188,7 +189,7 @@ func (l *ForUpdateLocker) Acquire(ctx context.Context, key string, opts ...lockk
 // TryAcquire makes one attempt and returns lockkit.ErrNotAcquired at once
 // if another transaction holds key's row.
 func (l *ForUpdateLocker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	return l.grant(ctx, key, o.TTL, watchdog, l.trySQL)
 }
 
@@ -234,7 +235,7 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.expiry = time.AfterFunc(time.Until(sent.Add(ttl)), h.drop)
-	h.lease = lockkit.NewLease(lockkit.Grant{
+	h.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend:  h.extend,
 		Release: func(ctx context.Context) error { return h.exec(ctx, true, l.releaseSQL, []byte(key)) },

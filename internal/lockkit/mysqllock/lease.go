@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 var (
@@ -57,11 +58,10 @@ type Locker struct {
 	grant, extend, release, held *sql.Stmt
 	minPoll, maxPoll             time.Duration
 	wake                         wakeups
-	closed                       chan struct{}
 	once                         sync.Once
-	mu                           sync.Mutex // guards closing, so that no giveBack starts once Close waits
-	closing                      bool
-	givingBack                   sync.WaitGroup
+	// background runs the give-backs Close waits for; its Done is the
+	// Locker's shutdown signal.
+	background backend.Group
 }
 
 // New returns a lease-row Locker over db's pool, creating the table if it
@@ -81,7 +81,7 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysqllock: %w", err)
 	}
-	l := &Locker{minPoll: c.minPoll, maxPoll: c.maxPoll, closed: make(chan struct{})}
+	l := &Locker{minPoll: c.minPoll, maxPoll: c.maxPoll}
 	// gorm's Exec cannot report LAST_INSERT_ID, and prepared statements
 	// make every grant one round trip instead of prepare+execute+close.
 	// Preparing also checks that an existing table has the columns we use.
@@ -106,8 +106,8 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // granted, ctx ends (ctx.Err()), the wait timeout runs out
 // (lockkit.ErrNotAcquired) or the Locker closes (lockkit.ErrClosed).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	poll := l.minPoll
 	for {
@@ -117,7 +117,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		if !errors.Is(err, lockkit.ErrNotAcquired) {
 			unwatch()
 			if err != nil && waitCtx.Err() != nil {
-				return nil, lockkit.WaitErr(ctx, waitCtx)
+				return nil, backend.WaitErr(ctx, waitCtx)
 			}
 			return lease, err
 		}
@@ -128,10 +128,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		select {
 		case <-released:
 		case <-timer.C:
-		case <-l.closed:
+		case <-l.background.Done():
 			stop = lockkit.ErrClosed
 		case <-waitCtx.Done():
-			stop = lockkit.WaitErr(ctx, waitCtx)
+			stop = backend.WaitErr(ctx, waitCtx)
 		}
 		timer.Stop()
 		unwatch()
@@ -145,13 +145,13 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 // TryAcquire makes one attempt, one round trip, and returns
 // lockkit.ErrNotAcquired if the key is held and unexpired.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	return l.try(ctx, key, o.TTL, watchdog)
 }
 
 func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdog bool) (lockkit.Lease, error) {
 	select {
-	case <-l.closed:
+	case <-l.background.Done():
 		return nil, lockkit.ErrClosed
 	default:
 	}
@@ -179,11 +179,11 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 	if fence == 0 {
 		return nil, lockkit.ErrNotAcquired
 	}
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, Fence: uint64(fence), TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extendLease(ctx, name, owner, ttl) },
 		Release: func(ctx context.Context) error { return l.releaseLease(ctx, name, owner) },
-		Closed:  l.closed,
+		Closed:  l.background.Done(),
 	}), nil
 }
 
@@ -192,14 +192,9 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 // none; it is retried while the server is unreachable, until the grant
 // would have expired anyway or the Locker closes.
 func (l *Locker) giveBack(name, owner []byte, ttl time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		return // its statements are closed: the grant expires by its TTL
-	}
-	l.givingBack.Add(1)
-	go func() {
-		defer l.givingBack.Done()
+	// Refused once Close began: its statements are closed, and the grant
+	// expires by its TTL.
+	l.background.Go(func() {
 		expired := time.NewTimer(ttl)
 		defer expired.Stop()
 		for {
@@ -212,12 +207,12 @@ func (l *Locker) giveBack(name, owner []byte, ttl time.Duration) {
 			select {
 			case <-expired.C:
 				return
-			case <-l.closed:
+			case <-l.background.Done():
 				return
 			case <-time.After(giveBackDelay):
 			}
 		}
-	}()
+	})
 }
 
 func (l *Locker) extendLease(ctx context.Context, name, owner []byte, ttl time.Duration) error {
@@ -259,11 +254,8 @@ func (l *Locker) releaseLease(ctx context.Context, name, owner []byte) error {
 // releases nothing (leases expire by their TTL) and leaves the pool open.
 func (l *Locker) Close() error {
 	l.once.Do(func() {
-		l.mu.Lock()
-		l.closing = true
-		l.mu.Unlock()
-		close(l.closed)
-		l.givingBack.Wait()
+		l.background.Stop()
+		l.background.Wait()
 		for _, s := range []*sql.Stmt{l.grant, l.extend, l.release, l.held} {
 			if s != nil {
 				_ = s.Close()

@@ -41,7 +41,7 @@ func TestCloseWaitsForRenewalInFlight(t *testing.T) {
 func renewing() bool {
 	buf := make([]byte, 1<<20)
 	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-		if strings.Contains(g, "lockkit.(*lease).renew") && strings.Contains(g, "redis/go-redis") {
+		if strings.Contains(g, "lockkit/backend.(*lease).renew") && strings.Contains(g, "redis/go-redis") {
 			return true
 		}
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 var (
@@ -146,7 +147,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 		return nil, lockkit.ErrClosed
 	}
 	defer l.inflight.Done()
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	lease, _, err := l.attempt(ctx, key, l.keys(key), l.newOwner(), o, watchdog, false)
 	if err == nil && lease == nil {
 		err = lockkit.ErrNotAcquired
@@ -165,7 +166,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		return nil, lockkit.ErrClosed
 	}
 	defer l.inflight.Done()
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	owner := l.newOwner()
 	ks := l.keys(key)
 
@@ -189,7 +190,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		wait = pttl
 	}
 
-	waitCtx, cancel := o.WaitContext(ctx)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	defer context.AfterFunc(l.closing, cancel)()
 	fail := func(err error) (lockkit.Lease, error) {
@@ -202,7 +203,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		case l.closing.Err() != nil:
 			return nil, lockkit.ErrClosed
 		}
-		return nil, lockkit.WaitErr(ctx, waitCtx)
+		return nil, backend.WaitErr(ctx, waitCtx)
 	}
 	w, subscribed, err := l.room.join(waitCtx, ks.channel, owner, o.Fair)
 	if err != nil {
@@ -286,7 +287,7 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 	if res[0] == 0 {
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	}
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, Fence: uint64(res[0]), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			// The watchdog's renewals run on their own goroutine: Close

@@ -26,7 +26,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/go-redsync/redsync/v4"
@@ -35,6 +34,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // outage is how many attempts running must fail to reach a majority before
@@ -48,12 +48,9 @@ type Locker struct {
 	quorum   int
 	minDelay time.Duration
 	maxDelay time.Duration
-	closed   chan struct{}
-	once     sync.Once
-
-	mu       sync.Mutex
-	closing  bool
-	attempts sync.WaitGroup // attempts running in the background
+	// background runs the attempts whose callers did not wait for them;
+	// its Done is the Locker's shutdown signal.
+	background backend.Group
 }
 
 // Option configures a Locker.
@@ -86,7 +83,6 @@ func New(clients []redis.UniversalClient, opts ...Option) *Locker {
 		quorum:   len(clients)/2 + 1,
 		minDelay: 10 * time.Millisecond,
 		maxDelay: 50 * time.Millisecond,
-		closed:   make(chan struct{}),
 	}
 	for _, opt := range opts {
 		opt(l)
@@ -103,13 +99,13 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // without waiting further, once outage attempts running could not reach a
 // majority of the masters.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	// Not redsync's own retry loop: it answers ErrFailed when ctx ends and
 	// cancels its attempts' clean-up with it; the poller returns ctx.Err()
 	// and lets every attempt finish.
-	poller := lockkit.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.closed}
+	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.background.Done()}
 	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) {
 		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
 		if err != nil && waitCtx.Err() != nil {
@@ -124,7 +120,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	return l.try(ctx, key, o.TTL, watchdog)
 }
 
@@ -143,7 +139,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 		return nil, lockkit.ErrNotAcquired
 	}
 	value := m.Value()
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog,
 		// Until is redsync's validity end: the attempt's start plus the TTL
 		// minus the clock-drift allowance. Starting the lease there makes
@@ -164,7 +160,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 			ok, err := l.mutex(key, ttl, value).UnlockContext(ctx)
 			return l.ownerErr(ok, err)
 		},
-		Closed: l.closed,
+		Closed: l.background.Done(),
 	}), nil
 }
 
@@ -178,7 +174,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 func (l *Locker) lock(ctx context.Context, m *redsync.Mutex, ttl time.Duration) error {
 	result := make(chan error) // unbuffered: a send hands the outcome to a caller still waiting
 	abandoned := make(chan struct{})
-	started := l.goBackground(func() {
+	started := l.background.Go(func() {
 		detached := context.WithoutCancel(ctx)
 		err := m.TryLockContext(detached)
 		select {
@@ -201,18 +197,6 @@ func (l *Locker) lock(ctx context.Context, m *redsync.Mutex, ttl time.Duration) 
 		close(abandoned)
 		return ctx.Err()
 	}
-}
-
-// goBackground runs fn in a goroutine that Close waits for, unless the
-// Locker is closing.
-func (l *Locker) goBackground(fn func()) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		return false
-	}
-	l.attempts.Go(fn)
-	return true
 }
 
 // mutex builds a fresh redsync.Mutex per operation: a Mutex keeps its
@@ -291,12 +275,7 @@ func tally(err error) (down, notOurs int) {
 // each bounded by two operation timeouts. Leases still held expire by their TTL; the
 // clients stay open.
 func (l *Locker) Close() error {
-	l.once.Do(func() {
-		l.mu.Lock()
-		l.closing = true
-		l.mu.Unlock()
-		close(l.closed)
-		l.attempts.Wait()
-	})
+	l.background.Stop()
+	l.background.Wait()
 	return nil
 }

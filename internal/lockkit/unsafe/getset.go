@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // UNSAFE: GetSetTimestamp is the lock of the old Redis SETNX
@@ -94,7 +95,7 @@ func (g *GetSetTimestamp) try(ctx context.Context, key string, ttl time.Duration
 
 	var mu sync.Mutex // guards expires: the watchdog and the caller may both extend
 	expires := mine
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			mu.Lock()

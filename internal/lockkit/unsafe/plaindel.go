@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // UNSAFE: PlainDel takes a lock correctly, SET key token NX PX ttl,
@@ -50,7 +51,7 @@ func (p *PlainDel) try(ctx context.Context, key string, ttl time.Duration, watch
 	if !ok {
 		return nil, lockkit.ErrNotAcquired
 	}
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		// The flaw, twice: whoever holds the key now is extended, or freed.
 		Extend: func(ctx context.Context, ttl time.Duration) error {

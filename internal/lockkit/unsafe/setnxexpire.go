@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // UNSAFE: SetNXExpire takes a lock with SETNX and gives it a TTL with a
@@ -60,7 +61,7 @@ func (s *SetNXExpire) try(ctx context.Context, key string, ttl time.Duration, wa
 	if err := s.rdb.PExpire(ctx, key, ttl).Err(); err != nil {
 		return nil, unavailable(err)
 	}
-	return lockkit.NewLease(lockkit.Grant{
+	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			return ownerChecked(extendScript.Run(ctx, s.rdb, []string{key}, token, ttl.Milliseconds()))

@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 var (
@@ -69,15 +70,15 @@ func (c *closer) tryOnce(ctx context.Context, key string, opts []lockkit.Option,
 		return nil, lockkit.ErrClosed
 	default:
 	}
-	o, watchdog := lockkit.Resolve(opts)
+	o, watchdog := backend.Resolve(opts)
 	return try(ctx, key, o.TTL, watchdog)
 }
 
 // poll is Acquire for every recipe: try with jittered pauses until granted,
 // or the wait ends.
 func (c *closer) poll(ctx context.Context, key string, opts []lockkit.Option, try attempt) (lockkit.Lease, error) {
-	o, _ := lockkit.Resolve(opts)
-	poller := lockkit.Poller{MinDelay: retryDelay / 2, MaxDelay: retryDelay*3/2 - 1, Outage: 1, Closed: c.closed}
+	o, _ := backend.Resolve(opts)
+	poller := backend.Poller{MinDelay: retryDelay / 2, MaxDelay: retryDelay*3/2 - 1, Outage: 1, Closed: c.closed}
 	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) { return c.tryOnce(ctx, key, opts, try) })
 }
 

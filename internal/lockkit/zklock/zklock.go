@@ -28,6 +28,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 const (
@@ -78,15 +79,15 @@ type Locker struct {
 	events <-chan zk.Event
 	root   string
 	acl    []zk.ACL
-	closed chan struct{}
 	once   sync.Once
-	buried sync.WaitGroup
+	// background runs the deletions that Close waits for; its Done is the
+	// Locker's shutdown signal.
+	background backend.Group
 
-	mu      sync.Mutex
-	held    map[string]*held // by node path
-	epoch   uint64           // bumped whenever the connection drops
-	ready   chan struct{}    // closed at the first session
-	closing bool
+	mu    sync.Mutex
+	held  map[string]*held // by node path
+	epoch uint64           // bumped whenever the connection drops
+	ready chan struct{}    // closed at the first session
 }
 
 // held is one granted node.
@@ -105,7 +106,7 @@ func New(addrs []string, sessionTimeout time.Duration, opts ...Option) (*Locker,
 		o(&cfg)
 	}
 	l := &Locker{
-		root: cfg.root, acl: zk.WorldACL(zk.PermAll), closed: make(chan struct{}),
+		root: cfg.root, acl: zk.WorldACL(zk.PermAll),
 		held: make(map[string]*held), ready: make(chan struct{}),
 	}
 	conn, events, err := zk.Connect(addrs, sessionTimeout, zk.WithDialer(cfg.dialer),
@@ -157,16 +158,15 @@ func (l *Locker) onEvent(ev zk.Event) {
 func (l *Locker) Close() error {
 	l.once.Do(func() {
 		l.mu.Lock()
-		l.closing = true
+		l.background.Stop()
 		for _, h := range l.held {
 			if h.timer != nil {
 				h.timer.Stop()
 			}
 		}
 		l.mu.Unlock()
-		close(l.closed)
 		l.conn.Close()
-		l.buried.Wait()
+		l.background.Wait()
 		for range l.events { // closed once the client's goroutines have ended
 		}
 	})
@@ -188,13 +188,13 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 // connection's own timeouts, and ctx is checked between calls and while
 // waiting for the predecessor.
 func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option, wait bool) (lockkit.Lease, error) {
-	o, watchdog := lockkit.Resolve(opts)
-	waitCtx, cancel := o.WaitContext(ctx)
+	o, watchdog := backend.Resolve(opts)
+	waitCtx, cancel := backend.WaitContext(ctx, o)
 	defer cancel()
 	dir := l.dir(key)
 	for {
 		if waitCtx.Err() != nil {
-			return nil, lockkit.WaitErr(ctx, waitCtx)
+			return nil, backend.WaitErr(ctx, waitCtx)
 		}
 		node, err := l.create(dir)
 		if err != nil {
@@ -300,8 +300,8 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 		case <-deleted:
 		case <-waitCtx.Done():
 			l.abandon(node)
-			return nil, lockkit.WaitErr(ctx, waitCtx)
-		case <-l.closed:
+			return nil, backend.WaitErr(ctx, waitCtx)
+		case <-l.background.Done():
 			return nil, lockkit.ErrClosed
 		}
 	}
@@ -333,8 +333,8 @@ func (l *Locker) retire(ctx, waitCtx context.Context, dir string, wait bool) err
 		select {
 		case <-changed:
 		case <-waitCtx.Done():
-			return lockkit.WaitErr(ctx, waitCtx)
-		case <-l.closed:
+			return backend.WaitErr(ctx, waitCtx)
+		case <-l.background.Done():
 			return lockkit.ErrClosed
 		}
 	}
@@ -364,12 +364,12 @@ func (l *Locker) grant(key, node string, epoch uint64, session int64, fence uint
 	// Under mu: expire and extend must see both the timer and the lease.
 	h.session = session
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, h) })
-	h.lease = lockkit.NewLease(lockkit.Grant{
+	h.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, h, ttl) },
 		Release: func(ctx context.Context) error { return l.release(ctx, node, h) },
 		Gone:    h.gone,
-		Closed:  l.closed,
+		Closed:  l.background.Done(),
 	})
 	go l.watchOwn(node, h)
 	return h.lease, nil
@@ -420,7 +420,7 @@ func (l *Locker) release(ctx context.Context, node string, h *held) error {
 		return lockkit.ErrNotHeld
 	}
 	deleted := make(chan error, 1)
-	if !l.background(func() { deleted <- l.conn.Delete(node, -1) }) {
+	if !l.background.Go(func() { deleted <- l.conn.Delete(node, -1) }) {
 		return lockkit.ErrClosed // closing the session deletes the node
 	}
 	settle := func(err error) error {
@@ -438,7 +438,7 @@ func (l *Locker) release(ctx context.Context, node string, h *held) error {
 	case err := <-deleted:
 		return settle(err)
 	case <-ctx.Done():
-		l.background(func() { _ = settle(<-deleted) })
+		l.background.Go(func() { _ = settle(<-deleted) })
 		return context.Cause(ctx)
 	}
 }
@@ -469,7 +469,7 @@ func (l *Locker) forget(node string) {
 // for a half-open connection's timeout.
 func (l *Locker) abandon(ref string) {
 	done := make(chan bool, 1)
-	if !l.background(func() { done <- l.remove(ref) }) {
+	if !l.background.Go(func() { done <- l.remove(ref) }) {
 		return // closing the session deletes the node
 	}
 	timeout := time.NewTimer(abandonWait)
@@ -480,7 +480,7 @@ func (l *Locker) abandon(ref string) {
 			l.bury(ref)
 		}
 	case <-timeout.C:
-		l.background(func() {
+		l.background.Go(func() {
 			if !<-done {
 				l.bury(ref)
 			}
@@ -500,29 +500,13 @@ func (l *Locker) remove(ref string) bool {
 	return err == nil || errors.Is(err, zk.ErrNoNode)
 }
 
-// background runs fn in a goroutine that Close waits for, unless the
-// Locker is closing.
-func (l *Locker) background(fn func()) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		return false
-	}
-	l.buried.Add(1)
-	go func() {
-		defer l.buried.Done()
-		fn()
-	}()
-	return true
-}
-
 // bury retries remove until it succeeds or the Locker closes; an expired
 // session ends it too, as the node is then gone (ErrNoNode).
 func (l *Locker) bury(ref string) {
-	l.background(func() {
+	l.background.Go(func() {
 		for {
 			select {
-			case <-l.closed:
+			case <-l.background.Done():
 				return
 			case <-time.After(retryDelay):
 			}
@@ -536,7 +520,7 @@ func (l *Locker) bury(ref string) {
 // fail maps a client error to lockkit's.
 func (l *Locker) fail(err error) error {
 	select {
-	case <-l.closed:
+	case <-l.background.Done():
 		return lockkit.ErrClosed
 	default:
 	}

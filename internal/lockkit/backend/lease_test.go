@@ -1,13 +1,17 @@
-package lockkit_test
+package backend_test
 
 import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // store is a fake lock server for one grant: it applies each Extend the
@@ -72,15 +76,6 @@ func (s *store) next(t *testing.T, within time.Duration) *call {
 	}
 }
 
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // The holder must stop trusting its lease no later than the server lets
 // the grant go, plus timer noise.
 func requireLostBy(t *testing.T, lease lockkit.Lease, serverExpiry time.Time) {
@@ -99,7 +94,7 @@ func requireLostBy(t *testing.T, lease lockkit.Lease, serverExpiry time.Time) {
 func TestExtendRacingRenewalFollowsTheServer(t *testing.T) {
 	const long, short = 600 * time.Millisecond, 100 * time.Millisecond
 	s := newStore(long)
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: long, Watchdog: true, Extend: s.extend,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: long, Watchdog: true, Extend: s.extend,
 		Release: func(context.Context) error { return nil }})
 	renewal := s.next(t, 2*long)
 	if renewal == nil || renewal.ttl != long {
@@ -136,7 +131,7 @@ func TestExtendRacingRenewalFollowsTheServer(t *testing.T) {
 // then trust the shorter of the two deadlines.
 func TestExtendWithUnknownOutcomeTrustsTheShorterDeadline(t *testing.T) {
 	s := newStore(time.Minute)
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: time.Minute, Extend: s.extend,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute, Extend: s.extend,
 		Release: func(context.Context) error { return nil }})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
@@ -154,7 +149,7 @@ func TestReleaseDoesNotWaitForAHungRenewal(t *testing.T) {
 	hung := make(chan *call, 1)
 	unblock := make(chan struct{})
 	defer close(unblock)
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			hung <- &call{ttl: ttl, ctx: ctx}
 			<-unblock // a driver that does not look at ctx
@@ -174,7 +169,7 @@ func TestReleaseDoesNotWaitForAHungRenewal(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("Release waited for a renewal that hangs")
 	}
-	if !isClosed(lease.Lost()) {
+	if !backend.IsClosed(lease.Lost()) {
 		t.Fatal("Lost open after Release")
 	}
 	select {
@@ -192,10 +187,10 @@ func TestWatchdogRenewsEveryThirdOfTTL(t *testing.T) {
 			c.reply <- nil
 		}
 	}()
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Extend: s.extend,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true, Extend: s.extend,
 		Release: func(context.Context) error { return nil }})
 	time.Sleep(4 * ttl)
-	if isClosed(lease.Lost()) {
+	if backend.IsClosed(lease.Lost()) {
 		t.Fatal("a renewed lease was lost")
 	}
 	if err := lease.Release(context.Background()); err != nil {
@@ -213,7 +208,7 @@ func TestWatchdogRenewsEveryThirdOfTTL(t *testing.T) {
 // its deadline.
 func TestWatchdogLosesTheLeaseWhenNotHeld(t *testing.T) {
 	const ttl = 3 * time.Second // first renewal at 1 s
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true,
 		Extend:  func(context.Context, time.Duration) error { return lockkit.ErrNotHeld },
 		Release: func(context.Context) error { return lockkit.ErrNotHeld }})
 	select {
@@ -230,7 +225,7 @@ func TestWatchdogRetriesTransientErrorsUntilTheDeadline(t *testing.T) {
 	var mu sync.Mutex
 	attempts := 0
 	start := time.Now()
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Sent: start,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true, Sent: start,
 		Extend: func(context.Context, time.Duration) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -251,7 +246,7 @@ func TestWatchdogRetriesTransientErrorsUntilTheDeadline(t *testing.T) {
 
 func TestGoneClosesLost(t *testing.T) {
 	gone := make(chan struct{})
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: time.Minute, Gone: gone,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute, Gone: gone,
 		Extend:  func(context.Context, time.Duration) error { return nil },
 		Release: func(context.Context) error { return nil }})
 	close(gone)
@@ -265,10 +260,10 @@ func TestGoneClosesLost(t *testing.T) {
 // A grant whose deadline passed before it reached the caller is lost from
 // the start: nobody may act on it.
 func TestGrantPastItsDeadlineIsLostAtOnce(t *testing.T) {
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: 10 * time.Millisecond, Sent: time.Now().Add(-time.Second),
 		Extend:  func(context.Context, time.Duration) error { return nil },
 		Release: func(context.Context) error { return nil }})
-	if !isClosed(lease.Lost()) {
+	if !backend.IsClosed(lease.Lost()) {
 		t.Fatal("a grant already past its deadline has Lost open")
 	}
 }
@@ -279,7 +274,7 @@ func TestClosedStopsTheWatchdog(t *testing.T) {
 	close(closedCh)
 	var mu sync.Mutex
 	renewals := 0
-	lease := lockkit.NewLease(lockkit.Grant{Key: "k", TTL: ttl, Watchdog: true, Closed: closedCh,
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Watchdog: true, Closed: closedCh,
 		Extend: func(context.Context, time.Duration) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -292,5 +287,83 @@ func TestClosedStopsTheWatchdog(t *testing.T) {
 	defer mu.Unlock()
 	if renewals != 0 {
 		t.Fatalf("%d renewals after the Locker closed", renewals)
+	}
+}
+
+// A lease with an explicit TTL is never renewed: it is trusted until its
+// deadline, Sent+TTL, and not a moment longer.
+func TestLeaseWithoutWatchdogIsLostAtItsDeadline(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	var renewals atomic.Int32
+	start := time.Now()
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Sent: start,
+		Extend:  func(context.Context, time.Duration) error { renewals.Add(1); return nil },
+		Release: func(context.Context) error { return nil }})
+	<-lease.Lost()
+	if lost := time.Since(start); lost < ttl || lost > ttl+500*time.Millisecond {
+		t.Fatalf("lost after %v, want at its %v deadline", lost, ttl)
+	}
+	if n := renewals.Load(); n != 0 {
+		t.Fatalf("%d renewals of a lease with an explicit TTL", n)
+	}
+	if err := lease.Extend(context.Background(), ttl); !errors.Is(err, lockkit.ErrLeaseLost) {
+		t.Fatalf("Extend after the deadline = %v, want ErrLeaseLost", err)
+	}
+}
+
+// An Extend the store accepted moves the deadline to its send time plus
+// the new TTL.
+func TestExtendMovesTheDeadline(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	start := time.Now()
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Sent: start,
+		Extend:  func(context.Context, time.Duration) error { return nil },
+		Release: func(context.Context) error { return nil }})
+	if err := lease.Extend(context.Background(), 3*ttl); err != nil {
+		t.Fatal(err)
+	}
+	<-lease.Lost()
+	if lost := time.Since(start); lost < 3*ttl {
+		t.Fatalf("lost after %v, before the extended %v", lost, 3*ttl)
+	}
+}
+
+// An Extend the store refused as not ours loses the lease at once.
+func TestExtendNotHeldLosesTheLease(t *testing.T) {
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute,
+		Extend:  func(context.Context, time.Duration) error { return lockkit.ErrNotHeld },
+		Release: func(context.Context) error { return nil }})
+	if err := lease.Extend(context.Background(), time.Minute); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Extend = %v, want ErrNotHeld", err)
+	}
+	if !backend.IsClosed(lease.Lost()) {
+		t.Fatal("Lost open after the store said the grant is not ours")
+	}
+}
+
+// Release passes the store's answer on, closes Lost, and leaves nothing
+// running: not the expiry, not the watchdog, not the Gone watcher.
+func TestReleaseEndsEverythingTheLeaseRan(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const ttl = 60 * time.Millisecond
+	var renewals, releases atomic.Int32
+	lease := backend.NewLease(backend.Grant{Key: "k", Fence: 7, TTL: ttl, Watchdog: true, Gone: make(chan struct{}),
+		Extend:  func(context.Context, time.Duration) error { renewals.Add(1); return nil },
+		Release: func(context.Context) error { releases.Add(1); return lockkit.ErrNotHeld }})
+	if lease.Key() != "k" || lease.Fence() != 7 {
+		t.Fatalf("lease of %q fence %d, want the grant's", lease.Key(), lease.Fence())
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Release = %v, want the store's ErrNotHeld", err)
+	}
+	if !backend.IsClosed(lease.Lost()) {
+		t.Fatal("Lost open after Release")
+	}
+	time.Sleep(2 * ttl)
+	if n := renewals.Load(); n != 0 {
+		t.Fatalf("%d renewals after Release", n)
+	}
+	if n := releases.Load(); n != 1 {
+		t.Fatalf("the store got %d releases, want 1", n)
 	}
 }

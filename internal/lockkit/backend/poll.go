@@ -1,10 +1,12 @@
-package lockkit
+package backend
 
 import (
 	"context"
 	"errors"
 	"math/rand/v2"
 	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
 )
 
 // Poller waits for a key by trying again after a jittered delay. It is for
@@ -23,8 +25,8 @@ type Poller struct {
 
 // Acquire calls try until it grants, fails with something other than
 // ErrNotAcquired, or the wait (ctx and o's wait timeout) ends.
-func (p Poller) Acquire(ctx context.Context, o Options, try func() (Lease, error)) (Lease, error) {
-	waitCtx, cancel := o.WaitContext(ctx)
+func (p Poller) Acquire(ctx context.Context, o lockkit.Options, try func() (lockkit.Lease, error)) (lockkit.Lease, error) {
+	waitCtx, cancel := WaitContext(ctx, o)
 	defer cancel()
 	down := 0
 	for {
@@ -33,9 +35,9 @@ func (p Poller) Acquire(ctx context.Context, o Options, try func() (Lease, error
 		}
 		lease, err := try()
 		switch {
-		case errors.Is(err, ErrNotAcquired):
+		case errors.Is(err, lockkit.ErrNotAcquired):
 			down = 0
-		case errors.Is(err, ErrUnavailable):
+		case errors.Is(err, lockkit.ErrUnavailable):
 			if down++; down >= p.Outage {
 				return nil, err
 			}
@@ -47,7 +49,7 @@ func (p Poller) Acquire(ctx context.Context, o Options, try func() (Lease, error
 		case <-timer.C:
 		case <-p.Closed:
 			timer.Stop()
-			return nil, ErrClosed
+			return nil, lockkit.ErrClosed
 		case <-waitCtx.Done():
 			timer.Stop()
 			return nil, WaitErr(ctx, waitCtx)

@@ -1,10 +1,12 @@
-package lockkit
+package backend
 
 import (
 	"context"
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
 )
 
 // Grant is what a backend knows about one successful acquisition. NewLease
@@ -21,7 +23,7 @@ type Grant struct {
 	// on the holder's clock, whatever the network delay was.
 	Sent time.Time
 	// Extend and Release are owner-checked operations on the store; they
-	// return ErrNotHeld when the grant is no longer this owner's.
+	// return lockkit.ErrNotHeld when the grant is no longer this owner's.
 	Extend  func(ctx context.Context, ttl time.Duration) error
 	Release func(ctx context.Context) error
 	// Gone, if not nil, is closed by the backend when it learns the grant
@@ -58,7 +60,7 @@ type lease struct {
 // NewLease wraps a grant. The lease closes Lost at its deadline, renews
 // itself every TTL/3 with Watchdog, and stops both when released. A grant
 // already past its deadline is lost from the start.
-func NewLease(g Grant) Lease {
+func NewLease(g Grant) lockkit.Lease {
 	if g.Sent.IsZero() {
 		g.Sent = time.Now()
 	}
@@ -90,14 +92,7 @@ func (l *lease) Lost() <-chan struct{} { return l.lost }
 
 func (l *lease) markLost() { l.lostOnce.Do(func() { close(l.lost) }) }
 
-func (l *lease) isLost() bool {
-	select {
-	case <-l.lost:
-		return true
-	default:
-		return false
-	}
-}
+func (l *lease) isLost() bool { return IsClosed(l.lost) }
 
 // renew is the watchdog's tick, run by its timer.
 func (l *lease) renew() {
@@ -108,7 +103,7 @@ func (l *lease) renew() {
 	}
 	defer func() { <-l.calls }()
 	l.mu.Lock()
-	if l.released || l.isLost() || closedChan(l.g.Closed) {
+	if l.released || l.isLost() || IsClosed(l.g.Closed) {
 		l.mu.Unlock()
 		return
 	}
@@ -139,7 +134,7 @@ func (l *lease) settle(sent time.Time, ttl time.Duration, err error) {
 	case err == nil:
 		l.ttl = ttl
 		l.moveDeadline(sent.Add(ttl))
-	case errors.Is(err, ErrNotHeld):
+	case errors.Is(err, lockkit.ErrNotHeld):
 		l.markLost()
 	default:
 		// No reply: the store may or may not have applied ttl, so
@@ -161,18 +156,18 @@ func (l *lease) moveDeadline(deadline time.Time) {
 
 func (l *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l.isLost() {
-		return ErrLeaseLost
+		return lockkit.ErrLeaseLost
 	}
 	select {
 	case l.calls <- struct{}{}:
 	case <-l.lost:
-		return ErrLeaseLost
+		return lockkit.ErrLeaseLost
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	defer func() { <-l.calls }()
 	if l.isLost() {
-		return ErrLeaseLost
+		return lockkit.ErrLeaseLost
 	}
 	sent := time.Now()
 	err := l.g.Extend(ctx, ttl)
@@ -190,7 +185,7 @@ func (l *lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
-		return ErrNotHeld
+		return lockkit.ErrNotHeld
 	}
 	l.released = true
 	if l.renewal != nil {
@@ -203,16 +198,4 @@ func (l *lease) Release(ctx context.Context) error {
 	l.mu.Unlock()
 	l.markLost()
 	return l.g.Release(ctx)
-}
-
-func closedChan(ch <-chan struct{}) bool {
-	if ch == nil {
-		return false
-	}
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

@@ -1,4 +1,4 @@
-package lockkit_test
+package backend_test
 
 import (
 	"context"
@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
-var poller = lockkit.Poller{MinDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond, Outage: 3}
+var poller = backend.Poller{MinDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond, Outage: 3}
 
 func granted() lockkit.Lease {
-	return lockkit.NewLease(lockkit.Grant{Key: "k", TTL: time.Minute,
+	return backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute,
 		Extend:  func(context.Context, time.Duration) error { return nil },
 		Release: func(context.Context) error { return nil }})
 }
@@ -79,5 +80,29 @@ func TestPollerEndsWithItsWait(t *testing.T) {
 	p.Closed = closed
 	if _, err := p.Acquire(context.Background(), lockkit.Options{}, busy); !errors.Is(err, lockkit.ErrClosed) {
 		t.Fatalf("closed Locker: %v, want ErrClosed", err)
+	}
+}
+
+// Every retry waits between MinDelay and MaxDelay: the jitter spreads the
+// waiters, and never turns the poll into a busy loop.
+func TestPollerWaitsBetweenTries(t *testing.T) {
+	p := backend.Poller{MinDelay: 20 * time.Millisecond, MaxDelay: 30 * time.Millisecond, Outage: 3}
+	var at []time.Time
+	try := func() (lockkit.Lease, error) {
+		at = append(at, time.Now())
+		if len(at) < 4 {
+			return nil, lockkit.ErrNotAcquired
+		}
+		return granted(), nil
+	}
+	lease, err := p.Acquire(context.Background(), lockkit.Options{}, try)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < p.MinDelay {
+			t.Fatalf("try %d came %v after the one before, under MinDelay %v", i+1, gap, p.MinDelay)
+		}
 	}
 }
