@@ -21,6 +21,7 @@ import (
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
@@ -40,6 +41,9 @@ type domain interface {
 	Register(api, admin *gin.RouterGroup)
 	audit.Resetter
 	Checks() []audit.Check
+	// A domain that keeps fences must be able to forget them; required
+	// of every domain, so that a new one cannot leave it out unnoticed.
+	guard.FencedDomain
 }
 
 // models are every table, for migrations. Add a domain's here.
@@ -217,7 +221,7 @@ func newProducts(cfg config.Config, db *storage.DB, rdb redis.UniversalClient, l
 
 func newLikes(cfg config.Config, rdb redis.UniversalClient, l locking) (*like.Domain, error) {
 	likes, err := like.New(rdb, like.Options{Strategy: cfg.LikeStrategy, Locker: l.locker, LockOptions: l.options,
-		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay})
+		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay, Metrics: l.metrics})
 	if err != nil {
 		return nil, err
 	}
@@ -242,10 +246,8 @@ func forgetFences(ctx context.Context, cfg config.Config, domains []domain) erro
 		return nil
 	}
 	for _, d := range domains {
-		if f, ok := d.(interface{ ForgetFences(context.Context) error }); ok {
-			if err := f.ForgetFences(ctx); err != nil {
-				return fmt.Errorf("forget fences: %w", err)
-			}
+		if err := d.ForgetFences(ctx); err != nil {
+			return fmt.Errorf("forget fences: %w", err)
 		}
 	}
 	return nil

@@ -3,9 +3,11 @@
 // that loses updates without a lock) under lock:account:<id>, with each
 // write fenced in the store and paired with an insert-only ledger row.
 //
-// The business rules are written once, in core. Locking, fencing and metrics
-// are decorators over the same Service (go-kit style); the unsafe baseline
-// is the locking decorator over lockkit.None.
+// The business rules are written once. Every change is a read-modify-write
+// of the store (Store.Update), and only how that update is guarded differs
+// by strategy: under the accounts' locks with their fences handed to the
+// store (package guard; the unsafe baseline is the same over
+// lockkit.None), or versioned and retried without a lock (optimistic.go).
 package account
 
 import (
@@ -16,6 +18,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 	"github.com/lockbench/shop/internal/optimistic"
@@ -83,7 +87,7 @@ type Service interface {
 }
 
 // Key is the lock key of account id.
-func Key(id int64) string { return "lock:account:" + strconv.FormatInt(id, 10) }
+func Key(id int64) lockkey.Key { return lockkey.Account.Key(strconv.FormatInt(id, 10)) }
 
 // Options configure NewService.
 type Options struct {
@@ -112,43 +116,58 @@ const (
 	StrategyOptimistic = "optimistic"
 )
 
-// NewService returns the account service: metrics over locking over the
-// business rules, all writing through store. With StrategyOptimistic there
-// is no locking layer: the store's versioned write does its work.
+// NewService returns the account service writing through store: under
+// lock:account:<id> with fenced writes, or, with StrategyOptimistic,
+// versioned writes retried without a lock.
 func NewService(store *Store, o Options) Service {
-	var s Service
+	s := &service{store: store, delay: o.CriticalSectionDelay}
 	if o.Strategy == StrategyOptimistic {
-		s = &core{store: store, delay: o.CriticalSectionDelay, optimistic: newRetry(o)}
+		s.optimistic = newRetry(o)
 	} else {
-		s = &locked{next: &core{store: store, delay: o.CriticalSectionDelay}, locker: o.Locker, opts: o.LockOptions, store: store}
-	}
-	if o.Metrics != nil {
-		s = &instrumented{next: s, m: o.Metrics}
+		s.guard = guard.New(lockkey.Account, o.Locker, o.LockOptions, o.Metrics)
 	}
 	return s
 }
 
-// core is the business rules, unaware of locks: it reads, decides, and
-// hands the fences it was given (through ctx, by locked) to the store.
-type core struct {
-	store *Store
-	delay time.Duration
-	// optimistic, when set, writes through the versioned store path.
+// service is the business rules. Exactly one of guard and optimistic is
+// set: how update keeps a read-modify-write whole.
+type service struct {
+	store      *Store
+	delay      time.Duration
+	guard      *guard.Guard
 	optimistic *retry
 }
 
-// update is the read-modify-write of ids: fenced under the caller's locks,
-// or versioned and retried when the strategy is optimistic.
-func (s *core) update(ctx context.Context, kind string, ids []int64, fn func(ctx context.Context, accts []*Account) error) error {
+// update is the read-modify-write of ids: under their locks, fenced, or
+// versioned and retried when the strategy is optimistic.
+func (s *service) update(ctx context.Context, kind string, ids []int64, fn func(ctx context.Context, accts []*Account) error) error {
 	if s.optimistic != nil {
 		return s.optimistic.update(ctx, s.store, kind, ids, fn)
 	}
-	return s.store.Update(ctx, kind, ids, fencesFrom(ctx), fn)
+	// Unknown accounts are turned away before they name a lock: a backend
+	// keeps a fence counter for every key ever locked, and a transfer's
+	// recipient is any number the client likes.
+	keys := make([]lockkey.Key, len(ids))
+	for i, id := range ids {
+		if _, err := s.store.Get(ctx, id); err != nil {
+			return err
+		}
+		keys[i] = Key(id)
+	}
+	// Transfers lock both accounts; the guard takes them in sorted order,
+	// so two transfers in opposite directions never wait in a cycle.
+	return s.guard.Do(ctx, keys, func(ctx context.Context, f guard.Fences) error {
+		fences := make(map[int64]uint64, len(ids))
+		for i, id := range ids {
+			fences[id] = f.Of(keys[i])
+		}
+		return s.store.Update(ctx, kind, ids, fences, fn)
+	})
 }
 
-func (s *core) Get(ctx context.Context, id int64) (Account, error) { return s.store.Get(ctx, id) }
+func (s *service) Get(ctx context.Context, id int64) (Account, error) { return s.store.Get(ctx, id) }
 
-func (s *core) Deposit(ctx context.Context, id, amount int64) (Account, error) {
+func (s *service) Deposit(ctx context.Context, id, amount int64) (Account, error) {
 	if amount <= 0 {
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
@@ -160,12 +179,12 @@ func (s *core) Deposit(ctx context.Context, id, amount int64) (Account, error) {
 		}
 		a.Balance += amount
 		out = *a
-		return work(ctx, s.delay)
+		return guard.Work(ctx, s.delay)
 	})
 	return out, err
 }
 
-func (s *core) Withdraw(ctx context.Context, id, amount int64) (Account, error) {
+func (s *service) Withdraw(ctx context.Context, id, amount int64) (Account, error) {
 	if amount <= 0 {
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
@@ -177,12 +196,12 @@ func (s *core) Withdraw(ctx context.Context, id, amount int64) (Account, error) 
 		}
 		a.Balance -= amount
 		out = *a
-		return work(ctx, s.delay)
+		return guard.Work(ctx, s.delay)
 	})
 	return out, err
 }
 
-func (s *core) Transfer(ctx context.Context, from, to, amount int64) (Transfer, error) {
+func (s *service) Transfer(ctx context.Context, from, to, amount int64) (Transfer, error) {
 	if amount <= 0 {
 		return Transfer{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
@@ -204,7 +223,7 @@ func (s *core) Transfer(ctx context.Context, from, to, amount int64) (Transfer, 
 		src.Balance -= amount
 		dst.Balance += amount
 		out.FromBalance = src.Balance
-		return work(ctx, s.delay)
+		return guard.Work(ctx, s.delay)
 	})
 	return out, err
 }
@@ -218,20 +237,4 @@ func refuseUnaffordable(ctx context.Context, store *Store, from, amount int64) e
 		return fmt.Errorf("%w: balance is %d cents, transfer asks %d", ErrInsufficientFunds, src.Balance, amount)
 	}
 	return nil
-}
-
-// work stands in for the business work between read and write
-// (SHOP_CRITICAL_SECTION_DELAY). It stops early if the lease is lost.
-func work(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }

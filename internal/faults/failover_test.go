@@ -109,7 +109,7 @@ func TestRedisFailover(t *testing.T) {
 	if _, err := store.Put(ctx, id, opening); err != nil {
 		t.Fatal(err)
 	}
-	key := account.Key(id)
+	key := account.Key(id).String()
 	deposit := func(fence uint64, amount int64) error {
 		return store.Update(ctx, "deposit", []int64{id}, map[int64]uint64{id: fence},
 			func(_ context.Context, a []*account.Account) error { a[0].Balance += amount; return nil })
@@ -267,7 +267,7 @@ func newStaleWriter(t *testing.T, r *rig, url, addr string, id int64) *staleWrit
 	}
 	t.Cleanup(func() { db.Close() })
 	w := &staleWriter{id: id, store: account.NewStore(db.DB)}
-	w.lease, err = locker.Acquire(ctx, account.Key(id), lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
+	w.lease, err = locker.Acquire(ctx, account.Key(id).String(), lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -195,12 +195,14 @@ func (p Policy) stores(c *gin.Context, status int) bool {
 func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, claimed time.Time) {
 	recKey, leaseKey := m.keys(user, key)
 	parent := c.Request.Context()
-	ctx, cancel := context.WithCancelCause(parent)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		m.keepLease(ctx, cancel, recKey, leaseKey, run, claimed)
-	}()
+	lease := m.lease(recKey, leaseKey, run, claimed)
+	ctx, stop := lockkit.Watch(parent, lease)
+	logLost := context.AfterFunc(ctx, func() {
+		if errors.Is(context.Cause(ctx), lockkit.ErrLeaseLost) {
+			slog.WarnContext(ctx, "idem: lease lost: "+lease.why(), "key", recKey, "run", run)
+		}
+	})
+	defer logLost()
 	// The writes after the handler get their own time, from when it ends:
 	// a handler may wait long for its locks.
 	var fctx context.Context
@@ -215,8 +217,9 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, cl
 	c.Writer = w
 	c.Request = c.Request.WithContext(ctx)
 	panicked, stack := next(c)
-	cancel(nil)
-	<-watchDone
+	logLost()
+	stop()
+	lease.end(parent)
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
 	defer fcancel()
 	if panicked != nil {
@@ -275,45 +278,6 @@ func next(c *gin.Context) (panicked any, stack []byte) {
 	}()
 	c.Next()
 	return nil, nil
-}
-
-// keepLease renews the key's lease every third of its TTL until ctx ends,
-// and calls lost once the lease can no longer be trusted: the record names
-// a later run, or a whole lease has passed since the last renewal that was
-// sent and applied (claimed: the claim's). The second is a timer of its
-// own, not a check at the next tick: from that instant a duplicate may
-// claim the key in Redis and run, so this handler must be told then.
-func (m *Idem) keepLease(ctx context.Context, lost context.CancelCauseFunc, recKey, leaseKey, run string, claimed time.Time) {
-	t := time.NewTicker(m.o.Lease / 3)
-	defer t.Stop()
-	expiry := time.AfterFunc(time.Until(claimed.Add(m.o.Lease)), func() {
-		slog.WarnContext(ctx, "idem: lease lost: no renewal for a whole lease", "key", recKey, "run", run)
-		lost(lockkit.ErrLeaseLost)
-	})
-	defer expiry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, m.o.Lease/3)
-		ok, err := renewScript.Run(rctx, m.client, []string{recKey, leaseKey}, run, m.o.Lease.Milliseconds()).Int()
-		cancel()
-		switch {
-		case err == nil && ok == 1:
-			// Once lost, the context stays cancelled: a late success
-			// cannot bring the handler back.
-			expiry.Reset(time.Until(start.Add(m.o.Lease)))
-		case err == nil:
-			slog.WarnContext(ctx, "idem: lease lost: the key was claimed again", "key", recKey, "run", run)
-			lost(lockkit.ErrLeaseLost)
-			return
-		}
-		// Another error is transient: the next tick tries again, and the
-		// expiry ends the lease if none succeeds in time.
-	}
 }
 
 // capture passes the response through and keeps a copy of the body.

@@ -8,7 +8,8 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/lockkey"
 )
 
 // combined is the lock strategy with the buyers of one SKU combined: the
@@ -31,8 +32,6 @@ import (
 //     process's batch of n holds the key for n sales.
 type combined struct {
 	single   *locked // the path of a lone or limited purchase
-	locker   lockkit.Locker
-	opts     []lockkit.Option
 	store    *Store
 	maxBatch int
 	// delay is the business work, once per batch: the read, decide and
@@ -64,7 +63,7 @@ type orderResult struct {
 }
 
 func newCombined(single *locked, o Options) *combined {
-	return &combined{single: single, locker: o.Locker, opts: o.LockOptions, store: single.store,
+	return &combined{single: single, store: single.store,
 		maxBatch: o.Combine, delay: o.CriticalSectionDelay, queues: map[string]*skuQueue{}}
 }
 
@@ -155,20 +154,15 @@ func (c *combined) serve(sku string, batch []*order) {
 	defer cancel()
 	purchases := make([]Purchase, len(live))
 	sold := make([]bool, len(live))
-	var wrote bool
-	err := lockkit.Do(ctx, c.locker, Key(sku), func(ctx context.Context, fence uint64) error {
+	// Sales the store accepted under an unbeaten fence stand even if the
+	// lease is found lost after (guard.Do).
+	k := Key(sku)
+	err := c.single.guard.Do(ctx, []lockkey.Key{k}, func(ctx context.Context, f guard.Fences) error {
 		for i, o := range live {
-			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: fence}
+			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: f.Of(k)}
 		}
-		err := c.store.updateMany(ctx, sku, fence, purchases, sold, c.delay)
-		wrote = err == nil
-		return err
-	}, c.opts...)
-	if wrote {
-		// As in locked.Purchase: sales the store accepted under an unbeaten
-		// fence stand even if Do then found the lease lost.
-		err = nil
-	}
+		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay)
+	})
 	if errors.Is(err, errNotCombinable) {
 		for _, o := range live {
 			p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
@@ -218,7 +212,7 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 	if len(rows) == 0 {
 		return nil
 	}
-	if err := work(ctx, delay); err != nil {
+	if err := guard.Work(ctx, delay); err != nil {
 		clear(sold)
 		return err
 	}

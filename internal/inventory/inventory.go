@@ -14,7 +14,9 @@
 //   - optimistic: read, check and write in Go without a lock; the write
 //     lands only over the version it read, and a loser reads again.
 //
-// Each is a Service; locking and metrics are decorators over it.
+// Each is a Service. The lock strategy runs its read-modify-write under
+// package guard, which takes the lock, hands its fence to the store and
+// counts the writes a fence refused.
 package inventory
 
 import (
@@ -24,6 +26,8 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 	"github.com/lockbench/shop/internal/optimistic"
@@ -96,7 +100,7 @@ type Service interface {
 }
 
 // Key is the lock key of sku's stock.
-func Key(sku string) string { return "lock:stock:" + sku }
+func Key(sku string) lockkey.Key { return lockkey.Stock.Key(sku) }
 
 // Strategies.
 const (
@@ -137,8 +141,8 @@ func NewService(store *Store, o Options) (Service, error) {
 	var s Service
 	switch o.Strategy {
 	case StrategyLock, "":
-		l := &locked{next: &readCheckWrite{store: store, delay: o.CriticalSectionDelay},
-			locker: o.Locker, opts: o.LockOptions, store: store}
+		l := &locked{store: store, delay: o.CriticalSectionDelay,
+			guard: guard.New(lockkey.Stock, o.Locker, o.LockOptions, o.Metrics)}
 		s = l
 		if o.Combine > 1 {
 			s = newCombined(l, o)
@@ -155,9 +159,6 @@ func NewService(store *Store, o Options) (Service, error) {
 	default:
 		return nil, fmt.Errorf("inventory: unknown strategy %q", o.Strategy)
 	}
-	if o.Metrics != nil {
-		s = &instrumented{next: s, m: o.Metrics}
-	}
 	return s, nil
 }
 
@@ -171,30 +172,42 @@ func validate(sku string, quantity int64) error {
 	return nil
 }
 
-// readCheckWrite is the lock strategy's business rule, unaware of the lock:
-// the fence arrives in ctx from locked.
-type readCheckWrite struct {
+// locked is the lock strategy: read, check and write in Go under
+// lock:stock:<sku>, the write fenced in the store.
+type locked struct {
 	store *Store
 	delay time.Duration
+	guard *guard.Guard
 }
 
-func (s *readCheckWrite) Get(ctx context.Context, sku string) (Product, error) {
+func (s *locked) Get(ctx context.Context, sku string) (Product, error) {
 	return s.store.Get(ctx, sku)
 }
 
-func (s *readCheckWrite) Purchase(ctx context.Context, user int64, sku string, quantity int64) (Purchase, error) {
+func (s *locked) Purchase(ctx context.Context, user int64, sku string, quantity int64) (Purchase, error) {
 	if err := validate(sku, quantity); err != nil {
 		return Purchase{}, err
 	}
-	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyLock, Fence: fenceFrom(ctx)}
-	err := s.store.Update(ctx, &p, func(ctx context.Context, prod *Product) error {
-		if prod.Stock < quantity {
-			return soldOut(prod.Stock, quantity)
-		}
-		prod.Stock -= quantity
-		return work(ctx, s.delay)
+	// Unknown SKUs are turned away before they name a lock: a backend keeps
+	// a fence counter for every key ever locked.
+	if _, err := s.store.Get(ctx, sku); err != nil {
+		return Purchase{}, err
+	}
+	k := Key(sku)
+	var out Purchase
+	err := s.guard.Do(ctx, []lockkey.Key{k}, func(ctx context.Context, f guard.Fences) error {
+		p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyLock}
+		err := s.store.Update(ctx, &p, f.Of(k), func(ctx context.Context, prod *Product) error {
+			if prod.Stock < quantity {
+				return soldOut(prod.Stock, quantity)
+			}
+			prod.Stock -= quantity
+			return guard.Work(ctx, s.delay)
+		})
+		out = p
+		return err
 	})
-	return p, err
+	return out, err
 }
 
 func soldOut(left, asked int64) error {
@@ -218,7 +231,7 @@ func (s *atomicSQL) Purchase(ctx context.Context, user int64, sku string, quanti
 	if err := validate(sku, quantity); err != nil {
 		return Purchase{}, err
 	}
-	if err := work(ctx, s.delay); err != nil {
+	if err := guard.Work(ctx, s.delay); err != nil {
 		return Purchase{}, err
 	}
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicSQL}
@@ -240,7 +253,7 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 	if err := validate(sku, quantity); err != nil {
 		return Purchase{}, err
 	}
-	if err := work(ctx, s.delay); err != nil {
+	if err := guard.Work(ctx, s.delay); err != nil {
 		return Purchase{}, err
 	}
 	if err := s.mirror.Take(ctx, sku, quantity, s.store.Get); err != nil {
@@ -262,18 +275,4 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 		}
 	}
 	return p, err
-}
-
-func work(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }

@@ -179,8 +179,8 @@ func TestStaleFenceIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	take := func(fence uint64) error {
-		p := Purchase{SKU: "f", UserID: 1, Quantity: 1, Strategy: StrategyLock, Fence: fence}
-		return store.Update(ctx, &p, func(_ context.Context, prod *Product) error { prod.Stock--; return nil })
+		p := Purchase{SKU: "f", UserID: 1, Quantity: 1, Strategy: StrategyLock}
+		return store.Update(ctx, &p, fence, func(_ context.Context, prod *Product) error { prod.Stock--; return nil })
 	}
 	if err := take(5); err != nil {
 		t.Fatal(err)
@@ -249,8 +249,8 @@ func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
 					<-by.wake
 				}
 				go func() {
-					p := Purchase{SKU: "race", UserID: user, Quantity: 1, Strategy: StrategyLock, Fence: fence}
-					by.done <- s.Update(ctx, &p, func(_ context.Context, prod *Product) error {
+					p := Purchase{SKU: "race", UserID: user, Quantity: 1, Strategy: StrategyLock}
+					by.done <- s.Update(ctx, &p, fence, func(_ context.Context, prod *Product) error {
 						by.seen = prod.Stock
 						prod.Stock--
 						return nil

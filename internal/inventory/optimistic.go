@@ -7,6 +7,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -45,7 +46,7 @@ func (s *optimisticPurchase) Purchase(ctx context.Context, user int64, sku strin
 		if prod.Stock < quantity {
 			return soldOut(prod.Stock, quantity)
 		}
-		if err := work(ctx, s.delay); err != nil {
+		if err := guard.Work(ctx, s.delay); err != nil {
 			return err
 		}
 		p = Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyOptimistic}

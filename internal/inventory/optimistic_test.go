@@ -128,8 +128,8 @@ func TestLockWriteRefusesAnOptimisticWriteItMissed(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	p := Purchase{SKU: "mixed", UserID: 1, Quantity: 1, Strategy: StrategyLock, Fence: 7}
-	err = store.Update(ctx, &p, func(_ context.Context, prod *Product) error { prod.Stock--; return nil })
+	p := Purchase{SKU: "mixed", UserID: 1, Quantity: 1, Strategy: StrategyLock}
+	err = store.Update(ctx, &p, 7, func(_ context.Context, prod *Product) error { prod.Stock--; return nil })
 	if !errors.Is(err, optimistic.ErrConflict) {
 		t.Errorf("lock write over a missed optimistic sale: %v, want ErrConflict", err)
 	}

@@ -44,8 +44,9 @@ func (s *Store) Get(ctx context.Context, sku string) (Product, error) {
 	return p, err
 }
 
-// Update is the lock strategy's read-modify-write: it claims the product
-// with p.Fence, reads it, lets fn lower its stock, then in one transaction
+// Update is the lock strategy's read-modify-write under the lock whose
+// token is fence (recorded in p.Fence): it claims the product with fence,
+// reads it, lets fn lower its stock, then in one transaction
 // writes the stock (fenced), counts the units against the per-user limit
 // and inserts the purchase p. A fence that does not beat the row's at the
 // claim, or that a newer token has replaced by the write, makes Update
@@ -59,8 +60,9 @@ func (s *Store) Get(ctx context.Context, sku string) (Product, error) {
 // statement and the read a plain SELECT outside the transaction: no row
 // lock is held while fn runs; the caller's lock serializes, the fence
 // catches a holder whose lock ran out.
-func (s *Store) Update(ctx context.Context, p *Purchase, fn func(ctx context.Context, prod *Product) error) error {
-	if err := s.claim(ctx, p.SKU, p.Fence); err != nil {
+func (s *Store) Update(ctx context.Context, p *Purchase, fence uint64, fn func(ctx context.Context, prod *Product) error) error {
+	p.Fence = fence
+	if err := s.claim(ctx, p.SKU, fence); err != nil {
 		return err
 	}
 	prod, err := s.Get(ctx, p.SKU)
@@ -85,7 +87,7 @@ func (s *Store) Update(ctx context.Context, p *Purchase, fn func(ctx context.Con
 		if err := countLimit(tx, prod, *p); err != nil {
 			return err
 		}
-		if err := writeStock(tx, prod, p.Fence); err != nil {
+		if err := writeStock(tx, prod, fence); err != nil {
 			return err
 		}
 		return tx.Create(p).Error

@@ -30,7 +30,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 )
 
 // Errors of the like domain, mapped to statuses in http.go.
@@ -102,7 +105,7 @@ type State struct {
 }
 
 // Key is the lock key of an entity's likes under the lock strategy.
-func Key(r Ref) string { return "lock:like:" + r.Type + ":" + r.ID }
+func Key(r Ref) lockkey.Key { return lockkey.Like.Key(r.Type, r.ID) }
 
 // Strategies.
 const (
@@ -125,6 +128,8 @@ type Options struct {
 	// CriticalSectionDelay is slept between the membership check and the
 	// writes of the lock strategy, widening the window the lock closes.
 	CriticalSectionDelay time.Duration
+	// Metrics, if set, counts the writes a fence refused.
+	Metrics *lockmetrics.Metrics
 }
 
 // Service is the like domain. It is safe for concurrent use.
@@ -156,7 +161,8 @@ func New(client redis.UniversalClient, o Options) (*Service, error) {
 		if o.Locker == nil {
 			return nil, errors.New("like: the lock strategy needs a Locker (lockkit.None() for the unsafe baseline)")
 		}
-		s.strategy = &spread{client: client, k: s.k, locker: o.Locker, opts: o.LockOptions, delay: o.CriticalSectionDelay}
+		s.strategy = &spread{client: client, k: s.k, delay: o.CriticalSectionDelay,
+			guard: guard.New(lockkey.Like, o.Locker, o.LockOptions, o.Metrics)}
 	case StrategyHashTag:
 		s.strategy = &tagged{client: client, k: s.k}
 	default:
@@ -316,20 +322,4 @@ func (s *Service) Drift(ctx context.Context) (map[string]int64, error) {
 		}
 	}
 	return out, nil
-}
-
-// work stands in for business work between the check and the writes
-// (SHOP_CRITICAL_SECTION_DELAY). It stops early if the lease is lost.
-func work(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -22,8 +24,7 @@ const counterTimeout = 5 * time.Second
 type spread struct {
 	client redis.UniversalClient
 	k      keys
-	locker lockkit.Locker
-	opts   []lockkit.Option
+	guard  *guard.Guard
 	delay  time.Duration
 	// beforeWrite, when set by a test, runs between the membership check
 	// and the writes.
@@ -47,9 +48,10 @@ func (s *spread) owned(owner int64) string {
 // reply would keep the counter right without a lock; docs/likes-orders.md
 // says so.)
 func (s *spread) set(ctx context.Context, e Entity, user int64, add bool) error {
-	return lockkit.DoFenced(ctx, s.locker, Key(e.Ref), func(ctx context.Context, fence uint64) error {
-		return s.setFenced(ctx, e, user, add, fence)
-	}, s.opts...)
+	k := Key(e.Ref)
+	return s.guard.Do(ctx, []lockkey.Key{k}, func(ctx context.Context, f guard.Fences) error {
+		return s.setFenced(ctx, e, user, add, f.Of(k))
+	})
 }
 
 // setFenced is set's critical section, run under the lease whose token is
@@ -68,7 +70,7 @@ func (s *spread) setFenced(ctx context.Context, e Entity, user int64, add bool, 
 	if (member == 1) == add {
 		return nil
 	}
-	if err := work(ctx, s.delay); err != nil {
+	if err := guard.Work(ctx, s.delay); err != nil {
 		return err
 	}
 	if s.beforeWrite != nil {
@@ -101,15 +103,15 @@ func (s *spread) setFenced(ctx context.Context, e Entity, user int64, add bool, 
 }
 
 // drift reads one owner's counter and sets under the locks of all of the
-// owner's entities (DoMany takes them in sorted order), so that no like is
-// half-way while it reads. With lockkit.None() it reads what is there.
+// owner's entities (taken in sorted order), so that no like is half-way
+// while it reads. With lockkit.None() it reads what is there.
 func (s *spread) drift(ctx context.Context, owner int64, entities []Ref) (int64, error) {
-	lockKeys := make([]string, len(entities))
+	lockKeys := make([]lockkey.Key, len(entities))
 	for i, r := range entities {
 		lockKeys[i] = Key(r)
 	}
 	var drift int64
-	err := lockkit.DoMany(ctx, s.locker, lockKeys, func(ctx context.Context, _ map[string]uint64) error {
+	err := s.guard.Hold(ctx, lockKeys, func(ctx context.Context) error {
 		var counter *redis.StringCmd
 		cards := make([]*redis.IntCmd, len(entities))
 		// Each reply is checked on its own: Pipelined returns only the
@@ -135,7 +137,7 @@ func (s *spread) drift(ctx context.Context, owner int64, entities []Ref) (int64,
 			drift -= n
 		}
 		return nil
-	}, s.opts...)
+	})
 	return drift, err
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -13,7 +14,7 @@ import (
 // loop, only the holder of this key closes orders (a job that runs on
 // exactly one node). With the none backend every instance holds it, and
 // the audit shows what that costs.
-const LeaderKey = "lock:order-closer"
+var LeaderKey = lockkey.OrderCloser.Key()
 
 // leaderWait bounds one wait for the leader lease. The wait wakes at once
 // when the lease is freed (on backends that can wait without polling), so
@@ -42,10 +43,10 @@ func (s *Service) interval() time.Duration {
 // whether it lands.
 func (s *Service) RunCloser(ctx context.Context, log *slog.Logger) {
 	for ctx.Err() == nil {
-		err := lockkit.Do(ctx, s.o.Locker, LeaderKey, func(ctx context.Context, fence uint64) error {
-			log.Info("order closer: leading", "key", LeaderKey, "fence", fence, "interval", s.interval())
+		err := lockkit.Do(ctx, s.o.Locker, LeaderKey.String(), func(ctx context.Context, fence uint64) error {
+			log.Info("order closer: leading", "key", LeaderKey.String(), "fence", fence, "interval", s.interval())
 			err := s.lead(ctx, log)
-			log.Info("order closer: stepped down", "key", LeaderKey, "fence", fence, "reason", context.Cause(ctx))
+			log.Info("order closer: stepped down", "key", LeaderKey.String(), "fence", fence, "reason", context.Cause(ctx))
 			return err
 		}, lockkit.WithAutoRenew(s.o.LeaderTTL), lockkit.WithWaitTimeout(leaderWait))
 		switch {
@@ -54,7 +55,7 @@ func (s *Service) RunCloser(ctx context.Context, log *slog.Logger) {
 		case errors.Is(err, lockkit.ErrNotAcquired):
 			continue // another instance leads: wait again
 		case err != nil && !errors.Is(err, lockkit.ErrLeaseLost):
-			log.Warn("order closer: leader lease", "key", LeaderKey, "err", err)
+			log.Warn("order closer: leader lease", "key", LeaderKey.String(), "err", err)
 		}
 		sleep(ctx, s.interval())
 	}

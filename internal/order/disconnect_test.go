@@ -44,11 +44,11 @@ func steps(table string) []step {
 	return []step{
 		{name: "before-the-request", arm: func(_ *shop, cancel context.CancelFunc) func() { cancel(); return func() {} }},
 		{name: "waiting-for-a-lock", arm: func(s *shop, cancel context.CancelFunc) func() {
-			lease, err := s.locker.Acquire(context.Background(), inventory.Key("widget"))
+			lease, err := s.locker.Acquire(context.Background(), inventory.Key("widget").String())
 			if err != nil {
 				s.t.Fatal(err)
 			}
-			lease2, err := s.locker.Acquire(context.Background(), Key(1))
+			lease2, err := s.locker.Acquire(context.Background(), Key(1).String())
 			if err != nil {
 				s.t.Fatal(err)
 			}

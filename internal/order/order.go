@@ -21,11 +21,12 @@
 package order
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/lockbench/shop/internal/lockkey"
 )
 
 // Errors of the order domain, mapped to statuses in http.go.
@@ -68,7 +69,7 @@ type Order struct {
 }
 
 // Key is the lock key of order id: pay and close race on it.
-func Key(id int64) string { return "lock:order:" + strconv.FormatInt(id, 10) }
+func Key(id int64) lockkey.Key { return lockkey.Order.Key(strconv.FormatInt(id, 10)) }
 
 // now is the time as the database keeps it (milliseconds, UTC), so that an
 // order answered from memory and the same order read back are equal: a
@@ -98,20 +99,4 @@ func (o *Order) cancel(at time.Time, timeout time.Duration) bool {
 	}
 	o.Status, o.CancelledAt = StatusCancelled, &at
 	return true
-}
-
-// work stands in for the business work between read and write
-// (SHOP_CRITICAL_SECTION_DELAY). It stops early if the lease is lost.
-func work(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }

@@ -2,13 +2,14 @@ package order
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
 
 	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/inventory"
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 )
@@ -41,6 +42,9 @@ type Options struct {
 type Service struct {
 	store *Store
 	o     Options
+	// guard takes the rows' locks; fenced writes refused in any of them
+	// count as class order.
+	guard *guard.Guard
 }
 
 // NewService returns the order service over store.
@@ -54,7 +58,7 @@ func NewService(store *Store, o Options) *Service {
 	if o.Locker == nil {
 		o.Locker = lockkit.None()
 	}
-	return &Service{store: store, o: o}
+	return &Service{store: store, o: o, guard: guard.New(lockkey.Order, o.Locker, o.LockOptions, o.Metrics)}
 }
 
 // Place orders quantity units of sku for user with idempotency key key: the
@@ -80,17 +84,17 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 	}
 	// Paying locks the account even for a free product: the price is read
 	// again under the stock's lock and may have changed meanwhile.
-	keys := []string{inventory.Key(sku)}
+	stock, acct := inventory.Key(sku), account.Key(user)
+	keys := []lockkey.Key{stock}
 	if pay {
 		if _, err := s.store.accounts.Get(ctx, user); err != nil {
 			return Order{}, false, err
 		}
-		keys = append(keys, account.Key(user))
+		keys = append(keys, acct)
 	}
 	o = Order{UserID: user, IdempotencyKey: key, SKU: sku, Quantity: quantity}
-	err = lockkit.DoManyFenced(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
-		f := Fences{Stock: fences[inventory.Key(sku)], Account: fences[account.Key(user)]}
-		existing, err = s.store.Create(ctx, &o, f, func(ctx context.Context, o *Order, p inventory.Product) error {
+	err = s.guard.Do(ctx, keys, func(ctx context.Context, f guard.Fences) error {
+		existing, err = s.store.Create(ctx, &o, Fences{Stock: f.Of(stock), Account: f.Of(acct)}, func(ctx context.Context, o *Order, p inventory.Product) error {
 			if p.PriceCents > 0 && quantity > math.MaxInt64/p.PriceCents {
 				return fmt.Errorf("%w: %d × %d cents", ErrTooLarge, quantity, p.PriceCents)
 			}
@@ -103,11 +107,10 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 			if pay {
 				o.Status, o.PaidAt = StatusPaid, &o.CreatedAt
 			}
-			return work(ctx, s.o.CriticalSectionDelay)
+			return guard.Work(ctx, s.o.CriticalSectionDelay)
 		})
 		return err
-	}, s.o.LockOptions...)
-	s.count(err)
+	})
 	return o, existing, err
 }
 
@@ -131,21 +134,20 @@ func (s *Service) Pay(ctx context.Context, user, id int64) (Order, error) {
 		// Neither needs a lock: both are final.
 		return o, o.pay(time.Time{})
 	}
-	keys := []string{Key(id)}
+	ord, acct := Key(id), account.Key(user)
+	keys := []lockkey.Key{ord}
 	if o.AmountCents > 0 {
-		keys = append(keys, account.Key(user))
+		keys = append(keys, acct)
 	}
-	err = lockkit.DoManyFenced(ctx, s.o.Locker, keys, func(ctx context.Context, fences map[string]uint64) error {
-		f := Fences{Order: fences[Key(id)], Account: fences[account.Key(user)]}
-		o, err = s.store.Update(ctx, id, f, func(ctx context.Context, o *Order) error {
+	err = s.guard.Do(ctx, keys, func(ctx context.Context, f guard.Fences) error {
+		o, err = s.store.Update(ctx, id, Fences{Order: f.Of(ord), Account: f.Of(acct)}, func(ctx context.Context, o *Order) error {
 			if err := o.pay(now()); err != nil {
 				return err
 			}
-			return work(ctx, s.o.CriticalSectionDelay)
+			return guard.Work(ctx, s.o.CriticalSectionDelay)
 		})
 		return err
-	}, s.o.LockOptions...)
-	s.count(err)
+	})
 	return o, err
 }
 
@@ -157,24 +159,17 @@ func (s *Service) closeOne(ctx context.Context, id int64) (bool, error) {
 		return false, err
 	}
 	closed := false
-	err = lockkit.DoManyFenced(ctx, s.o.Locker, []string{Key(id), inventory.Key(o.SKU)}, func(ctx context.Context, fences map[string]uint64) error {
-		f := Fences{Order: fences[Key(id)], Stock: fences[inventory.Key(o.SKU)]}
-		_, err := s.store.Update(ctx, id, f, func(ctx context.Context, o *Order) error {
+	ord, stock := Key(id), inventory.Key(o.SKU)
+	err = s.guard.Do(ctx, []lockkey.Key{ord, stock}, func(ctx context.Context, f guard.Fences) error {
+		_, err := s.store.Update(ctx, id, Fences{Order: f.Of(ord), Stock: f.Of(stock)}, func(ctx context.Context, o *Order) error {
 			if closed = o.cancel(now(), s.o.PayTimeout); !closed {
 				return nil
 			}
-			return work(ctx, s.o.CriticalSectionDelay)
+			return guard.Work(ctx, s.o.CriticalSectionDelay)
 		})
 		return err
-	}, s.o.LockOptions...)
-	s.count(err)
+	})
 	return closed && err == nil, err
-}
-
-func (s *Service) count(err error) {
-	if s.o.Metrics != nil && errors.Is(err, lockkit.ErrFenced) {
-		s.o.Metrics.Fenced("order")
-	}
 }
 
 // Get returns order id if it belongs to user; otherwise ErrNotFound, the

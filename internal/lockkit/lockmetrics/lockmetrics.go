@@ -6,26 +6,36 @@
 // The leases it hands out must be released (lockkit.Do always does): a
 // lease's hold time and its loss are recorded when it is released.
 //
-// Metrics are labelled by backend and by key class, the second segment of
-// "lock:<class>:…" (stock, account, like, idem, order), never by the key
-// itself: one series per SKU or account would grow without bound.
+// Metrics are labelled by backend and by key class (stock, account, like,
+// order; the leader lease, and a key taken without a class, is "other"),
+// never by the key itself: one series per SKU or account would grow
+// without bound. The class is given, never read back out of the key: For
+// binds a Locker to one class, and package guard takes each key through
+// the Locker of its class.
 package lockmetrics
 
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
-// Classes are the key classes with their own label value; any other key is
-// counted as "other".
-var Classes = []string{"stock", "account", "like", "idem", "order"}
+// label is the label value of class c: its name, so that a class
+// declared in lockkey is labelled without a change here. The closer's
+// leader lease keeps "other", its label from before classes were
+// declared: dashboards and alerts select on these values.
+func label(c lockkey.Class) string {
+	if c == "" || c == lockkey.OrderCloser {
+		return "other"
+	}
+	return string(c)
+}
 
 // Metrics holds the collectors of one backend. Create it once per process.
 type Metrics struct {
@@ -71,29 +81,30 @@ func New(reg prometheus.Registerer, backend string) *Metrics {
 	return m
 }
 
-// Class is the label value of key: "account" for "lock:account:42".
-func Class(key string) string {
-	_, rest, ok := strings.Cut(key, "lock:")
-	if ok {
-		class, _, _ := strings.Cut(rest, ":")
-		for _, c := range Classes {
-			if c == class {
-				return c
-			}
-		}
-	}
-	return "other"
+// Fenced counts one write of class refused by a fence.
+func (m *Metrics) Fenced(class lockkey.Class) {
+	m.fenced.WithLabelValues(m.backend, label(class)).Inc()
 }
 
-// Fenced counts one write of class refused by a fence.
-func (m *Metrics) Fenced(class string) { m.fenced.WithLabelValues(m.backend, class).Inc() }
+// Wrap returns l with its acquisitions and leases measured, labelled
+// "other"; For gives the same Locker labelled by a class.
+func (m *Metrics) Wrap(l lockkit.Locker) *Locker {
+	return &Locker{locker: locker{m: m, inner: l, class: label("")}}
+}
 
-// Wrap returns l with its acquisitions and leases measured.
-func (m *Metrics) Wrap(l lockkit.Locker) lockkit.Locker { return &locker{m: m, inner: l} }
+// Locker is a measured lockkit.Locker.
+type Locker struct{ locker }
+
+// For returns l with its acquisitions labelled class: the Locker to take
+// keys of that class through.
+func (l *Locker) For(class lockkey.Class) lockkit.Locker {
+	return &locker{m: l.m, inner: l.inner, class: label(class)}
+}
 
 type locker struct {
 	m     *Metrics
 	inner lockkit.Locker
+	class string // the label value
 }
 
 func (l *locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
@@ -106,7 +117,7 @@ func (l *locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 
 func (l *locker) measure(ctx context.Context, key string, opts []lockkit.Option,
 	grant func(context.Context, string, ...lockkit.Option) (lockkit.Lease, error)) (lockkit.Lease, error) {
-	class := Class(key)
+	class := l.class
 	start := time.Now()
 	inner, err := grant(ctx, key, opts...)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
@@ -16,14 +17,40 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestClass(t *testing.T) {
-	for key, want := range map[string]string{
-		"lock:account:42": "account", "lock:stock:phone-x": "stock", "test:lock:like:post:7": "like",
-		"lock:idem:abc": "idem", "lock:weird:1": "other", "account:1": "other",
+// TestLabels: a Locker bound to a class labels its acquisitions with the
+// class; the classes without a label of their own, and the unbound
+// Locker, are "other", as before classes were declared (dashboards and
+// alerts select on these values).
+func TestLabels(t *testing.T) {
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	m := lockmetrics.New(reg, "local")
+	inner := local.New()
+	defer inner.Close()
+	l := m.Wrap(inner)
+	for _, tc := range []struct {
+		locker lockkit.Locker
+		key    lockkey.Key
+		label  string
+	}{
+		{l.For(lockkey.Account), lockkey.Account.Key("42"), "account"},
+		{l.For(lockkey.Stock), lockkey.Stock.Key("phone-x"), "stock"},
+		{l.For(lockkey.Like), lockkey.Like.Key("post", "7"), "like"},
+		{l.For(lockkey.Order), lockkey.Order.Key("9"), "order"},
+		{l.For(lockkey.OrderCloser), lockkey.OrderCloser.Key(), "other"},
+		{l, lockkey.Account.Key("1"), "other"},
 	} {
-		if got := lockmetrics.Class(key); got != want {
-			t.Errorf("Class(%q) = %q, want %q", key, got, want)
+		before := value(t, reg, "shop_lock_wait_seconds", map[string]string{"class": tc.label})
+		if err := lockkit.Do(ctx, tc.locker, tc.key.String(), func(context.Context, uint64) error { return nil }); err != nil {
+			t.Fatal(err)
 		}
+		if got := value(t, reg, "shop_lock_wait_seconds", map[string]string{"class": tc.label}); got != before+1 {
+			t.Errorf("%s: %v acquisitions labelled %q, want %v", tc.key, got, tc.label, before+1)
+		}
+	}
+	m.Fenced(lockkey.OrderCloser)
+	if got := value(t, reg, "shop_fenced_writes_total", map[string]string{"class": "other"}); got != 1 {
+		t.Errorf("fenced other %v, want 1", got)
 	}
 }
 
@@ -67,7 +94,7 @@ func TestRecords(t *testing.T) {
 	m := lockmetrics.New(reg, "local")
 	inner := local.New()
 	defer inner.Close()
-	l := m.Wrap(inner)
+	l := m.Wrap(inner).For(lockkey.Account)
 	acct := map[string]string{"backend": "local", "class": "account"}
 
 	lease, err := l.Acquire(ctx, "lock:account:1")
@@ -94,7 +121,7 @@ func TestRecords(t *testing.T) {
 	}
 
 	// A lease that runs out before its holder releases it is lost.
-	lease, err = l.Acquire(ctx, "lock:stock:x", lockkit.WithTTL(30*time.Millisecond))
+	lease, err = m.Wrap(inner).For(lockkey.Stock).Acquire(ctx, "lock:stock:x", lockkit.WithTTL(30*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +131,7 @@ func TestRecords(t *testing.T) {
 		t.Errorf("lost %v, want 1", got)
 	}
 
-	m.Fenced("account")
+	m.Fenced(lockkey.Account)
 	if got := value(t, reg, "shop_fenced_writes_total", acct); got != 1 {
 		t.Errorf("fenced %v, want 1", got)
 	}
