@@ -36,19 +36,9 @@ func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, 
 		go release()
 		return ErrLeaseLost
 	}
-	fnCtx, cancel := context.WithCancelCause(ctx)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		select {
-		case <-lease.Lost():
-			cancel(ErrLeaseLost)
-		case <-fnCtx.Done():
-		}
-	}()
+	fnCtx, stopWatch := Watch(ctx, lease)
 	err = fn(fnCtx, lease.Fence())
-	cancel(nil)
-	<-watchDone
+	stopWatch()
 
 	if closed(lease.Lost()) {
 		// The release may not get through (a partition is a common reason

@@ -2,8 +2,8 @@ package lockkit
 
 import "context"
 
-// Watch is Do's watch on a lease, for work under a lease whose life is not
-// one function call: it derives from ctx a context that is cancelled with
+// Watch is how Do watches its lease, exported for work under a lease whose
+// life is not one function call: it derives from ctx a context that is cancelled with
 // cause ErrLeaseLost as soon as lease is lost. stop ends the watch and
 // cancels the context; call it when the work is done and before the lease
 // is released (a release closes Lost). It returns once the watch has
