@@ -16,6 +16,7 @@ import (
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/storage"
@@ -170,7 +171,7 @@ func TestRedisFailover(t *testing.T) {
 
 	g2 := grant()
 	granted := time.Now()
-	overlap := !closed(g1.Lost())
+	overlap := !backend.IsClosed(g1.Lost())
 	g2Write := deposit(g2.Fence(), 100)
 	g1Again := deposit(g1.Fence(), 1000) // the stale holder writes once more
 	_ = g2.Release(ctx)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/lockkit/backend"
 	"github.com/lockbench/shop/internal/problem"
 	"github.com/lockbench/shop/internal/shoptest"
 )
@@ -72,13 +73,13 @@ func (r *rig) enter(in *shoptest.Instance, id, amount, buyer int64, sku string) 
 		dep, buy, wait := r.holderRequests(in.URL, id, amount, buyer, sku)
 		done := make(chan struct{})
 		go func() { wait(); close(done) }()
-		for r.grants(in) < before+2 && !closed(done) {
+		for r.grants(in) < before+2 && !backend.IsClosed(done) {
 			if time.Now().After(deadline) {
 				r.t.Fatalf("%s did not take the locks within 60s", in.URL)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		if closed(done) {
+		if backend.IsClosed(done) {
 			if !dep.refused() || !buy.refused() || time.Now().After(deadline) {
 				r.t.Fatalf("%s answered before holding both locks: deposit %s, purchase %s", in.URL, dep, buy)
 			}
@@ -256,13 +257,4 @@ func shortErr(o outcome) string {
 		return "connection lost"
 	}
 	return o.String()
-}
-
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

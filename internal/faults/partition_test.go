@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/lockkit/backend"
 	"github.com/lockbench/shop/internal/shoptest"
 )
 
@@ -264,7 +265,7 @@ func (r *rig) enterDeposit(in *shoptest.Instance, id, amount int64) (dep *outcom
 	}()
 	deadline := time.Now().Add(60 * time.Second)
 	for r.grants(in) < before+1 {
-		if closed(done) || time.Now().After(deadline) {
+		if backend.IsClosed(done) || time.Now().After(deadline) {
 			r.t.Fatalf("%s did not take the lock: %s", in.URL, dep)
 		}
 		time.Sleep(20 * time.Millisecond)
