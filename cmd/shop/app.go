@@ -73,9 +73,11 @@ type readyCheck struct {
 // it closes what it opened.
 func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, err error) {
 	a = &app{}
+	// Not a: an error return sets it to nil before this runs.
+	opened := a
 	defer func() {
 		if err != nil {
-			a.close()
+			_ = opened.close()
 		}
 	}()
 
