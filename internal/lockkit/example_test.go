@@ -39,7 +39,7 @@ func ExampleDoFenced() {
 	case err == nil:
 		fmt.Println("balance", store.Balance(42))
 	case errors.Is(err, lockkit.ErrNotAcquired):
-		fmt.Println("account busy: try again") // 409, or 503 with Retry-After
+		fmt.Println("account busy: try again") // 503 with Retry-After: the request changed nothing
 	case errors.Is(err, lockkit.ErrFenced):
 		fmt.Println("a newer holder wrote first: nothing of ours landed")
 	case errors.Is(err, lockkit.ErrUnavailable):
