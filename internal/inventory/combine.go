@@ -10,6 +10,8 @@ import (
 
 	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkey"
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 )
 
 // combined is the lock strategy with the buyers of one SKU combined: the
@@ -33,6 +35,7 @@ import (
 type combined struct {
 	single   *locked // the path of a lone or limited purchase
 	store    *Store
+	metrics  *lockmetrics.Metrics
 	maxBatch int
 	// delay is the business work, once per batch: the read, decide and
 	// write it stands for are done once for the whole batch.
@@ -63,7 +66,7 @@ type orderResult struct {
 }
 
 func newCombined(single *locked, o Options) *combined {
-	return &combined{single: single, store: single.store,
+	return &combined{single: single, store: single.store, metrics: o.Metrics,
 		maxBatch: o.Combine, delay: o.CriticalSectionDelay, queues: map[string]*skuQueue{}}
 }
 
@@ -163,6 +166,14 @@ func (c *combined) serve(sku string, batch []*order) {
 		}
 		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay)
 	})
+	// The guard counted the refused batch once; every buyer in it is
+	// answered ErrFenced, and shop_fenced_writes_total counts refused
+	// purchases, one per buyer.
+	if c.metrics != nil && errors.Is(err, lockkit.ErrFenced) {
+		for range len(live) - 1 {
+			c.metrics.Fenced(lockkey.Stock)
+		}
+	}
 	if errors.Is(err, errNotCombinable) {
 		for _, o := range live {
 			p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
