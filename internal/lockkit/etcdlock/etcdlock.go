@@ -185,7 +185,12 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 			return l.grant(key, me, rev, s, o, watchdog), nil
 		}
 		if !wait {
-			l.abandon(me, rev)
+			// Deleted before returning, not in the background: left queued,
+			// the key would sit ahead of this caller's next TryAcquire and
+			// have it refused a free lock.
+			if _, err := l.remove(waitCtx, me, rev); err != nil {
+				l.abandon(me, rev)
+			}
 			return nil, lockkit.ErrNotAcquired
 		}
 		lease, err := l.queue(ctx, waitCtx, key, dir, me, rev, s, o, watchdog)

@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"net/url"
 	"testing"
 	"time"
@@ -113,6 +114,36 @@ func TestWaiterWithoutItsKeyIsNotGranted(t *testing.T) {
 		_ = lb.Release(ctx)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the requeued waiter was not granted after the release")
+	}
+}
+
+// A TryAcquire that finds the key held leaves nothing behind when it
+// returns: a key of its own still queued would sit ahead of the caller's
+// next TryAcquire, which would then be refused a free lock.
+func TestRefusedTryLeavesNoKeyBehind(t *testing.T) {
+	endpoints := serverEndpoints(t)
+	ctx := context.Background()
+	key := "etcdlock:test:" + t.Name()
+	a, b := open(t, endpoints), open(t, endpoints)
+	c := dial(t, endpoints)
+	for i := range 20 {
+		la := try(t, a, key, lockkit.WithTTL(time.Minute))
+		if _, err := b.TryAcquire(ctx, key); !errors.Is(err, lockkit.ErrNotAcquired) {
+			t.Fatalf("round %d: TryAcquire of a held key = %v, want ErrNotAcquired", i, err)
+		}
+		if n := queueLen(t, c, key); n != 1 {
+			t.Fatalf("round %d: %d keys queued after the refused TryAcquire returned, want only the holder's", i, n)
+		}
+		if err := la.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lb, err := b.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("round %d: TryAcquire of a free key: %v", i, err)
+		}
+		if err := lb.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
