@@ -57,6 +57,11 @@ const (
 	LikeHashTag = "hashtag"
 )
 
+// MaxKeyPrefixLen is the longest SHOP_KEY_PREFIX, in bytes: with the
+// longest lock key shop makes (lock:like:<32>:<64>, 107 bytes) it stays
+// within the 255 bytes of the mysql lock tables and memcached's 250.
+const MaxKeyPrefixLen = 128
+
 // DefaultHTTPAddr is SHOP_HTTP_ADDR's default.
 const DefaultHTTPAddr = ":8080"
 
@@ -222,7 +227,7 @@ func Load(getenv func(string) string) (Config, error) {
 		LockBackend:          p.oneOf("SHOP_LOCK_BACKEND", "redis", Backends),
 		RedisAddrs:           p.addrs("SHOP_REDIS_ADDRS"),
 		RedisSentinelMaster:  p.str("SHOP_REDIS_SENTINEL_MASTER", ""),
-		KeyPrefix:            p.str("SHOP_KEY_PREFIX", ""),
+		KeyPrefix:            p.keyPrefix("SHOP_KEY_PREFIX"),
 		RedlockAddrs:         p.addrs("SHOP_REDLOCK_ADDRS"),
 		MySQLDSN:             p.str("SHOP_MYSQL_DSN", ""),
 		SQLitePath:           p.str("SHOP_SQLITE_PATH", ""),
@@ -454,6 +459,19 @@ type parser struct {
 
 func (p *parser) fail(name, format string, args ...any) {
 	p.errs = append(p.errs, fmt.Errorf("%s %s", name, fmt.Sprintf(format, args...)))
+}
+
+func (p *parser) keyPrefix(name string) string {
+	v := p.str(name, "")
+	if len(v) > MaxKeyPrefixLen {
+		p.fail(name, "is %d bytes long; at most %d fit in front of every lock key", len(v), MaxKeyPrefixLen)
+		return ""
+	}
+	if i := strings.IndexFunc(v, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+		p.fail(name, "has a space or control character at byte %d; lock servers such as memcached refuse such keys", i)
+		return ""
+	}
+	return v
 }
 
 func (p *parser) str(name, def string) string {

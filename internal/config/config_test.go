@@ -222,3 +222,21 @@ func TestOrderPayTimeout(t *testing.T) {
 		t.Errorf("3s: %s, %v", c.OrderPayTimeout, err)
 	}
 }
+
+// The prefix goes in front of every lock key: on mysql it must leave room
+// for the longest key in the 255-byte lock tables, and memcached refuses a
+// key with whitespace or control characters.
+func TestKeyPrefixFitsEveryBackend(t *testing.T) {
+	for _, v := range []string{strings.Repeat("p", MaxKeyPrefixLen+1), "shop a:", "sh\top", "shop\x01"} {
+		_, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_KEY_PREFIX": v}))
+		if err == nil || !strings.Contains(err.Error(), "SHOP_KEY_PREFIX") {
+			t.Errorf("SHOP_KEY_PREFIX=%q: %v, want it refused", v, err)
+		}
+	}
+	for _, v := range []string{"shoptest:cmdshop:ab12:", strings.Repeat("p", MaxKeyPrefixLen), "team/shop-1."} {
+		c, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_KEY_PREFIX": v}))
+		if err != nil || c.KeyPrefix != v {
+			t.Errorf("SHOP_KEY_PREFIX=%q: %q, %v", v, c.KeyPrefix, err)
+		}
+	}
+}
