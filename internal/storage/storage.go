@@ -19,6 +19,10 @@ import (
 	"gorm.io/gorm/logger"
 )
 
+// DefaultReadTimeout bounds every wait for a MySQL reply when the DSN
+// sets no readTimeout of its own.
+const DefaultReadTimeout = 30 * time.Second
+
 // Options says which database to open.
 type Options struct {
 	// MySQLDSN selects MySQL/MariaDB when set (go-sql-driver format).
@@ -69,6 +73,14 @@ func Open(ctx context.Context, o Options) (*DB, error) {
 		// queued behind it. The driver refuses to interpolate under a
 		// charset where escaping is unsafe, so this cannot open an injection.
 		cfg.InterpolateParams = true
+		// A reply that never comes (a connection dropped without a reset)
+		// would block its caller for ever; a COMMIT so blocked also keeps
+		// the request's lock, renewed by its watchdog. The driver honours no
+		// context during COMMIT, so only a read deadline ends it: the
+		// request then gets ErrInvalidConn, answered outcome-unknown.
+		if cfg.ReadTimeout == 0 {
+			cfg.ReadTimeout = DefaultReadTimeout
+		}
 		dial = mysql.Open(cfg.FormatDSN())
 	} else {
 		db.Dialect = "sqlite"

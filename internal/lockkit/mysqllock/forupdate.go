@@ -110,6 +110,10 @@ func NewForUpdate(db *gorm.DB, opts ...Option) (*ForUpdateLocker, error) {
 	// One round trip per grant needs multi-statements, which need the
 	// parameters interpolated by the driver.
 	cfg.MultiStatements, cfg.InterpolateParams = true, true
+	// A grant waits on the row lock for as long as its caller's context
+	// allows (sessionLimits): a read deadline of the shop's pool would cut
+	// it short.
+	cfg.ReadTimeout = 0
 	if cfg.Params == nil {
 		cfg.Params = make(map[string]string)
 	}
