@@ -60,7 +60,7 @@ func Reserve(tx *gorm.DB, p *Purchase, fence uint64) error {
 		return err
 	}
 	p.Strategy, p.Fence = StrategyOrder, fence
-	return insertInSale(tx, p)
+	return createInSale(tx, p)
 }
 
 // Return gives back the units of order p.OrderID inside the caller's
