@@ -236,6 +236,13 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 		if err := writeStock(tx, prod, fence); err != nil {
 			return err
 		}
+		sale, err := currentSale(tx, sku)
+		if err != nil {
+			return err
+		}
+		for i := range rows {
+			rows[i].Sale = sale
+		}
 		return tx.Create(&rows).Error
 	})
 	if err != nil {

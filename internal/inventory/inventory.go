@@ -66,7 +66,10 @@ type Product struct {
 	Fence        uint64 `gorm:"not null;default:0" json:"-"`
 	// Version is bumped by every write of Stock; the optimistic strategy
 	// writes only over the version it read (optimistic.go).
-	Version   uint64    `gorm:"not null;default:0" json:"-"`
+	Version uint64 `gorm:"not null;default:0" json:"-"`
+	// Sale counts the admin puts that replaced the product: each starts a
+	// new sale, and a purchase row belongs to the sale it was written in.
+	Sale      int64     `gorm:"not null;default:0" json:"-"`
 	UpdatedAt time.Time `json:"-"`
 }
 
@@ -82,6 +85,9 @@ type Purchase struct {
 	// OrderID is the order that reserved (quantity > 0) or returned
 	// (quantity < 0) these units; 0 for a seckill sale.
 	OrderID int64 `gorm:"not null;default:0;index" json:"-"`
+	// Sale is the product's sale when the row was written: the stock
+	// audit counts the current sale's rows only, the order audit all.
+	Sale int64 `gorm:"not null;default:0" json:"-"`
 }
 
 // PurchaseLimit counts the units one user bought of one SKU, so that the

@@ -3,6 +3,7 @@ package inventory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -284,5 +285,60 @@ func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
 			}
 			assertNoDrift(t, a)
 		})
+	}
+}
+
+// TestANewSaleCountsOnlyItsOwnPurchases: an admin PUT starts a new sale.
+// The old sale's purchase rows stay (orders reconcile against them) but
+// the stock audit and the per-user limit count the new sale's only,
+// whichever strategy wrote them.
+func TestANewSaleCountsOnlyItsOwnPurchases(t *testing.T) {
+	for dbName, newDB := range databases(t) {
+		for _, tc := range []struct {
+			strategy string
+			combine  int
+		}{{StrategyLock, 0}, {StrategyLock, 4}, {StrategyAtomicSQL, 0}, {StrategyAtomicRedis, 0}, {StrategyOptimistic, 0}} {
+			t.Run(fmt.Sprintf("%s/%s/combine=%d", dbName, tc.strategy, tc.combine), func(t *testing.T) {
+				ctx := context.Background()
+				db := newDB(t)
+				var m *Mirror
+				if tc.strategy == StrategyAtomicRedis {
+					m = mirror(t)
+				}
+				store := NewStore(db.DB, m)
+				locker := local.New()
+				defer locker.Close()
+				svc, err := NewService(store, Options{Strategy: tc.strategy, Locker: locker, Mirror: m, Combine: tc.combine})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for sale := range 2 {
+					for _, p := range []Product{
+						{SKU: "open", Name: "open", Stock: 10, PriceCents: 1},
+						{SKU: "lim", Name: "lim", Stock: 10, PriceCents: 1, PerUserLimit: 2},
+					} {
+						if _, err := store.Put(ctx, p); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if sold, soldOut, _ := buyAll(t, svc, "open", 3, func(i int) int64 { return int64(i + 1) }); sold != 3 || soldOut != 0 {
+						t.Errorf("sale %d: sold %d, sold out %d; want 3 and 0", sale, sold, soldOut)
+					}
+					if sold, _, limited := buyAll(t, svc, "lim", 3, func(int) int64 { return 7 }); sold != 2 || limited != 1 {
+						t.Errorf("sale %d, one user, limit 2: sold %d, limited %d; want 2 and 1", sale, sold, limited)
+					}
+					assertNoDrift(t, store)
+				}
+				for sku, want := range map[string]int64{"open": 7, "lim": 8} {
+					if p, err := store.Get(ctx, sku); err != nil || p.Stock != want {
+						t.Errorf("%s: stock %d (%v), want %d", sku, p.Stock, err, want)
+					}
+				}
+				var rows int64
+				if err := db.DB.Model(&Purchase{}).Count(&rows).Error; err != nil || rows != 10 {
+					t.Errorf("%d purchase rows (%v), want both sales' 10", rows, err)
+				}
+			})
+		}
 	}
 }

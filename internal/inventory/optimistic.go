@@ -82,6 +82,6 @@ func (s *Store) writeVersioned(ctx context.Context, p *Purchase, read Product, s
 		if err := countLimit(tx, read, *p); err != nil {
 			return err
 		}
-		return tx.Create(p).Error
+		return insertInSale(tx, p)
 	})
 }

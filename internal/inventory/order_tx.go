@@ -56,42 +56,51 @@ func Reserve(tx *gorm.DB, p *Purchase, fence uint64) error {
 	if err := countLimit(tx, prod, *p); err != nil {
 		return err
 	}
-	if err := moveStock(tx, p.SKU, -p.Quantity, fence); err != nil {
+	if err := moveStock(tx, p.SKU, -p.Quantity, fence, nil); err != nil {
 		return err
 	}
 	p.Strategy, p.Fence = StrategyOrder, fence
-	return tx.Create(p).Error
+	return createInSale(tx, p)
 }
 
 // Return gives back the units of order p.OrderID inside the caller's
 // transaction tx: the stock, the per-user total and a purchase row of
-// -p.Quantity units (strategy "order-return") land together.
+// -p.Quantity units (strategy "order-return") land together, in the sale
+// of the reservation.
+//
+// A reservation of an older sale (an admin PUT of the product came
+// between) moves no stock and no per-user total: its units are not the new
+// sale's to take back, and returning them would create stock. Its return
+// row is still written, in the old sale, so that the order reconciles.
 func Return(tx *gorm.DB, p *Purchase, fence uint64) error {
 	if p.Quantity <= 0 {
 		return fmt.Errorf("%w: quantity must be a positive integer, got %d", ErrInvalidQuantity, p.Quantity)
 	}
-	// An admin PUT of the product starts a new sale and drops the old
-	// sale's rows, this order's reservation with them: its units are not
-	// the new sale's to take back, and returning them would create stock.
-	var reserved int64
+	var sales []int64
 	if err := tx.Model(&Purchase{}).Where("order_id = ? AND sku = ? AND quantity > 0", p.OrderID, p.SKU).
-		Count(&reserved).Error; err != nil {
+		Limit(1).Pluck("sale", &sales).Error; err != nil {
 		return err
 	}
-	if reserved == 0 {
+	if len(sales) == 0 {
+		// Dropped by a PUT of a version that deleted the old sale's rows:
+		// nothing to give back, nothing to reconcile against.
 		return nil
 	}
-	if err := moveStock(tx, p.SKU, p.Quantity, fence); err != nil {
+	sale := sales[0]
+	switch err := moveStock(tx, p.SKU, p.Quantity, fence, &sale); {
+	case errors.Is(err, errOtherSale):
+	case err != nil:
 		return err
-	}
-	// The units no longer count against the user's limit: they were never
-	// sold. No row means no limit applied to them.
-	if err := tx.Exec("UPDATE purchase_limits SET units = units - ? WHERE user_id = ? AND sku = ? AND units >= ?",
-		p.Quantity, p.UserID, p.SKU, p.Quantity).Error; err != nil {
-		return err
+	default:
+		// The units no longer count against the user's limit: they were
+		// never sold. No row means no limit applied to them.
+		if err := tx.Exec("UPDATE purchase_limits SET units = units - ? WHERE user_id = ? AND sku = ? AND units >= ?",
+			p.Quantity, p.UserID, p.SKU, p.Quantity).Error; err != nil {
+			return err
+		}
 	}
 	ret := *p
-	ret.Quantity, ret.Strategy, ret.Fence = -p.Quantity, StrategyOrderReturn, fence
+	ret.Quantity, ret.Strategy, ret.Fence, ret.Sale = -p.Quantity, StrategyOrderReturn, fence, sale
 	if err := tx.Create(&ret).Error; err != nil {
 		return err
 	}
@@ -99,15 +108,25 @@ func Return(tx *gorm.DB, p *Purchase, fence uint64) error {
 	return nil
 }
 
+// errOtherSale: moveStock was told a sale that is no longer the product's.
+var errOtherSale = errors.New("inventory: the product's sale has changed")
+
 // moveStock adds delta to sku's stock, refusing to go below zero, fenced
-// unless fence is 0. It bumps the version like every write of the stock,
-// so that an optimistic writer that read the row before sees it changed.
-func moveStock(tx *gorm.DB, sku string, delta int64, fence uint64) error {
+// unless fence is 0, and, when sale is not nil, only within that sale
+// (errOtherSale otherwise): checked in the UPDATE itself, so that a PUT
+// cannot start a new sale between the check and the write. It bumps the
+// version like every write of the stock, so that an optimistic writer
+// that read the row before sees it changed.
+func moveStock(tx *gorm.DB, sku string, delta int64, fence uint64, sale *int64) error {
 	q := "UPDATE products SET stock = stock + ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock + ? >= 0"
 	args := []any{delta, time.Now().UTC(), sku, delta}
 	if fence != 0 {
 		q += " AND fence = ?"
 		args = append(args, fence)
+	}
+	if sale != nil {
+		q += " AND sale = ?"
+		args = append(args, *sale)
 	}
 	res := tx.Exec(q, args...)
 	if res.Error != nil {
@@ -125,6 +144,8 @@ func moveStock(tx *gorm.DB, sku string, delta int64, fence uint64) error {
 		return err
 	case fence != 0 && prod.Fence != fence:
 		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, sku, fence)
+	case sale != nil && prod.Sale != *sale:
+		return fmt.Errorf("%w: %q is in sale %d, not %d", errOtherSale, sku, prod.Sale, *sale)
 	}
 	return soldOut(prod.Stock, -delta)
 }

@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,7 +91,7 @@ func (s *Store) Update(ctx context.Context, p *Purchase, fence uint64, fn func(c
 		if err := writeStock(tx, prod, fence); err != nil {
 			return err
 		}
-		return tx.Create(p).Error
+		return insertInSale(tx, p)
 	})
 }
 
@@ -186,8 +187,51 @@ func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 				return decrementSoldOut(p.Quantity)
 			}
 		}
-		return tx.Create(p).Error
+		return insertInSale(tx, p)
 	})
+}
+
+// insertInSale inserts p as a row of its product's current sale. Call it
+// after the transaction tx wrote the product's row: the write holds the
+// row until commit, so no admin put can start a new sale in between, and
+// the row lands in the sale whose stock it took. The sale is read by the
+// INSERT itself: inside a critical section every round trip is paid by
+// each buyer queued behind it. It runs on the transaction's connection,
+// past gorm's callbacks, so the slow-query log does not see it.
+func insertInSale(tx *gorm.DB, p *Purchase) error {
+	if p.CreatedAt.IsZero() {
+		p.CreatedAt = tx.NowFunc()
+	}
+	res, err := tx.Statement.ConnPool.ExecContext(tx.Statement.Context,
+		`INSERT INTO purchases (sku, user_id, quantity, strategy, fence, created_at, order_id, sale)
+		SELECT ?, ?, ?, ?, ?, ?, ?, sale FROM products WHERE sku = ?`,
+		p.SKU, p.UserID, p.Quantity, p.Strategy, p.Fence, p.CreatedAt, p.OrderID, p.SKU)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return cmp.Or(err, fmt.Errorf("%w: %s", ErrNotFound, p.SKU))
+	}
+	p.ID, err = res.LastInsertId()
+	return err
+}
+
+// createInSale is insertInSale through gorm's Create, a round trip more:
+// for the order flows, off the seckill hot path, whose rows go through the
+// same create hooks as every other row of their transaction.
+func createInSale(tx *gorm.DB, p *Purchase) error {
+	sale, err := currentSale(tx, p.SKU)
+	if err != nil {
+		return err
+	}
+	p.Sale = sale
+	return tx.Create(p).Error
+}
+
+func currentSale(tx *gorm.DB, sku string) (int64, error) {
+	var sale int64
+	err := tx.Raw("SELECT sale FROM products WHERE sku = ?", sku).Scan(&sale).Error
+	return sale, err
 }
 
 func decrementSoldOut(quantity int64) error {
@@ -224,19 +268,20 @@ func countLimit(tx *gorm.DB, prod Product, p Purchase) error {
 }
 
 // Put creates or replaces a product with stock as both its stock and its
-// initial stock, and deletes its purchases and per-user totals: a new sale
-// starts. The row's fence is kept, never lowered.
+// initial stock. Replacing starts a new sale: the per-user totals are
+// deleted, and the purchase rows stay, as the old sale's (the orders that
+// reserved them still reconcile against them) but no longer count in the
+// stock audit. The row's fence is kept, never lowered.
 func (s *Store) Put(ctx context.Context, p Product) (created bool, err error) {
 	p.InitialStock = p.Stock
 	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var n int64
-		if err := tx.Model(&Product{}).Where("sku = ?", p.SKU).Count(&n).Error; err != nil {
-			return err
+		// One statement both tells a replacement and starts its sale, so
+		// that two puts at once start two sales, not one.
+		res := tx.Exec("UPDATE products SET sale = sale + 1 WHERE sku = ?", p.SKU)
+		if res.Error != nil {
+			return res.Error
 		}
-		created = n == 0
-		if err := tx.Where("sku = ?", p.SKU).Delete(&Purchase{}).Error; err != nil {
-			return err
-		}
+		created = res.RowsAffected == 0
 		if err := tx.Where("sku = ?", p.SKU).Delete(&PurchaseLimit{}).Error; err != nil {
 			return err
 		}
@@ -303,7 +348,8 @@ func (s *Store) Reset(ctx context.Context, fixture string) error {
 	return err
 }
 
-// sold is the audit's view of one product, read in one statement.
+// sold is the audit's view of one product in its current sale, read in one
+// statement.
 type sold struct {
 	SKU          string
 	Stock        int64
@@ -316,7 +362,7 @@ func (s *Store) sold(ctx context.Context) ([]sold, error) {
 	err := s.db.WithContext(ctx).Raw(`
 		SELECT p.sku AS sku, p.stock AS stock, p.initial_stock AS initial_stock,
 		       COALESCE(SUM(pu.quantity), 0) AS units
-		FROM products p LEFT JOIN purchases pu ON pu.sku = p.sku
+		FROM products p LEFT JOIN purchases pu ON pu.sku = p.sku AND pu.sale = p.sale
 		GROUP BY p.sku, p.stock, p.initial_stock`).Scan(&rows).Error
 	return rows, err
 }
