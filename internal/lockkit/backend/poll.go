@@ -23,9 +23,11 @@ type Poller struct {
 	Closed <-chan struct{}
 }
 
-// Acquire calls try until it grants, fails with something other than
-// ErrNotAcquired, or the wait (ctx and o's wait timeout) ends.
-func (p Poller) Acquire(ctx context.Context, o lockkit.Options, try func() (lockkit.Lease, error)) (lockkit.Lease, error) {
+// Acquire calls try with the wait's context until it grants, fails with
+// something other than ErrNotAcquired, or the wait (ctx and o's wait
+// timeout) ends. An attempt that fails because the wait ended reports how
+// the wait ended, not the attempt's own error.
+func (p Poller) Acquire(ctx context.Context, o lockkit.Options, try func(waitCtx context.Context) (lockkit.Lease, error)) (lockkit.Lease, error) {
 	waitCtx, cancel := WaitContext(ctx, o)
 	defer cancel()
 	down := 0
@@ -33,8 +35,10 @@ func (p Poller) Acquire(ctx context.Context, o lockkit.Options, try func() (lock
 		if waitCtx.Err() != nil {
 			return nil, WaitErr(ctx, waitCtx)
 		}
-		lease, err := try()
+		lease, err := try(waitCtx)
 		switch {
+		case err != nil && waitCtx.Err() != nil:
+			return nil, WaitErr(ctx, waitCtx)
 		case errors.Is(err, lockkit.ErrNotAcquired):
 			down = 0
 		case errors.Is(err, lockkit.ErrUnavailable):

@@ -19,9 +19,9 @@ func granted() lockkit.Lease {
 }
 
 // tries answers with errs in turn, then grants.
-func tries(errs ...error) (func() (lockkit.Lease, error), *int) {
+func tries(errs ...error) (func(context.Context) (lockkit.Lease, error), *int) {
 	n := new(int)
-	return func() (lockkit.Lease, error) {
+	return func(context.Context) (lockkit.Lease, error) {
 		*n++
 		if *n <= len(errs) {
 			return nil, errs[*n-1]
@@ -64,7 +64,7 @@ func TestPollerReturnsOtherErrorsAtOnce(t *testing.T) {
 }
 
 func TestPollerEndsWithItsWait(t *testing.T) {
-	busy := func() (lockkit.Lease, error) { return nil, lockkit.ErrNotAcquired }
+	busy := func(context.Context) (lockkit.Lease, error) { return nil, lockkit.ErrNotAcquired }
 	o := lockkit.Options{WaitTimeout: 20 * time.Millisecond}
 	if _, err := poller.Acquire(context.Background(), o, busy); !errors.Is(err, lockkit.ErrNotAcquired) {
 		t.Fatalf("wait timeout: %v, want ErrNotAcquired", err)
@@ -88,7 +88,7 @@ func TestPollerEndsWithItsWait(t *testing.T) {
 func TestPollerWaitsBetweenTries(t *testing.T) {
 	p := backend.Poller{MinDelay: 20 * time.Millisecond, MaxDelay: 30 * time.Millisecond, Outage: 3}
 	var at []time.Time
-	try := func() (lockkit.Lease, error) {
+	try := func(context.Context) (lockkit.Lease, error) {
 		at = append(at, time.Now())
 		if len(at) < 4 {
 			return nil, lockkit.ErrNotAcquired

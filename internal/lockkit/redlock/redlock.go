@@ -100,18 +100,12 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // majority of the masters.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := backend.Resolve(opts)
-	waitCtx, cancel := backend.WaitContext(ctx, o)
-	defer cancel()
 	// Not redsync's own retry loop: it answers ErrFailed when ctx ends and
 	// cancels its attempts' clean-up with it; the poller returns ctx.Err()
 	// and lets every attempt finish.
 	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.background.Done()}
-	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) {
-		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
-		if err != nil && waitCtx.Err() != nil {
-			return nil, lockkit.ErrNotAcquired // the poller tells how the wait ended
-		}
-		return lease, err
+	return poller.Acquire(ctx, o, func(waitCtx context.Context) (lockkit.Lease, error) {
+		return l.try(waitCtx, key, o.TTL, watchdog)
 	})
 }
 

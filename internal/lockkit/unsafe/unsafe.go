@@ -79,7 +79,7 @@ func (c *closer) tryOnce(ctx context.Context, key string, opts []lockkit.Option,
 func (c *closer) poll(ctx context.Context, key string, opts []lockkit.Option, try attempt) (lockkit.Lease, error) {
 	o, _ := backend.Resolve(opts)
 	poller := backend.Poller{MinDelay: retryDelay / 2, MaxDelay: retryDelay*3/2 - 1, Outage: 1, Closed: c.closed}
-	return poller.Acquire(ctx, o, func() (lockkit.Lease, error) { return c.tryOnce(ctx, key, opts, try) })
+	return poller.Acquire(ctx, o, func(context.Context) (lockkit.Lease, error) { return c.tryOnce(ctx, key, opts, try) })
 }
 
 func unavailable(err error) error { return fmt.Errorf("%w: %w", lockkit.ErrUnavailable, err) }
