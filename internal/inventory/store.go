@@ -216,9 +216,10 @@ func insertInSale(tx *gorm.DB, p *Purchase) error {
 	return err
 }
 
-// createInSale is insertInSale through gorm's Create, a round trip more:
-// for the order flows, off the seckill hot path, whose rows go through the
-// same create hooks as every other row of their transaction.
+// createInSale is insertInSale through gorm's Create, a round trip more,
+// for the order flows (off the seckill hot path): their rows stay in
+// gorm's callbacks, which the slow-query log and the order fault tests'
+// hang-up hooks use.
 func createInSale(tx *gorm.DB, p *Purchase) error {
 	sale, err := currentSale(tx, p.SKU)
 	if err != nil {
