@@ -3,7 +3,6 @@ package account
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,10 +28,9 @@ func TestWriteThatLandedBeforeTheLeaseWasLostSucceeds(t *testing.T) {
 	locker := &loseAfterWrite{} // one counter: fences of later cases beat earlier ones
 	// Every lease is lost as soon as a ledger row is written: inside the
 	// write's transaction, which commits whatever happens to the lease.
-	// The row is an INSERT ... SELECT (insertInHistory), run by gorm's Exec.
 	var wrote bool
-	if err := store.db.Callback().Raw().After("gorm:raw").Register("test:lose", func(db *gorm.DB) {
-		if strings.HasPrefix(db.Statement.SQL.String(), "INSERT INTO ledger_entries") && db.Error == nil {
+	if err := store.db.Callback().Create().After("gorm:create").Register("test:lose", func(db *gorm.DB) {
+		if db.Statement.Table == "ledger_entries" && db.Error == nil {
 			wrote = true
 			locker.loseAll()
 		}

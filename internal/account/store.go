@@ -196,42 +196,19 @@ func compare(a, b int64) int {
 // Call it after the transaction tx wrote the account's row: the write holds
 // the row until commit, so no admin put can start a new history in
 // between, and the row lands in the history whose balance it moved. The
-// history is read by the INSERT itself: inside a critical section every
-// round trip is paid by each writer queued behind it. Unlike inventory's
-// insertInSale it goes through gorm's Exec, since nothing reads the row's
-// id back: the slow-query log sees it, gorm's create callbacks do not.
+// history is read by the INSERT itself, in a subquery, so that no flow
+// pays a round trip for it: inside a critical section every round trip is
+// paid by each writer queued behind it. It is still gorm's Create, so the
+// slow-query log and the tests' create hooks see the row.
 func insertInHistory(tx *gorm.DB, e *LedgerEntry) error {
 	if e.CreatedAt.IsZero() {
 		e.CreatedAt = tx.NowFunc()
 	}
-	res := tx.Exec(`INSERT INTO ledger_entries (account_id, amount, kind, fence, created_at, order_id, history)
-		SELECT ?, ?, ?, ?, ?, ?, history FROM accounts WHERE id = ?`,
-		e.AccountID, e.Amount, e.Kind, e.Fence, e.CreatedAt, e.OrderID, e.AccountID)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected != 1 {
-		return fmt.Errorf("%w: no account %d", ErrNotFound, e.AccountID)
-	}
-	return nil
-}
-
-// createInHistory is insertInHistory through gorm's Create, a round trip
-// more, for the order flows (off the balance hot path): their rows stay in
-// gorm's callbacks, which the order fault tests' hang-up hooks use.
-func createInHistory(tx *gorm.DB, e *LedgerEntry) error {
-	history, err := currentHistory(tx, e.AccountID)
-	if err != nil {
-		return err
-	}
-	e.History = history
-	return tx.Create(e).Error
-}
-
-func currentHistory(tx *gorm.DB, id int64) (int64, error) {
-	var history int64
-	err := tx.Raw("SELECT history FROM accounts WHERE id = ?", id).Scan(&history).Error
-	return history, err
+	return tx.Model(&LedgerEntry{}).Create(map[string]any{
+		"account_id": e.AccountID, "amount": e.Amount, "kind": e.Kind, "fence": e.Fence,
+		"created_at": e.CreatedAt, "order_id": e.OrderID,
+		"history": gorm.Expr("(SELECT history FROM accounts WHERE id = ?)", e.AccountID),
+	}).Error
 }
 
 // Put creates account id with an opening balance, or replaces an existing
