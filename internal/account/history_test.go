@@ -3,10 +3,13 @@ package account
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
@@ -191,6 +194,61 @@ func TestAnOlderLedgerMigratesIntoHistoryZero(t *testing.T) {
 			debits, err := OrderLedger(db.DB)
 			if err != nil || debits[3] != (OrderDebits{Rows: 1, Cents: -1_000}) {
 				t.Fatalf("order 3's debit: %+v (%v), want the old row kept", debits[3], err)
+			}
+		})
+	}
+}
+
+// statementLog records the statements gorm runs.
+type statementLog struct {
+	logger.Interface
+	mu  sync.Mutex
+	sql []string
+}
+
+func (l *statementLog) LogMode(logger.LogLevel) logger.Interface { return l }
+
+func (l *statementLog) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
+	sql, _ := fc()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql = append(l.sql, sql)
+}
+
+// TestTheHistoryCostsNoStatement: every flow that writes a ledger row
+// reads the account's history inside that row's INSERT, never in a
+// statement of its own: inside a critical section each round trip is paid
+// by every writer queued behind it.
+func TestTheHistoryCostsNoStatement(t *testing.T) {
+	for dbName, newDB := range databases() {
+		t.Run(dbName, func(t *testing.T) {
+			ctx := context.Background()
+			db := newDB(t)
+			log := &statementLog{Interface: logger.Discard}
+			traced := db.DB.Session(&gorm.Session{Logger: log})
+			store := NewStore(traced)
+			for id := int64(1); id <= 2; id++ {
+				if _, err := store.Put(ctx, id, 10_000); err != nil {
+					t.Fatal(err)
+				}
+			}
+			locker := local.New()
+			defer locker.Close()
+			for _, st := range historyStrategies {
+				log.sql = nil
+				moveMoney(t, traced, NewService(store, st.opts(locker)), 1)
+				var inserts int
+				for _, sql := range log.sql {
+					switch {
+					case strings.HasPrefix(sql, "INSERT INTO `ledger_entries`"):
+						inserts++
+					case strings.Contains(sql, "history"):
+						t.Errorf("%s: a statement of its own reads the history: %s", st.name, sql)
+					}
+				}
+				if inserts != 5 {
+					t.Errorf("%s: %d ledger inserts, want 5 in %q", st.name, inserts, log.sql)
+				}
 			}
 		})
 	}
