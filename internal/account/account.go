@@ -51,12 +51,16 @@ type Account struct {
 	Fence uint64 `gorm:"not null;default:0" json:"-"`
 	// Version is bumped by every write of Balance; the optimistic strategy
 	// writes only over the version it read (optimistic.go).
-	Version   uint64    `gorm:"not null;default:0" json:"-"`
+	Version uint64 `gorm:"not null;default:0" json:"-"`
+	// History counts the admin puts that replaced the account: each starts
+	// a new history, and a ledger row belongs to the history it was
+	// written in.
+	History   int64     `gorm:"not null;default:0" json:"-"`
 	UpdatedAt time.Time `json:"-"`
 }
 
 // LedgerEntry is one balance change, never updated or deleted (except by an
-// admin reset, which starts a new history).
+// admin reset, which deletes everything).
 type LedgerEntry struct {
 	ID        int64  `gorm:"primaryKey"`
 	AccountID int64  `gorm:"not null;index"`
@@ -67,6 +71,10 @@ type LedgerEntry struct {
 	// OrderID is the order a debit pays (kind "order"); 0 for every other
 	// change. The order audit reconciles orders with these rows.
 	OrderID int64 `gorm:"not null;default:0;index"`
+	// History is the account's history when the row was written: the
+	// balance audit counts the current history's rows only, the order
+	// audit all.
+	History int64 `gorm:"not null;default:0"`
 }
 
 // Transfer is the result of a transfer, as the sender sees it: the

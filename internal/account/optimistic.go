@@ -82,7 +82,7 @@ func (s *Store) UpdateVersioned(ctx context.Context, kind string, ids []int64, f
 			if res.RowsAffected == 0 {
 				return fmt.Errorf("%w: account %d", optimistic.ErrMoved, a.ID)
 			}
-			if err := tx.Create(&LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind}).Error; err != nil {
+			if err := insertInHistory(tx, &LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind}); err != nil {
 				return err
 			}
 		}

@@ -23,11 +23,11 @@ func (s *Store) Claim(ctx context.Context, id int64, fence uint64) error {
 }
 
 // Debit takes amount cents from account id for order inside the caller's
-// transaction tx, with its ledger row: both land or neither. The write is
-// fenced (fence as claimed with Claim; 0 writes unfenced) and guarded by
-// the balance itself, so that no debit ever overdraws, whatever decided
-// it: the caller's lock makes the guard redundant, the guard makes a
-// missing lock harmless here.
+// transaction tx, with its ledger row in the account's current history:
+// both land or neither. The write is fenced (fence as claimed with Claim;
+// 0 writes unfenced) and guarded by the balance itself, so that no debit
+// ever overdraws, whatever decided it: the caller's lock makes the guard
+// redundant, the guard makes a missing lock harmless here.
 func Debit(tx *gorm.DB, id, amount int64, fence uint64, order int64) error {
 	if amount <= 0 {
 		return fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
@@ -55,7 +55,7 @@ func Debit(tx *gorm.DB, id, amount int64, fence uint64, order int64) error {
 		}
 		return fmt.Errorf("%w: balance is %d cents, the order costs %d", ErrInsufficientFunds, a.Balance, amount)
 	}
-	return tx.Create(&LedgerEntry{AccountID: id, Amount: -amount, Kind: KindOrder, Fence: fence, OrderID: order}).Error
+	return insertInHistory(tx, &LedgerEntry{AccountID: id, Amount: -amount, Kind: KindOrder, Fence: fence, OrderID: order})
 }
 
 // OrderDebits are the ledger rows of one order, for the order audit.
@@ -64,7 +64,8 @@ type OrderDebits struct {
 	Cents int64 // the sum of their amounts: negative for a debit
 }
 
-// OrderLedger returns the order rows of the ledger by order id, read with
+// OrderLedger returns the order rows of the ledger by order id, whatever
+// their history (an order paid before an admin put stays paid), read with
 // tx so that the caller can read them in the same snapshot as the orders.
 func OrderLedger(tx *gorm.DB) (map[int64]OrderDebits, error) {
 	var rows []struct {

@@ -112,7 +112,7 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 				return err
 			}
 			entry := LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind, Fence: fences[a.ID]}
-			if err := tx.Create(&entry).Error; err != nil {
+			if err := insertInHistory(tx, &entry); err != nil {
 				return err
 			}
 		}
@@ -192,20 +192,40 @@ func compare(a, b int64) int {
 	return 0
 }
 
+// insertInHistory inserts e as a row of its account's current history.
+// Call it after the transaction tx wrote the account's row: the write holds
+// the row until commit, so no admin put can start a new history in
+// between, and the row lands in the history whose balance it moved. The
+// history is read by the INSERT itself, in a subquery, so that no flow
+// pays a round trip for it: inside a critical section every round trip is
+// paid by each writer queued behind it. It is still gorm's Create, so the
+// slow-query log and the tests' create hooks see the row.
+func insertInHistory(tx *gorm.DB, e *LedgerEntry) error {
+	if e.CreatedAt.IsZero() {
+		e.CreatedAt = tx.NowFunc()
+	}
+	return tx.Model(&LedgerEntry{}).Create(map[string]any{
+		"account_id": e.AccountID, "amount": e.Amount, "kind": e.Kind, "fence": e.Fence,
+		"created_at": e.CreatedAt, "order_id": e.OrderID,
+		"history": gorm.Expr("(SELECT history FROM accounts WHERE id = ?)", e.AccountID),
+	}).Error
+}
+
 // Put creates account id with an opening balance, or replaces an existing
-// one's balance and opening and deletes its ledger: a new history starts.
-// The row's fence is kept, never lowered, so that a holder of a lock taken
-// before still cannot write. It reports whether the account was created.
+// one's balance and opening. Replacing starts a new history: the ledger
+// rows stay, as the old history's (the orders they paid still reconcile
+// against them), but no longer count in the balance audit. The row's fence
+// is kept, never lowered, so that a holder of a lock taken before still
+// cannot write. It reports whether the account was created.
 func (s *Store) Put(ctx context.Context, id, balance int64) (created bool, err error) {
 	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var n int64
-		if err := tx.Model(&Account{}).Where("id = ?", id).Count(&n).Error; err != nil {
-			return err
+		// One statement both tells a replacement and starts its history,
+		// so that two puts at once start two histories, not one.
+		res := tx.Exec("UPDATE accounts SET history = history + 1 WHERE id = ?", id)
+		if res.Error != nil {
+			return res.Error
 		}
-		created = n == 0
-		if err := tx.Where("account_id = ?", id).Delete(&LedgerEntry{}).Error; err != nil {
-			return err
-		}
+		created = res.RowsAffected == 0
 		return upsert(tx, []Account{{ID: id, Balance: balance, Opening: balance}})
 	})
 	return created, err
@@ -234,8 +254,8 @@ func numbered(n int, balance int64) []Account {
 	return out
 }
 
-// Reset replaces every account and the ledger with the fixture's accounts.
-// Fences of accounts that stay are kept.
+// Reset replaces every account and the whole ledger, every history's, with
+// the fixture's accounts. Fences of accounts that stay are kept.
 func (s *Store) Reset(ctx context.Context, fixture string) error {
 	build, ok := fixtures[fixture]
 	if !ok {
@@ -258,8 +278,9 @@ func (s *Store) Reset(ctx context.Context, fixture string) error {
 }
 
 // Drift is the audit check: per account, balance - (opening + sum of the
-// ledger), read in one statement so that a change is seen whole or not at
-// all (the balance and its ledger row commit together).
+// ledger rows of its current history), read in one statement so that a
+// change is seen whole or not at all (the balance and its ledger row
+// commit together).
 func (s *Store) Drift(ctx context.Context) (map[string]int64, error) {
 	var rows []struct {
 		ID    int64
@@ -267,7 +288,7 @@ func (s *Store) Drift(ctx context.Context) (map[string]int64, error) {
 	}
 	err := s.db.WithContext(ctx).Raw(`
 		SELECT a.id AS id, a.balance - a.opening - COALESCE(SUM(l.amount), 0) AS drift
-		FROM accounts a LEFT JOIN ledger_entries l ON l.account_id = a.id
+		FROM accounts a LEFT JOIN ledger_entries l ON l.account_id = a.id AND l.history = a.history
 		GROUP BY a.id, a.balance, a.opening
 		HAVING a.balance - a.opening - COALESCE(SUM(l.amount), 0) <> 0`).Scan(&rows).Error
 	if err != nil {
