@@ -337,6 +337,48 @@ func TestWaiterWithoutItsNodeIsNotGranted(t *testing.T) {
 	_ = lease.Release(ctx)
 }
 
+// A waiter whose connection dropped while it waited does not take its
+// predecessor's deletion on trust: it lists the queue again.
+func TestWaiterAcrossDisconnectListsAgain(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	l := open(t, addrs, withDialer(tp.dial))
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	next := acquireLater(t, l, key)
+	settle(t, l, key, 2)
+	session := l.conn.SessionID()
+
+	tp.sever()
+	select {
+	case <-holder.Lost():
+	case <-time.After(sessionTimeout):
+		t.Fatal("Lost still open after the connection dropped")
+	}
+	for deadline := time.Now().Add(sessionTimeout); l.conn.State() != zk.StateHasSession; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no reconnection")
+		}
+	}
+	if l.conn.SessionID() != session {
+		t.Skipf("the session changed (%x, was %x): the test meant a short drop", l.conn.SessionID(), session)
+	}
+	before := tp.sent()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	if n := tp.sent()[opGetChildren2] - before[opGetChildren2]; n == 0 {
+		t.Error("granted across a disconnect without listing the queue")
+	}
+	if lease.Fence() <= holder.Fence() {
+		t.Errorf("fence %d, not above the holder's %d", lease.Fence(), holder.Fence())
+	}
+	assertHeld(t, addrs, key)
+	_ = lease.Release(ctx)
+}
+
 // Fences rise along a queue that mixes hand-offs within a Locker
 // (inherited fences) and across Lockers (listed ones).
 func TestFencesRiseAcrossInheritedAndListedGrants(t *testing.T) {
