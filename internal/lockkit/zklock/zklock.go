@@ -7,8 +7,9 @@
 // The ZooKeeper session is what keeps a node alive, so a crashed holder's
 // key is freed when its session times out. Lease TTLs are kept by this
 // client on top of that: when a lease runs out, Lost closes and the node is
-// deleted. The fence is the key directory's pzxid as read by the grant.
-// docs/backends-zk-etcd.md gives the reasons.
+// deleted. The fence is the key directory's pzxid as read by the grant, or
+// one above the previous holder's when that holder was this Locker's (see
+// inherit). docs/backends-zk-etcd.md gives the reasons.
 package zklock
 
 import (
@@ -85,13 +86,26 @@ type Locker struct {
 	background backend.Group
 
 	mu    sync.Mutex
-	held  map[string]*held // by node path
-	epoch uint64           // bumped whenever the connection drops
-	ready chan struct{}    // closed at the first session
+	nodes map[string]*entry // ours, queued or granted, by node path
+	epoch uint64            // bumped whenever the connection drops
+	ready chan struct{}     // closed at the first session
 }
 
-// held is one granted node.
-type held struct {
+// entry is one node of ours, from its creation until it is deleted or
+// given up. Fields are guarded by Locker.mu.
+type entry struct {
+	// granted: the node was first in line once, so no node is ever ahead
+	// of it again; fence is its lease's token.
+	granted bool
+	fence   uint64
+	// watched: a watch on the node was set while it existed, in epoch
+	// watchEpoch, and has not fired since. While the epoch is unchanged the
+	// connection never dropped, so deleted is then the whole truth.
+	watched    bool
+	watchEpoch uint64
+	deleted    bool
+
+	// From the grant on:
 	gone    chan struct{} // closed when the node or the connection is gone
 	timer   *time.Timer   // deletes the node once the lease has run out
 	lease   lockkit.Lease
@@ -107,7 +121,7 @@ func New(addrs []string, sessionTimeout time.Duration, opts ...Option) (*Locker,
 	}
 	l := &Locker{
 		root: cfg.root, acl: zk.WorldACL(zk.PermAll),
-		held: make(map[string]*held), ready: make(chan struct{}),
+		nodes: make(map[string]*entry), ready: make(chan struct{}),
 	}
 	conn, events, err := zk.Connect(addrs, sessionTimeout, zk.WithDialer(cfg.dialer),
 		zk.WithEventCallback(l.onEvent), zk.WithLogger(zkLogger{}), zk.WithLogInfo(false))
@@ -137,18 +151,27 @@ func (l *Locker) onEvent(ev zk.Event) {
 	defer l.mu.Unlock()
 	switch {
 	case ev.Type == zk.EventNodeDeleted:
-		if h := l.held[ev.Path]; h != nil {
-			closeOnce(h.gone) // deleted behind our back (or by our own release: harmless)
+		if e := l.nodes[ev.Path]; e != nil {
+			e.deleted, e.watched = true, false
+			if e.gone != nil {
+				closeOnce(e.gone) // deleted behind our back (or by our own release: harmless)
+			}
 		}
-	case ev.Type == zk.EventSession && ev.State == zk.StateHasSession:
+	case ev.Type != zk.EventSession:
+		if e := l.nodes[ev.Path]; e != nil {
+			e.watched = false // spent by another change: a deletion would now go unseen
+		}
+	case ev.State == zk.StateHasSession:
 		closeOnce(l.ready)
-	case ev.Type == zk.EventSession && (ev.State == zk.StateDisconnected || ev.State == zk.StateExpired):
+	case ev.State == zk.StateDisconnected || ev.State == zk.StateExpired:
 		// Curator's default policy: SUSPENDED counts as lost. From the
 		// moment the connection drops we cannot know whether the server
 		// has expired the session and handed our keys to others.
 		l.epoch++
-		for _, h := range l.held {
-			closeOnce(h.gone)
+		for _, e := range l.nodes {
+			if e.gone != nil {
+				closeOnce(e.gone)
+			}
 		}
 	}
 }
@@ -159,9 +182,9 @@ func (l *Locker) Close() error {
 	l.once.Do(func() {
 		l.mu.Lock()
 		l.background.Stop()
-		for _, h := range l.held {
-			if h.timer != nil {
-				h.timer.Stop()
+		for _, e := range l.nodes {
+			if e.timer != nil {
+				e.timer.Stop()
 			}
 		}
 		l.mu.Unlock()
@@ -260,8 +283,17 @@ func (l *Locker) find(prefix string) (string, error) {
 }
 
 // queue waits until node is the lowest in its directory and grants it.
-func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session int64, o lockkit.Options, watchdog, wait bool) (lockkit.Lease, error) {
+func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session int64, o lockkit.Options, watchdog, wait bool) (_ lockkit.Lease, err error) {
 	dir, name := path.Dir(node), path.Base(node)
+	e := &entry{}
+	l.mu.Lock()
+	l.nodes[node] = e
+	l.mu.Unlock()
+	defer func() {
+		if err != nil {
+			l.forget(node)
+		}
+	}()
 	for {
 		l.mu.Lock()
 		epoch := l.epoch
@@ -280,24 +312,36 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 		case !found:
 			return nil, errVanished
 		case pred == "":
-			return l.grant(key, node, epoch, session, uint64(dirStat.Pzxid), o, watchdog)
+			return l.grant(key, node, e, epoch, session, uint64(dirStat.Pzxid), o, watchdog)
 		case !wait:
 			l.abandon(node)
 			return nil, lockkit.ErrNotAcquired
 		}
+		l.mu.Lock()
+		ahead := l.nodes[dir+"/"+pred] // nil unless it is ours
+		l.mu.Unlock()
 		// A data watch, not exists: on a node already gone it leaves no
 		// watch behind (Curator's choice). Its deletion, or any change,
 		// wakes us to look again.
-		_, _, deleted, err := l.conn.GetW(dir + "/" + pred)
+		_, _, changed, err := l.conn.GetW(dir + "/" + pred)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
+		}
+		if err == nil {
+			err = l.watchQueued(node, e)
+		}
+		if errors.Is(err, errVanished) {
+			return nil, err
 		}
 		if err != nil {
 			l.abandon(node)
 			return nil, l.fail(err)
 		}
 		select {
-		case <-deleted:
+		case ev := <-changed:
+			if fence, epoch, ok := l.inherit(e, ahead, ev); ok {
+				return l.grant(key, node, e, epoch, session, fence, o, watchdog)
+			}
 		case <-waitCtx.Done():
 			l.abandon(node)
 			return nil, backend.WaitErr(ctx, waitCtx)
@@ -340,56 +384,108 @@ func (l *Locker) retire(ctx, waitCtx context.Context, dir string, wait bool) err
 	}
 }
 
+// watchQueued sets, once per epoch, the watch on our waiting node that
+// inherit relies on and that the lease's Lost needs after the grant. It
+// returns errVanished if the node is gone.
+func (l *Locker) watchQueued(node string, e *entry) error {
+	l.mu.Lock()
+	if e.watched && e.watchEpoch == l.epoch {
+		l.mu.Unlock()
+		return nil
+	}
+	// Armed before the request is sent, so that an event onEvent sees
+	// meanwhile disarms it rather than being overwritten.
+	e.watched, e.watchEpoch = !e.deleted, l.epoch
+	l.mu.Unlock()
+	exists, _, _, err := l.conn.ExistsW(node)
+	switch {
+	case err != nil:
+		return err
+	case !exists:
+		return errVanished
+	}
+	return nil
+}
+
+// inherit grants, without listing the queue again, a node whose
+// predecessor was this Locker's and had been granted: nothing could queue
+// ahead of the predecessor since, so its deletion (ev) leaves our node
+// first. Our node must still be there: its watch, unbroken since it was
+// set, has seen no deletion, and notifications arrive in zxid order, so a
+// deletion before the predecessor's would have been seen first.
+//
+// The fence is the predecessor's plus one. A fence is always below the
+// zxid that deletes its node: a pzxid read before that deletion, or, by
+// induction, at most the predecessor's deletion zxid. So this one is
+// still below every later listing's pzxid, and above the predecessor's.
+// It saves the listing that follows a hand-off, the one request of it
+// that queues behind the session's pending writes.
+func (l *Locker) inherit(e, ahead *entry, ev zk.Event) (fence, epoch uint64, ok bool) {
+	if ahead == nil || ev.Type != zk.EventNodeDeleted {
+		return 0, 0, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !ahead.granted || !e.watched || e.deleted || e.watchEpoch != l.epoch {
+		return 0, 0, false
+	}
+	return ahead.fence + 1, l.epoch, true
+}
+
 // grant turns our first-in-line node into a lease. epoch is from before we
 // saw the node first: if the connection dropped since, the lease is born
 // lost, as it would have been lost had it been granted a moment earlier.
 //
-// The fence is the directory's pzxid as read with the children list that
-// showed our node first: the zxid of the directory's last change of
-// children. Our turn came only after the previous holder's node was deleted,
-// a change of children that the previous holder's own reading preceded, so
-// every grant's token is above every earlier grant's. It costs no request
+// Unless inherited (see inherit), the fence is the directory's pzxid as
+// read with the children list that showed our node first: the zxid of the
+// directory's last change of children. Our turn came only after the
+// previous holder's node was deleted, a change of children above the
+// previous holder's token, so every grant's token is above every earlier
+// grant's. It costs no request
 // beyond the list we read anyway (a node's czxid would cost a read after the
 // grant); sequence numbers would not do: they restart if the directory is
 // ever recreated.
-func (l *Locker) grant(key, node string, epoch uint64, session int64, fence uint64, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
+func (l *Locker) grant(key, node string, e *entry, epoch uint64, session int64, fence uint64, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
 	sent := time.Now()
-	h := &held{gone: make(chan struct{})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.held[node] = h
-	if l.epoch != epoch {
-		close(h.gone)
+	e.granted, e.fence = true, fence
+	e.gone = make(chan struct{})
+	if l.epoch != epoch || e.deleted {
+		close(e.gone)
 	}
 	// Under mu: expire and extend must see both the timer and the lease.
-	h.session = session
-	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, h) })
-	h.lease = backend.NewLease(backend.Grant{
+	e.session = session
+	e.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, e) })
+	e.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
-		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, h, ttl) },
-		Release: func(ctx context.Context) error { return l.release(ctx, node, h) },
-		Gone:    h.gone,
+		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, e, ttl) },
+		Release: func(ctx context.Context) error { return l.release(ctx, node, e) },
+		Gone:    e.gone,
 		Closed:  l.background.Done(),
 	})
-	go l.watchOwn(node, h)
-	return h.lease, nil
+	if !e.watched || e.watchEpoch != epoch {
+		go l.watchOwn(node, e)
+	}
+	return e.lease, nil
 }
 
 // watchOwn sets a watch on our granted node, whose deletion (an operator,
 // an expired session) onEvent turns into Lost at once. It runs after the
 // grant, off the holder's path; a node already gone by then is lost now.
-func (l *Locker) watchOwn(node string, h *held) {
+// A node that waited has its watch already (watchQueued).
+func (l *Locker) watchOwn(node string, e *entry) {
 	exists, _, _, err := l.conn.ExistsW(node)
 	if err == nil && !exists {
 		l.mu.Lock()
-		closeOnce(h.gone)
+		closeOnce(e.gone)
 		l.mu.Unlock()
 	}
 }
 
 // extend checks the node is still ours and moves its deletion to ttl from
 // now. ZooKeeper itself keeps the node as long as the session lives.
-func (l *Locker) extend(node string, h *held, ttl time.Duration) error {
+func (l *Locker) extend(node string, h *entry, ttl time.Duration) error {
 	sent := time.Now()
 	ok, stat, err := l.conn.Exists(node)
 	if err != nil {
@@ -411,7 +507,7 @@ func (l *Locker) extend(node string, h *held, ttl time.Duration) error {
 // that no other client ever gets, so deleting it is owner-checked. The
 // client takes no context, so the deletion runs in a goroutine and release
 // returns when ctx ends; the deletion goes on, retried if it fails.
-func (l *Locker) release(ctx context.Context, node string, h *held) error {
+func (l *Locker) release(ctx context.Context, node string, h *entry) error {
 	defer l.forget(node)
 	l.mu.Lock()
 	expired := !h.timer.Stop()
@@ -446,7 +542,7 @@ func (l *Locker) release(ctx context.Context, node string, h *held) error {
 // expire gives the node back once its lease ran out. The node outlives the
 // lease only if the session does, but then it would block the key for as
 // long as this process lives.
-func (l *Locker) expire(node string, h *held) {
+func (l *Locker) expire(node string, h *entry) {
 	l.mu.Lock()
 	lost := h.lease.Lost()
 	l.mu.Unlock()
@@ -457,7 +553,7 @@ func (l *Locker) expire(node string, h *held) {
 
 func (l *Locker) forget(node string) {
 	l.mu.Lock()
-	delete(l.held, node)
+	delete(l.nodes, node)
 	l.mu.Unlock()
 }
 

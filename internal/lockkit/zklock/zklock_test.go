@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -241,6 +242,237 @@ func TestLostCreateReplyIsFound(t *testing.T) {
 	_ = lb.Release(ctx)
 }
 
+// A hand-off from a holder to a waiter of the same Locker costs the waiter
+// no request: it was behind a granted node, so that node's deletion makes
+// it first, and its fence is one above the holder's.
+func TestHandOffWithinLockerListsNothing(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	l := open(t, addrs, withDialer(tp.dial))
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	next := acquireLater(t, l, key)
+	settle(t, l, key, 2)
+
+	before := tp.sent()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	after := tp.sent()
+	if n := after[opGetChildren2] - before[opGetChildren2]; n != 0 {
+		t.Errorf("the hand-off listed the queue %d times, want 0", n)
+	}
+	if lease.Fence() <= holder.Fence() {
+		t.Errorf("fence %d after the hand-off, not above the holder's %d", lease.Fence(), holder.Fence())
+	}
+	assertHeld(t, addrs, key)
+	_ = lease.Release(ctx)
+}
+
+// A waiter whose predecessor gave up (it was never granted) is not first:
+// it looks again, finds the holder, and waits for it.
+func TestWaiterBehindCancelledWaiterWaitsForHolder(t *testing.T) {
+	addrs := serverAddrs(t)
+	l := open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	pctx, cancel := context.WithCancel(ctx)
+	cancelled := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(pctx, key)
+		cancelled <- err
+	}()
+	settle(t, l, key, 2)
+	next := acquireLater(t, l, key)
+	settle(t, l, key, 3)
+
+	cancel()
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire = %v", err)
+	}
+	select {
+	case <-next:
+		t.Fatal("granted while the holder still holds the key")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	if lease.Fence() <= holder.Fence() {
+		t.Errorf("fence %d, not above the holder's %d", lease.Fence(), holder.Fence())
+	}
+	_ = lease.Release(ctx)
+}
+
+// A waiter whose own node an operator deleted is not granted when its
+// predecessor goes: it queues again, and the lease it gets is backed by a
+// node that keeps everyone else out.
+func TestWaiterWithoutItsNodeIsNotGranted(t *testing.T) {
+	addrs := serverAddrs(t)
+	l := open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	next := acquireLater(t, l, key)
+	settle(t, l, key, 2)
+
+	if err := dialZK(t, addrs).Delete(queue(t, l, key)[1], -1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let the deletion's notification arrive first
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	assertHeld(t, addrs, key)
+	select {
+	case <-lease.Lost():
+		t.Fatal("the lease is lost")
+	default:
+	}
+	_ = lease.Release(ctx)
+}
+
+// A waiter whose connection dropped while it waited does not take its
+// predecessor's deletion on trust: it lists the queue again.
+func TestWaiterAcrossDisconnectListsAgain(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	l := open(t, addrs, withDialer(tp.dial))
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	next := acquireLater(t, l, key)
+	settle(t, l, key, 2)
+	session := l.conn.SessionID()
+
+	tp.sever()
+	select {
+	case <-holder.Lost():
+	case <-time.After(sessionTimeout):
+		t.Fatal("Lost still open after the connection dropped")
+	}
+	for deadline := time.Now().Add(sessionTimeout); l.conn.State() != zk.StateHasSession; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no reconnection")
+		}
+	}
+	if l.conn.SessionID() != session {
+		t.Skipf("the session changed (%x, was %x): the test meant a short drop", l.conn.SessionID(), session)
+	}
+	before := tp.sent()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	if n := tp.sent()[opGetChildren2] - before[opGetChildren2]; n == 0 {
+		t.Error("granted across a disconnect without listing the queue")
+	}
+	if lease.Fence() <= holder.Fence() {
+		t.Errorf("fence %d, not above the holder's %d", lease.Fence(), holder.Fence())
+	}
+	assertHeld(t, addrs, key)
+	_ = lease.Release(ctx)
+}
+
+// Fences rise along a queue that mixes hand-offs within a Locker
+// (inherited fences) and across Lockers (listed ones).
+func TestFencesRiseAcrossInheritedAndListedGrants(t *testing.T) {
+	addrs := serverAddrs(t)
+	a, b := open(t, addrs), open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	first := acquire(t, a, key)
+	var waiters []<-chan lockkit.Lease
+	for i, l := range []*Locker{a, b, b, a, a} {
+		waiters = append(waiters, acquireLater(t, l, key))
+		settle(t, l, key, i+2)
+	}
+	last := first
+	for _, w := range waiters {
+		if err := last.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lease := take(t, w)
+		if lease.Fence() <= last.Fence() {
+			t.Fatalf("fence %d after %d", lease.Fence(), last.Fence())
+		}
+		last = lease
+	}
+	_ = last.Release(ctx)
+}
+
+// acquireLater acquires key in a goroutine and hands the lease over.
+func acquireLater(t *testing.T, l *Locker, key string) <-chan lockkit.Lease {
+	t.Helper()
+	ch := make(chan lockkit.Lease, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*sessionTimeout)
+		defer cancel()
+		lease, err := l.Acquire(ctx, key)
+		if err != nil {
+			t.Errorf("Acquire %s: %v", key, err)
+			close(ch)
+			return
+		}
+		ch <- lease
+	}()
+	return ch
+}
+
+// take waits for acquireLater's lease.
+func take(t *testing.T, ch <-chan lockkit.Lease) lockkit.Lease {
+	t.Helper()
+	select {
+	case lease, ok := <-ch:
+		if !ok {
+			t.FailNow()
+		}
+		return lease
+	case <-time.After(4 * sessionTimeout):
+		t.Fatal("no lease")
+		return nil
+	}
+}
+
+// settle waits until key's queue has n nodes and every waiting node of l
+// has its watches set.
+func settle(t *testing.T, l *Locker, key string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(sessionTimeout); ; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the queue never reached %d nodes with their watches set", n)
+		}
+		if len(queue(t, l, key)) < n {
+			continue
+		}
+		l.mu.Lock()
+		ready := true
+		for _, e := range l.nodes {
+			ready = ready && (e.granted || e.watched)
+		}
+		l.mu.Unlock()
+		if ready {
+			return
+		}
+	}
+}
+
+// assertHeld checks, from another Locker, that key is held.
+func assertHeld(t *testing.T, addrs []string, key string) {
+	t.Helper()
+	if lease, err := open(t, addrs).TryAcquire(context.Background(), key); !errors.Is(err, lockkit.ErrNotAcquired) {
+		if err == nil {
+			_ = lease.Release(context.Background())
+		}
+		t.Fatalf("TryAcquire by another Locker = %v, want ErrNotAcquired", err)
+	}
+}
+
 func BenchmarkUncontended(b *testing.B) {
 	addrs := serverAddrs(b)
 	ctx := context.Background()
@@ -347,6 +579,7 @@ func acquire(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Option)
 // handshake, which the client library keeps to itself.
 type tap struct {
 	mu        sync.Mutex
+	ops       map[int32]int // requests sent, by opcode
 	conn      *tappedConn
 	handshake []byte
 	dropCount int
@@ -388,6 +621,16 @@ func (tp *tap) dropNextCreateReply() {
 	tp.dropArmed = true
 }
 
+// opGetChildren2 is the opcode of go-zookeeper's Children.
+const opGetChildren2 = 12
+
+// sent counts the requests sent so far, by opcode.
+func (tp *tap) sent() map[int32]int {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return maps.Clone(tp.ops)
+}
+
 func (tp *tap) dropped() bool {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
@@ -403,6 +646,12 @@ func (c *tappedConn) Write(b []byte) (int, error) {
 	tp := c.tap
 	tp.mu.Lock()
 	// A request is [length][xid][opcode]...; opcode 1 is create.
+	if len(b) >= 12 {
+		if tp.ops == nil {
+			tp.ops = map[int32]int{}
+		}
+		tp.ops[int32(binary.BigEndian.Uint32(b[8:12]))]++
+	}
 	if tp.dropArmed && len(b) >= 12 && int32(binary.BigEndian.Uint32(b[8:12])) == 1 {
 		tp.dropArmed, tp.createXid = false, bytes.Clone(b[4:8])
 	}
