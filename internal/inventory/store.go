@@ -216,19 +216,37 @@ func insertInSale(tx *gorm.DB, p *Purchase) error {
 	return err
 }
 
-// createInSale is insertInSale through gorm's Create, a round trip more,
-// for the order flows (off the seckill hot path): their rows stay in
-// gorm's callbacks, which the slow-query log and the order fault tests'
-// hang-up hooks use.
+// createInSale is insertInSale through gorm's Create, for the order
+// flows: their rows stay in gorm's callbacks, which the slow-query log and
+// the order tests' hang-up and fault hooks use. The same rule holds: call
+// it after tx wrote the product's row, which it then holds until commit,
+// so that the subquery reads the sale whose stock the row moved. The sale
+// is read by the INSERT, not by a statement of its own: every round trip
+// of an order flow is paid inside its transaction, under the locks of the
+// rows it holds. It sets p.ID, not p.Sale (reading it back would be the
+// round trip saved).
 func createInSale(tx *gorm.DB, p *Purchase) error {
-	sale, err := currentSale(tx, p.SKU)
-	if err != nil {
+	if p.CreatedAt.IsZero() {
+		p.CreatedAt = tx.NowFunc()
+	}
+	row := map[string]any{
+		"sku": p.SKU, "user_id": p.UserID, "quantity": p.Quantity, "strategy": p.Strategy,
+		"fence": p.Fence, "created_at": p.CreatedAt, "order_id": p.OrderID,
+		"sale": gorm.Expr("(SELECT sale FROM products WHERE sku = ?)", p.SKU),
+	}
+	if err := tx.Model(&Purchase{}).Create(row).Error; err != nil {
 		return err
 	}
-	p.Sale = sale
-	return tx.Create(p).Error
+	id, ok := row["id"].(int64)
+	if !ok {
+		return fmt.Errorf("inventory: the purchase row of %q came back without an id: %v", p.SKU, row["id"])
+	}
+	p.ID = id
+	return nil
 }
 
+// currentSale reads sku's sale in a statement of its own: for combined
+// batches, which pay it once per batch, not once per buyer.
 func currentSale(tx *gorm.DB, sku string) (int64, error) {
 	var sale int64
 	err := tx.Raw("SELECT sale FROM products WHERE sku = ?", sku).Scan(&sale).Error
