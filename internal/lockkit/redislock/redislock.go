@@ -44,6 +44,8 @@ import (
 var (
 	//go:embed fence.lua
 	fenceLua string
+	//go:embed wanted.lua
+	wantedLua string
 	//go:embed acquire.lua
 	acquireLua string
 	//go:embed fair_acquire.lua
@@ -57,8 +59,8 @@ var (
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
 	// (a restarted or failed-over server has an empty script cache).
-	acquireScript     = redis.NewScript(fenceLua + acquireLua)
-	fairAcquireScript = redis.NewScript(fenceLua + fairAcquireLua)
+	acquireScript     = redis.NewScript(fenceLua + wantedLua + acquireLua)
+	fairAcquireScript = redis.NewScript(fenceLua + wantedLua + fairAcquireLua)
 	releaseScript     = redis.NewScript(releaseLua)
 	extendScript      = redis.NewScript(extendLua)
 	abandonScript     = redis.NewScript(abandonLua)
@@ -132,11 +134,13 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 		Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
-type keyset struct{ lock, fence, queue, deadlines, channel string }
+// keyset names a lock's keys. wanted is set by waiters and asks the
+// release for a message on channel (wanted.lua).
+type keyset struct{ lock, fence, wanted, queue, deadlines, channel string }
 
 func (l *Locker) keys(key string) keyset {
 	base := "{" + l.prefix + key + "}"
-	return keyset{lock: base, fence: base + ":fence", queue: base + ":queue",
+	return keyset{lock: base, fence: base + ":fence", wanted: base + ":wanted", queue: base + ":queue",
 		deadlines: base + ":waiters", channel: base + ":released"}
 }
 
@@ -148,7 +152,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	}
 	defer l.inflight.Done()
 	o, watchdog := backend.Resolve(opts)
-	lease, _, err := l.attempt(ctx, key, l.keys(key), l.newOwner(), o, watchdog, false)
+	lease, _, err := l.attempt(ctx, key, l.keys(key), l.newOwner(), o, watchdog, trying)
 	if err == nil && lease == nil {
 		err = lockkit.ErrNotAcquired
 	}
@@ -177,7 +181,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	// costs a registration with the Locker's, which the uncontended path
 	// does without.
 	if o.Fair || !l.room.busy(ks.channel) {
-		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, o.Fair)
+		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, arriving)
 		if lease != nil {
 			return lease, nil
 		}
@@ -221,7 +225,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	look := !subscribed // the confirmation of our SUBSCRIBE wakes us
 	for {
 		if look {
-			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, o.Fair)
+			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, waiting)
 			if lease != nil {
 				return lease, nil
 			}
@@ -255,40 +259,49 @@ func ended(ctx context.Context) bool {
 	return ctx.Err() != nil || ok && !time.Now().Before(deadline)
 }
 
+// stage is where an attempt stands in its acquisition.
+type stage int
+
+const (
+	trying   stage = iota // TryAcquire: one attempt, no wait
+	arriving              // Acquire's first attempt
+	waiting               // Acquire's attempts once it waits
+)
+
 // attempt runs the acquire script once. It returns a lease, or how long to
-// wait before the next attempt at the latest, or an error. queue asks a
-// fair attempt to take or keep a place in the queue.
-func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog, queue bool) (lockkit.Lease, time.Duration, error) {
+// wait before the next attempt at the latest, or an error. A fair Acquire
+// takes or keeps its place in the queue. A waiting plain one marks the key
+// as wanted, so that the release sends a message; an arriving one need
+// not, since a refused arrival always calls again before it sleeps (at
+// once, or when its subscription is confirmed), and so the uncontended
+// call carries no more keys than it must: each costs the server time.
+func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool, st stage) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
-	fairFlag := "0"
-	if o.Fair {
-		fairFlag = "1"
-	}
-	var res []int64
+	var res int64
 	var err error
-	if o.Fair {
+	switch {
+	case o.Fair:
 		timeout := time.Duration(0)
-		if queue {
+		if st != trying {
 			timeout = l.waiterTimeout
 		}
-		res, err = fairAcquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence, ks.queue, ks.deadlines},
-			owner, o.TTL.Milliseconds(), timeout.Milliseconds()).Int64Slice()
-	} else {
-		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence}, owner, o.TTL.Milliseconds()).Int64Slice()
+		res, err = fairAcquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence, ks.queue, ks.deadlines, ks.wanted},
+			owner, o.TTL.Milliseconds(), timeout.Milliseconds()).Int64()
+	case st == waiting:
+		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence, ks.wanted}, owner, o.TTL.Milliseconds()).Int64()
+	default:
+		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence}, owner, o.TTL.Milliseconds()).Int64()
 	}
 	if err != nil {
 		// The script may have run although its reply was lost.
 		l.abandonLater(ks, owner)
 		return nil, 0, unavailable(ctx, err)
 	}
-	if len(res) != 2 {
-		return nil, 0, fmt.Errorf("redislock: acquire script returned %v", res)
-	}
-	if res[0] == 0 {
-		return nil, time.Duration(res[1]) * time.Millisecond, nil
+	if res <= 0 { // refused: -1 - how long to wait (fence.lua)
+		return nil, time.Duration(-1-res) * time.Millisecond, nil
 	}
 	return backend.NewLease(backend.Grant{
-		Key: key, Fence: uint64(res[0]), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
+		Key: key, Fence: uint64(res), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			// The watchdog's renewals run on their own goroutine: Close
 			// ends one in flight and waits for it, so that the caller may
@@ -310,7 +323,11 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Release: func(ctx context.Context) error {
-			res, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel, fairFlag).Result()
+			releaseKeys := []string{ks.lock, ks.wanted}
+			if o.Fair {
+				releaseKeys = append(releaseKeys, ks.queue, ks.deadlines)
+			}
+			res, err := releaseScript.Run(ctx, l.client, releaseKeys, owner).Result()
 			if err != nil {
 				return unavailable(ctx, err)
 			}
