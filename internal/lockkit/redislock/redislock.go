@@ -216,17 +216,25 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		}
 		return fail(err)
 	}
-	defer l.room.leave(w)
+	granted := time.Duration(0) // the TTL of our grant, if we got one
+	defer func() { l.room.leave(w, granted) }()
 
 	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
 	// leave a stale tick behind, so no draining is needed.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	look := !subscribed // the confirmation of our SUBSCRIBE wakes us
+	if w.heldHere > 0 {
+		// Our turn came because the waiter ahead was granted the key:
+		// asking now would be refused. Its release by this process wakes
+		// us, and a lease that ends otherwise has run out by then.
+		look, wait = false, w.heldHere
+	}
 	for {
 		if look {
 			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, waiting)
 			if lease != nil {
+				granted = o.TTL
 				return lease, nil
 			}
 			if err != nil {
