@@ -2,10 +2,14 @@ package redislock_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
 )
 
 // A release nobody waits for sends no message: the PUBLISH would be a
@@ -82,5 +86,50 @@ func TestReleaseWakesAWaiterOfAnotherProcess(t *testing.T) {
 		if err := <-got; err != nil {
 			t.Errorf("fair=%v: waiter: %v", fair, err)
 		}
+	}
+}
+
+// Waiters of one process hand the key on with two calls each, the grant
+// and the release: the waiter whose turn comes because the one ahead of
+// it here was granted the key does not ask Redis while that grant lasts
+// (it would be refused, and with it every refusal marks the key, so that
+// the next release also sends a message that wakes the next head to be
+// refused again). The release by this process wakes it.
+func TestWaitersHereHandOnWithTwoCallsEach(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	w := locktest.NewWire(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, Dialer: w.DialContext})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLocker(t, c)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	const goroutines, rounds = 4, 5
+	holder := hold(t, l, key)
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range rounds {
+				lease, err := l.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+				_ = lease.Release(ctx)
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // all queued, the head subscribed
+	calls := w.Calls()
+	_ = holder.Release(ctx)
+	wg.Wait()
+	handOffs := int64(goroutines * rounds)
+	// Two per hand-off, and a few for a release message that arrives after
+	// the grant it was followed by (it wakes the next head once).
+	n := w.Calls() - calls
+	t.Logf("%d hand-offs here took %d calls", handOffs, n)
+	if n > 2*handOffs+handOffs/2 {
+		t.Errorf("%d hand-offs here took %d calls; want about 2 each", handOffs, n)
 	}
 }
