@@ -134,15 +134,20 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 		Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
-// keyset names a lock's keys. wanted is set by waiters and asks the
-// release for a message on channel (wanted.lua).
-type keyset struct{ lock, fence, wanted, queue, deadlines, channel string }
+// keyset names a lock's keys, all in one hash slot: the lock itself and
+// the names derived from it, built only when needed (an uncontended cycle
+// needs two of them). wanted is set by waiters and asks the release for a
+// message on channel (wanted.lua).
+type keyset string
 
-func (l *Locker) keys(key string) keyset {
-	base := "{" + l.prefix + key + "}"
-	return keyset{lock: base, fence: base + ":fence", wanted: base + ":wanted", queue: base + ":queue",
-		deadlines: base + ":waiters", channel: base + ":released"}
-}
+func (l *Locker) keys(key string) keyset { return keyset("{" + l.prefix + key + "}") }
+
+func (k keyset) lock() string      { return string(k) }
+func (k keyset) fence() string     { return string(k) + ":fence" }
+func (k keyset) wanted() string    { return string(k) + ":wanted" }
+func (k keyset) queue() string     { return string(k) + ":queue" }
+func (k keyset) deadlines() string { return string(k) + ":waiters" }
+func (k keyset) channel() string   { return string(k) + ":released" }
 
 // TryAcquire makes one attempt. With WithFair it is refused while others
 // queue, even if the key is free: their turn comes first.
@@ -180,7 +185,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	// This call runs under the caller's ctx alone: the wait's context
 	// costs a registration with the Locker's, which the uncontended path
 	// does without.
-	if o.Fair || !l.room.busy(ks.channel) {
+	if o.Fair || !l.room.busy(ks) {
 		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, arriving)
 		if lease != nil {
 			return lease, nil
@@ -209,7 +214,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		}
 		return nil, backend.WaitErr(ctx, waitCtx)
 	}
-	w, subscribed, err := l.room.join(waitCtx, ks.channel, owner, o.Fair)
+	w, subscribed, err := l.room.join(waitCtx, ks.channel(), owner, o.Fair)
 	if err != nil {
 		if o.Fair {
 			l.abandonLater(ks, owner) // leave the queue
@@ -293,12 +298,12 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 		if st != trying {
 			timeout = l.waiterTimeout
 		}
-		res, err = fairAcquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence, ks.queue, ks.deadlines, ks.wanted},
+		res, err = fairAcquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence(), ks.queue(), ks.deadlines(), ks.wanted()},
 			owner, o.TTL.Milliseconds(), timeout.Milliseconds()).Int64()
 	case st == waiting:
-		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence, ks.wanted}, owner, o.TTL.Milliseconds()).Int64()
+		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence(), ks.wanted()}, owner, o.TTL.Milliseconds()).Int64()
 	default:
-		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence}, owner, o.TTL.Milliseconds()).Int64()
+		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence()}, owner, o.TTL.Milliseconds()).Int64()
 	}
 	if err != nil {
 		// The script may have run although its reply was lost.
@@ -321,7 +326,7 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			ctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			defer context.AfterFunc(l.closing, cancel)()
-			ok, err := extendScript.Run(ctx, l.client, []string{ks.lock}, owner, ttl.Milliseconds()).Int()
+			ok, err := extendScript.Run(ctx, l.client, []string{ks.lock()}, owner, ttl.Milliseconds()).Int()
 			if err != nil {
 				return unavailable(ctx, err)
 			}
@@ -331,9 +336,9 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Release: func(ctx context.Context) error {
-			releaseKeys := []string{ks.lock, ks.wanted}
+			releaseKeys := []string{ks.lock(), ks.wanted()}
 			if o.Fair {
-				releaseKeys = append(releaseKeys, ks.queue, ks.deadlines)
+				releaseKeys = append(releaseKeys, ks.queue(), ks.deadlines())
 			}
 			res, err := releaseScript.Run(ctx, l.client, releaseKeys, owner).Result()
 			if err != nil {
@@ -344,7 +349,7 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 				return lockkit.ErrNotHeld
 			}
 			// Our own waiters need not wait for the message's round trip.
-			l.room.wake(ks.channel, next)
+			l.room.wake(ks, next)
 			return nil
 		},
 		Closed: l.closing.Done(),
@@ -361,7 +366,7 @@ func (l *Locker) abandonLater(ks keyset, owner string) {
 		defer l.inflight.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
-		_ = abandonScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel).Err()
+		_ = abandonScript.Run(ctx, l.client, []string{ks.lock(), ks.queue(), ks.deadlines()}, owner, ks.channel()).Err()
 	}()
 }
 

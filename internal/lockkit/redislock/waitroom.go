@@ -63,13 +63,13 @@ func newWaitRoom(client redis.UniversalClient) *waitRoom {
 }
 
 // busy reports whether any plain waiter here waits for the key.
-func (r *waitRoom) busy(channel string) bool {
+func (r *waitRoom) busy(ks keyset) bool {
 	if r.waiting.Load() == 0 {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	room := r.rooms[channel]
+	room := r.rooms[ks.channel()]
 	return room != nil && len(room.queue) > 0
 }
 
@@ -167,13 +167,18 @@ func (r *waitRoom) leave(w *waiter, granted time.Duration) {
 	}
 }
 
-// wake passes a release of channel on. next is the fair queue's head named
-// by the release: only that fair waiter wakes. An empty next (nobody
-// queued) wakes the plain head and every fair waiter here.
-func (r *waitRoom) wake(channel, next string) {
+// wake passes a release by this process on.
+func (r *waitRoom) wake(ks keyset, next string) {
 	if r.waiting.Load() == 0 {
 		return
 	}
+	r.deliver(ks.channel(), next)
+}
+
+// deliver passes a release of channel on. next is the fair queue's head
+// named by the release: only that fair waiter wakes. An empty next (nobody
+// queued) wakes the plain head and every fair waiter here.
+func (r *waitRoom) deliver(channel, next string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room := r.rooms[channel]
@@ -218,7 +223,7 @@ func (r *waitRoom) dispatch(events <-chan any, done chan<- struct{}) {
 	for ev := range events {
 		switch ev := ev.(type) {
 		case *redis.Message:
-			r.wake(ev.Channel, ev.Payload)
+			r.deliver(ev.Channel, ev.Payload)
 		case *redis.Subscription:
 			// Subscribed, for the first time or again after a reconnect:
 			// a release may have gone by unheard.
