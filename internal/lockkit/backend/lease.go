@@ -93,7 +93,9 @@ func (l *lease) Fence() uint64 { return l.g.Fence }
 func (l *lease) Lost() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.expiry == nil && !l.released {
+	// isLost closes a lease past its deadline now: a timer would close it
+	// only after the caller had looked.
+	if !l.isLost() && l.expiry == nil {
 		l.expiry = time.AfterFunc(time.Until(l.deadline), l.markLost)
 	}
 	return l.lost
