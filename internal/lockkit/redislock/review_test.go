@@ -176,3 +176,61 @@ func TestWaiterBehindGrantHereWokenWhenReleaseReplyLost(t *testing.T) {
 			lock, admin.Exists(ctx, lock).Val())
 	}
 }
+
+// Mixed waiters on one key, each in its own process: a plain waiter marks
+// the key, a fair lease's release deletes the mark and names the fair
+// head (which wakes that fair waiter only), and the fair waiter's own
+// release then finds no mark and sends nothing. The plain waiter must
+// still be woken by that second release, not by the first holder's TTL.
+func TestPlainWaiterWokenAfterFairHandOffElsewhere(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	ctx := context.Background()
+	x := newLocker(t, newClient(t, addr))
+	y := newLocker(t, newClient(t, addr))
+	z := newLocker(t, newClient(t, addr))
+	key := uniqueKey(t)
+
+	held := hold(t, x, key, lockkit.WithFair())
+	plain := acquireAsync(y, ctx, key, lockkit.WithWaitTimeout(20*time.Second))
+	time.Sleep(300 * time.Millisecond) // refused, subscribed, marked
+	fair := acquireAsync(z, ctx, key, lockkit.WithFair(), lockkit.WithWaitTimeout(20*time.Second))
+	time.Sleep(300 * time.Millisecond) // queued
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got acquired
+	select {
+	case got = <-fair:
+	case got = <-plain:
+		// The plain waiter barged in first; nothing to show this time.
+		if got.err == nil {
+			_ = got.lease.Release(ctx)
+		}
+		if f := <-fair; f.err == nil {
+			_ = f.lease.Release(ctx)
+		}
+		t.Skip("the plain waiter took the key first")
+	}
+	if got.err != nil {
+		t.Fatalf("fair waiter: %v", got.err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := got.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	select {
+	case p := <-plain:
+		if p.err != nil {
+			t.Fatalf("plain waiter, key free since %v: %v", time.Since(released), p.err)
+		}
+		if wait := p.at.Sub(released); wait > 2*time.Second {
+			t.Errorf("plain waiter granted %v after the key was freed", wait)
+		}
+		_ = p.lease.Release(ctx)
+	case <-time.After(5 * time.Second):
+		lock := "{" + testPrefix + key + "}"
+		t.Fatalf("plain waiter still asleep 5s after the fair holder's release; EXISTS %s = %d",
+			lock, newClient(t, addr).Exists(ctx, lock).Val())
+	}
+}
