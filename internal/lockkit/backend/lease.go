@@ -76,6 +76,9 @@ func NewLease(g Grant) lockkit.Lease {
 		l.renewal = time.AfterFunc(g.TTL/3, l.renew)
 	}
 	if g.Gone != nil {
+		// The watcher below ends when Lost closes: at the deadline at the
+		// latest, so the expiry timer runs from the start.
+		l.expiry = time.AfterFunc(time.Until(l.deadline), l.markLost)
 		go func() {
 			select {
 			case <-g.Gone:

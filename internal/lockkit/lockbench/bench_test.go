@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"syscall"
 	"testing"
 	"time"
 
@@ -215,15 +214,6 @@ func measureRoundTrip(b *testing.B, rt func(context.Context) error) time.Duratio
 		}
 	}
 	return time.Since(t0) / n
-}
-
-// processCPU is the user and system time this process has used: the
-// client's own cost per cycle, which a busy machine disturbs far less
-// than the wall clock.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -341,15 +341,18 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 				releaseKeys = append(releaseKeys, ks.queue(), ks.deadlines())
 			}
 			res, err := releaseScript.Run(ctx, l.client, releaseKeys, owner).Result()
+			next, freed := res.(string) // 0 (an integer): not ours
+			// Our own waiters need not wait for the message's round trip.
+			// Wake them whatever the outcome: the next one here may not
+			// have marked the key (it knew the key was held here), and a
+			// release that failed or found the lease gone sends nothing.
+			l.room.wake(ks, next)
 			if err != nil {
 				return unavailable(ctx, err)
 			}
-			next, freed := res.(string) // 0 (an integer): not ours
 			if !freed {
 				return lockkit.ErrNotHeld
 			}
-			// Our own waiters need not wait for the message's round trip.
-			l.room.wake(ks, next)
 			return nil
 		},
 		Closed: l.closing.Done(),
