@@ -67,9 +67,10 @@ END {
   if (!rounds) rounds = 1
   if (n["u"]) {
     print "\nUncontended: one goroutine, acquire + release on a free key; " rounds " interleaved rounds."
-    print "Ratios: median of the per-round ratios (min-max over the rounds).\n"
-    print "| server | subject | cycles/s (median) | × raw round trip | × peer |"
-    print "|---|---|---:|---:|---:|"
+    print "Ratios: median of the per-round ratios (min-max over the rounds). Client CPU: the benchmark"
+    print "process's user + system time per cycle (median), which the server's own time is not part of.\n"
+    print "| server | subject | cycles/s (median) | × raw round trip | × peer | client CPU µs/cycle |"
+    print "|---|---|---:|---:|---:|---:|"
     for (i = 1; i <= n["u"]; i++) {
       k = order["u", i]; g = kgroup[k]
       raw = "u" SUBSEP g SUBSEP "raw-roundtrip"; p = peerOf("u", g)
@@ -81,7 +82,7 @@ END {
         if (o != p && kgroup[o] == g && ksubj[o] != "raw-roundtrip" && ksubj[o] !~ /^shop-/)
           xp = xp "; × " ksubj[o] " " cell(ratios(k, "cycles/s", o, "cycles/s"))
       }
-      printf "| %s | %s | %.0f | %s | %s |\n", g, ksubj[k], median1(k, "cycles/s"), xr, xp
+      printf "| %s | %s | %.0f | %s | %s | %.1f |\n", g, ksubj[k], median1(k, "cycles/s"), xr, xp, median1(k, "cpu-µs/cycle")
     }
   }
   if (n["c"]) {

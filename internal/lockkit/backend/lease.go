@@ -33,8 +33,10 @@ type Grant struct {
 	Closed <-chan struct{}
 }
 
-// lease runs on timers rather than a goroutine of its own: an uncontended
-// acquire+release cycle should cost two round trips and nothing else.
+// lease runs on timers rather than a goroutine of its own, and arms its
+// expiry timer only once somebody asks for Lost: an uncontended
+// acquire+release cycle should cost two round trips and nothing else (a
+// timer armed and stopped per cycle wakes the runtime's poller twice).
 type lease struct {
 	g Grant
 
@@ -50,7 +52,7 @@ type lease struct {
 	mu       sync.Mutex
 	ttl      time.Duration
 	deadline time.Time   // Lost closes here unless a renewal moves it
-	expiry   *time.Timer // fires at deadline
+	expiry   *time.Timer // fires at deadline; nil until Lost is asked for
 	renewal  *time.Timer // the watchdog's next renewal, if any
 	released bool
 	// cancelRenewal ends the renewal in flight, if any: Release calls it.
@@ -70,11 +72,13 @@ func NewLease(g Grant) lockkit.Lease {
 	if !time.Now().Before(l.deadline) {
 		l.markLost()
 	}
-	l.expiry = time.AfterFunc(time.Until(l.deadline), l.markLost)
 	if g.Watchdog {
 		l.renewal = time.AfterFunc(g.TTL/3, l.renew)
 	}
 	if g.Gone != nil {
+		// The watcher below ends when Lost closes: at the deadline at the
+		// latest, so the expiry timer runs from the start.
+		l.expiry = time.AfterFunc(time.Until(l.deadline), l.markLost)
 		go func() {
 			select {
 			case <-g.Gone:
@@ -86,13 +90,40 @@ func NewLease(g Grant) lockkit.Lease {
 	return l
 }
 
-func (l *lease) Key() string           { return l.g.Key }
-func (l *lease) Fence() uint64         { return l.g.Fence }
-func (l *lease) Lost() <-chan struct{} { return l.lost }
+func (l *lease) Key() string   { return l.g.Key }
+func (l *lease) Fence() uint64 { return l.g.Fence }
+
+func (l *lease) Lost() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// isLost closes a lease past its deadline now: a timer would close it
+	// only after the caller had looked.
+	if !l.isLost() && l.expiry == nil {
+		l.expiry = time.AfterFunc(time.Until(l.deadline), l.markLost)
+	}
+	return l.lost
+}
+
+func (l *lease) lostNow() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.isLost()
+}
 
 func (l *lease) markLost() { l.lostOnce.Do(func() { close(l.lost) }) }
 
-func (l *lease) isLost() bool { return IsClosed(l.lost) }
+// isLost also reads the clock: nobody may have armed the expiry timer. It
+// is called with l.mu held.
+func (l *lease) isLost() bool {
+	if IsClosed(l.lost) {
+		return true
+	}
+	if !time.Now().Before(l.deadline) {
+		l.markLost()
+		return true
+	}
+	return false
+}
 
 // renew is the watchdog's tick, run by its timer.
 func (l *lease) renew() {
@@ -151,11 +182,13 @@ func (l *lease) moveDeadline(deadline time.Time) {
 		return // a deadline already passed: trust cannot come back
 	}
 	l.deadline = deadline
-	l.expiry.Reset(time.Until(deadline))
+	if l.expiry != nil {
+		l.expiry.Reset(time.Until(deadline))
+	}
 }
 
 func (l *lease) Extend(ctx context.Context, ttl time.Duration) error {
-	if l.isLost() {
+	if l.lostNow() {
 		return lockkit.ErrLeaseLost
 	}
 	select {
@@ -166,7 +199,7 @@ func (l *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return ctx.Err()
 	}
 	defer func() { <-l.calls }()
-	if l.isLost() {
+	if l.lostNow() {
 		return lockkit.ErrLeaseLost
 	}
 	sent := time.Now()
@@ -191,7 +224,9 @@ func (l *lease) Release(ctx context.Context) error {
 	if l.renewal != nil {
 		l.renewal.Stop()
 	}
-	l.expiry.Stop()
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
 	if l.cancelRenewal != nil {
 		l.cancelRenewal()
 	}

@@ -367,3 +367,20 @@ func TestReleaseEndsEverythingTheLeaseRan(t *testing.T) {
 		t.Fatalf("the store got %d releases, want 1", n)
 	}
 }
+
+// Nobody watched the lease until after its deadline: Lost, first asked for
+// then, is closed already when it returns. A check made at release time
+// (lockmetrics counts lost leases that way) must see it, with no timer
+// left to run first.
+func TestLostFirstAskedAfterTheDeadlineIsClosed(t *testing.T) {
+	const ttl = 20 * time.Millisecond
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Sent: time.Now(),
+		Extend:  func(context.Context, time.Duration) error { return nil },
+		Release: func(context.Context) error { return nil }})
+	time.Sleep(2 * ttl)
+	select {
+	case <-lease.Lost():
+	default:
+		t.Fatal("Lost is open after the deadline")
+	}
+}

@@ -132,12 +132,14 @@ func BenchmarkUncontended(b *testing.B) {
 				rt := g.roundTrip(b)
 				ctx := context.Background()
 				b.ResetTimer()
+				cpu0 := processCPU()
 				for b.Loop() {
 					if err := rt(ctx); err != nil {
 						b.Fatal(err)
 					}
 				}
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+				b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/cycle")
 			})
 			for _, s := range g.subjects {
 				if s.contendedOnly {
@@ -148,6 +150,7 @@ func BenchmarkUncontended(b *testing.B) {
 					ctx := context.Background()
 					key := fmt.Sprintf("uncontended-%d", time.Now().UnixNano())
 					b.ResetTimer()
+					cpu0 := processCPU()
 					for b.Loop() {
 						release, err := acquire(ctx, key)
 						if err != nil {
@@ -158,6 +161,7 @@ func BenchmarkUncontended(b *testing.B) {
 						}
 					}
 					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+					b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/cycle")
 				})
 			}
 		})

@@ -1,12 +1,13 @@
 -- First-come first-served grant of KEYS[1] (fence KEYS[2]) through a queue
 -- of waiters: KEYS[3] is the list in arrival order, KEYS[4] a sorted set of
--- each waiter's deadline. A waiter keeps its place by calling again before
--- its deadline; a dead one is dropped when it reaches the head, so it holds
--- the queue up for at most one waiter timeout.
+-- each waiter's deadline; KEYS[5] asks a held key's release for a message
+-- (wanted.lua). A waiter keeps its place by calling again before its
+-- deadline; a dead one is dropped when it reaches the head, so it holds the
+-- queue up for at most one waiter timeout.
 -- ARGV: owner, ttl ms, waiter timeout ms (0: do not queue, just try).
--- Returns {fence, 0} on a grant, {0, ms to wait at most} otherwise: the
--- holder's remaining lease, or, when the key is free but another waiter's
--- turn, the time that waiter has left to take it.
+-- Returns the fence on a grant, and otherwise -1 - the ms to wait at most
+-- (fence.lua): the holder's remaining lease, or, when the key is free but
+-- another waiter's turn, the time that waiter has left to take it.
 local owner, ttl, timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -31,7 +32,7 @@ if free and (not head or head == owner) then
     redis.call('LPOP', KEYS[3])
     redis.call('ZREM', KEYS[4], owner)
   end
-  return {next_fence(KEYS[2]), 0}
+  return next_fence(KEYS[2])
 end
 
 if timeout > 0 then
@@ -44,8 +45,8 @@ if timeout > 0 then
   redis.call('PEXPIRE', KEYS[4], 2 * timeout)
 end
 if free then
-  return {0, head_deadline - now}
+  return -1 - (head_deadline - now)
 end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl < 0 then pttl = 0 end
-return {0, pttl}
+local wanted = false
+if timeout > 0 then wanted = KEYS[5] end
+return -1 - refused(KEYS[1], wanted)

@@ -5,16 +5,21 @@
 -- later grant still gets a higher token as long as the server's clock has
 -- not stepped back by more than the time between the two grants. Lua
 -- numbers are doubles, exact to 2^53; microseconds since 1970 are about
--- 2^51 (and reach 2^53 in the year 2255). '%.0f' keeps every digit, where
--- tostring would round to 14.
+-- 2^51 (and reach 2^53 in the year 2255). redis.call writes a number with
+-- every digit (%.17g; the shortest exact form since Redis 7.2), where
+-- tostring would round to 14, and a script's number reply is an integer.
+--
+-- Scripts that grant reply with one integer, not a table (a table reply
+-- costs the server as much as a command): the token (> 0) on a grant, and
+-- otherwise -1 - the ms to wait at most (<= -1).
 local function next_fence(counter)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   -- One write when the clock is ahead of the counter, as it nearly always is.
-  local last = tonumber(redis.call('SET', counter, string.format('%.0f', now), 'GET') or '0')
+  local last = tonumber(redis.call('SET', counter, now, 'GET') or '0')
   if last < now then
     return now
   end
-  redis.call('SET', counter, string.format('%.0f', last + 1))
+  redis.call('SET', counter, last + 1)
   return last + 1
 end

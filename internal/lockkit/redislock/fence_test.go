@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -30,11 +31,18 @@ func TestFenceAboveEveryEarlierAfterCounterLoss(t *testing.T) {
 			func() { admin.Del(ctx, counter) },       // restart without persistence, eviction
 			func() { admin.Set(ctx, counter, 1, 0) }, // a replica that missed increments
 			func() {},
+			// A counter ahead of the clock: tokens go on from it, every
+			// digit kept up to 2^53.
+			func() { admin.Set(ctx, counter, "9007199254740000", 0) },
+			func() {},
 		} {
 			loss()
 			lease := hold(t, l, key, opts...)
 			if lease.Fence() <= last {
 				t.Errorf("fair=%v: token %d after %d", fair, lease.Fence(), last)
+			}
+			if stored := admin.Get(ctx, counter).Val(); stored != strconv.FormatUint(lease.Fence(), 10) {
+				t.Errorf("fair=%v: token %d, counter %q", fair, lease.Fence(), stored)
 			}
 			last = lease.Fence()
 			_ = lease.Release(ctx)

@@ -44,6 +44,8 @@ import (
 var (
 	//go:embed fence.lua
 	fenceLua string
+	//go:embed wanted.lua
+	wantedLua string
 	//go:embed acquire.lua
 	acquireLua string
 	//go:embed fair_acquire.lua
@@ -57,8 +59,8 @@ var (
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
 	// (a restarted or failed-over server has an empty script cache).
-	acquireScript     = redis.NewScript(fenceLua + acquireLua)
-	fairAcquireScript = redis.NewScript(fenceLua + fairAcquireLua)
+	acquireScript     = redis.NewScript(fenceLua + wantedLua + acquireLua)
+	fairAcquireScript = redis.NewScript(fenceLua + wantedLua + fairAcquireLua)
 	releaseScript     = redis.NewScript(releaseLua)
 	extendScript      = redis.NewScript(extendLua)
 	abandonScript     = redis.NewScript(abandonLua)
@@ -132,13 +134,20 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 		Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
-type keyset struct{ lock, fence, queue, deadlines, channel string }
+// keyset names a lock's keys, all in one hash slot: the lock itself and
+// the names derived from it, built only when needed (an uncontended cycle
+// needs two of them). wanted is set by waiters and asks the release for a
+// message on channel (wanted.lua).
+type keyset string
 
-func (l *Locker) keys(key string) keyset {
-	base := "{" + l.prefix + key + "}"
-	return keyset{lock: base, fence: base + ":fence", queue: base + ":queue",
-		deadlines: base + ":waiters", channel: base + ":released"}
-}
+func (l *Locker) keys(key string) keyset { return keyset("{" + l.prefix + key + "}") }
+
+func (k keyset) lock() string      { return string(k) }
+func (k keyset) fence() string     { return string(k) + ":fence" }
+func (k keyset) wanted() string    { return string(k) + ":wanted" }
+func (k keyset) queue() string     { return string(k) + ":queue" }
+func (k keyset) deadlines() string { return string(k) + ":waiters" }
+func (k keyset) channel() string   { return string(k) + ":released" }
 
 // TryAcquire makes one attempt. With WithFair it is refused while others
 // queue, even if the key is free: their turn comes first.
@@ -148,7 +157,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	}
 	defer l.inflight.Done()
 	o, watchdog := backend.Resolve(opts)
-	lease, _, err := l.attempt(ctx, key, l.keys(key), l.newOwner(), o, watchdog, false)
+	lease, _, err := l.attempt(ctx, key, l.keys(key), l.newOwner(), o, watchdog, trying)
 	if err == nil && lease == nil {
 		err = lockkit.ErrNotAcquired
 	}
@@ -176,8 +185,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	// This call runs under the caller's ctx alone: the wait's context
 	// costs a registration with the Locker's, which the uncontended path
 	// does without.
-	if o.Fair || !l.room.busy(ks.channel) {
-		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, o.Fair)
+	if o.Fair || !l.room.busy(ks) {
+		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, arriving)
 		if lease != nil {
 			return lease, nil
 		}
@@ -205,24 +214,32 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		}
 		return nil, backend.WaitErr(ctx, waitCtx)
 	}
-	w, subscribed, err := l.room.join(waitCtx, ks.channel, owner, o.Fair)
+	w, subscribed, err := l.room.join(waitCtx, ks.channel(), owner, o.Fair)
 	if err != nil {
 		if o.Fair {
 			l.abandonLater(ks, owner) // leave the queue
 		}
 		return fail(err)
 	}
-	defer l.room.leave(w)
+	granted := time.Duration(0) // the TTL of our grant, if we got one
+	defer func() { l.room.leave(w, granted) }()
 
 	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
 	// leave a stale tick behind, so no draining is needed.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	look := !subscribed // the confirmation of our SUBSCRIBE wakes us
+	if w.heldHere > 0 {
+		// Our turn came because the waiter ahead was granted the key:
+		// asking now would be refused. Its release by this process wakes
+		// us, and a lease that ends otherwise has run out by then.
+		look, wait = false, w.heldHere
+	}
 	for {
 		if look {
-			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, o.Fair)
+			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, waiting)
 			if lease != nil {
+				granted = o.TTL
 				return lease, nil
 			}
 			if err != nil {
@@ -255,40 +272,49 @@ func ended(ctx context.Context) bool {
 	return ctx.Err() != nil || ok && !time.Now().Before(deadline)
 }
 
+// stage is where an attempt stands in its acquisition.
+type stage int
+
+const (
+	trying   stage = iota // TryAcquire: one attempt, no wait
+	arriving              // Acquire's first attempt
+	waiting               // Acquire's attempts once it waits
+)
+
 // attempt runs the acquire script once. It returns a lease, or how long to
-// wait before the next attempt at the latest, or an error. queue asks a
-// fair attempt to take or keep a place in the queue.
-func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog, queue bool) (lockkit.Lease, time.Duration, error) {
+// wait before the next attempt at the latest, or an error. A fair Acquire
+// takes or keeps its place in the queue. A waiting plain one marks the key
+// as wanted, so that the release sends a message; an arriving one need
+// not, since a refused arrival always calls again before it sleeps (at
+// once, or when its subscription is confirmed), and so the uncontended
+// call carries no more keys than it must: each costs the server time.
+func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool, st stage) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
-	fairFlag := "0"
-	if o.Fair {
-		fairFlag = "1"
-	}
-	var res []int64
+	var res int64
 	var err error
-	if o.Fair {
+	switch {
+	case o.Fair:
 		timeout := time.Duration(0)
-		if queue {
+		if st != trying {
 			timeout = l.waiterTimeout
 		}
-		res, err = fairAcquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence, ks.queue, ks.deadlines},
-			owner, o.TTL.Milliseconds(), timeout.Milliseconds()).Int64Slice()
-	} else {
-		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock, ks.fence}, owner, o.TTL.Milliseconds()).Int64Slice()
+		res, err = fairAcquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence(), ks.queue(), ks.deadlines(), ks.wanted()},
+			owner, o.TTL.Milliseconds(), timeout.Milliseconds()).Int64()
+	case st == waiting:
+		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence(), ks.wanted()}, owner, o.TTL.Milliseconds()).Int64()
+	default:
+		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence()}, owner, o.TTL.Milliseconds()).Int64()
 	}
 	if err != nil {
 		// The script may have run although its reply was lost.
 		l.abandonLater(ks, owner)
 		return nil, 0, unavailable(ctx, err)
 	}
-	if len(res) != 2 {
-		return nil, 0, fmt.Errorf("redislock: acquire script returned %v", res)
-	}
-	if res[0] == 0 {
-		return nil, time.Duration(res[1]) * time.Millisecond, nil
+	if res <= 0 { // refused: -1 - how long to wait (fence.lua)
+		return nil, time.Duration(-1-res) * time.Millisecond, nil
 	}
 	return backend.NewLease(backend.Grant{
-		Key: key, Fence: uint64(res[0]), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
+		Key: key, Fence: uint64(res), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			// The watchdog's renewals run on their own goroutine: Close
 			// ends one in flight and waits for it, so that the caller may
@@ -300,7 +326,7 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			ctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			defer context.AfterFunc(l.closing, cancel)()
-			ok, err := extendScript.Run(ctx, l.client, []string{ks.lock}, owner, ttl.Milliseconds()).Int()
+			ok, err := extendScript.Run(ctx, l.client, []string{ks.lock()}, owner, ttl.Milliseconds()).Int()
 			if err != nil {
 				return unavailable(ctx, err)
 			}
@@ -310,16 +336,23 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Release: func(ctx context.Context) error {
-			res, err := releaseScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel, fairFlag).Result()
+			releaseKeys := []string{ks.lock(), ks.wanted()}
+			if o.Fair {
+				releaseKeys = append(releaseKeys, ks.queue(), ks.deadlines())
+			}
+			res, err := releaseScript.Run(ctx, l.client, releaseKeys, owner).Result()
+			next, freed := res.(string) // 0 (an integer): not ours
+			// Our own waiters need not wait for the message's round trip.
+			// Wake them whatever the outcome: the next one here may not
+			// have marked the key (it knew the key was held here), and a
+			// release that failed or found the lease gone sends nothing.
+			l.room.wake(ks, next)
 			if err != nil {
 				return unavailable(ctx, err)
 			}
-			next, freed := res.(string) // 0 (an integer): not ours
 			if !freed {
 				return lockkit.ErrNotHeld
 			}
-			// Our own waiters need not wait for the message's round trip.
-			l.room.wake(ks.channel, next)
 			return nil
 		},
 		Closed: l.closing.Done(),
@@ -336,7 +369,7 @@ func (l *Locker) abandonLater(ks keyset, owner string) {
 		defer l.inflight.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
-		_ = abandonScript.Run(ctx, l.client, []string{ks.lock, ks.queue, ks.deadlines}, owner, ks.channel).Err()
+		_ = abandonScript.Run(ctx, l.client, []string{ks.lock(), ks.queue(), ks.deadlines()}, owner, ks.channel()).Err()
 	}()
 }
 

@@ -53,6 +53,9 @@ type waiter struct {
 	fair    bool
 	turn    chan struct{} // closed when the waiter may act
 	wake    chan struct{} // something happened the waiter should look at
+	// heldHere is set before turn closes when the turn came from a waiter
+	// ahead that was granted the key: the TTL of that grant.
+	heldHere time.Duration
 }
 
 func newWaitRoom(client redis.UniversalClient) *waitRoom {
@@ -60,13 +63,13 @@ func newWaitRoom(client redis.UniversalClient) *waitRoom {
 }
 
 // busy reports whether any plain waiter here waits for the key.
-func (r *waitRoom) busy(channel string) bool {
+func (r *waitRoom) busy(ks keyset) bool {
 	if r.waiting.Load() == 0 {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	room := r.rooms[channel]
+	room := r.rooms[ks.channel()]
 	return room != nil && len(room.queue) > 0
 }
 
@@ -110,7 +113,7 @@ func (r *waitRoom) join(ctx context.Context, channel, owner string, fair bool) (
 	case <-w.turn:
 		return w, subscribed, nil
 	case <-ctx.Done():
-		r.leave(w)
+		r.leave(w, 0)
 		return nil, false, ctx.Err()
 	}
 }
@@ -134,7 +137,8 @@ func (r *waitRoom) subscribe(ctx context.Context, channel string) error {
 }
 
 // leave takes w out of its room and hands the turn to the next waiter.
-func (r *waitRoom) leave(w *waiter) {
+// granted is the TTL of the grant w leaves with, 0 if none.
+func (r *waitRoom) leave(w *waiter, granted time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room := r.rooms[w.channel]
@@ -146,6 +150,7 @@ func (r *waitRoom) leave(w *waiter) {
 	} else if i := slices.Index(room.queue, w); i >= 0 {
 		room.queue = slices.Delete(room.queue, i, i+1)
 		if i == 0 && len(room.queue) > 0 {
+			room.queue[0].heldHere = granted
 			close(room.queue[0].turn)
 		}
 	}
@@ -162,13 +167,18 @@ func (r *waitRoom) leave(w *waiter) {
 	}
 }
 
-// wake passes a release of channel on. next is the fair queue's head named
-// by the release: only that fair waiter wakes. An empty next (nobody
-// queued) wakes the plain head and every fair waiter here.
-func (r *waitRoom) wake(channel, next string) {
+// wake passes a release by this process on.
+func (r *waitRoom) wake(ks keyset, next string) {
 	if r.waiting.Load() == 0 {
 		return
 	}
+	r.deliver(ks.channel(), next)
+}
+
+// deliver passes a release of channel on. next is the fair queue's head
+// named by the release: only that fair waiter wakes. An empty next (nobody
+// queued) wakes the plain head and every fair waiter here.
+func (r *waitRoom) deliver(channel, next string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room := r.rooms[channel]
@@ -213,7 +223,7 @@ func (r *waitRoom) dispatch(events <-chan any, done chan<- struct{}) {
 	for ev := range events {
 		switch ev := ev.(type) {
 		case *redis.Message:
-			r.wake(ev.Channel, ev.Payload)
+			r.deliver(ev.Channel, ev.Payload)
 		case *redis.Subscription:
 			// Subscribed, for the first time or again after a reconnect:
 			// a release may have gone by unheard.

@@ -1,0 +1,135 @@
+package redislock_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
+)
+
+// A release nobody waits for sends no message: the PUBLISH would be a
+// third command on every uncontended cycle (and, on a Cluster, a message
+// to every node). The first message seen on the channel must therefore
+// be the one this test sends after the cycles.
+func TestReleaseWithoutWaitersSendsNoMessage(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	l := newLocker(t, newClient(t, addr))
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		var opts []lockkit.Option
+		if fair {
+			opts = append(opts, lockkit.WithFair())
+		}
+		key := uniqueKey(t)
+		channel := "{" + testPrefix + key + "}:released"
+		sub := admin.Subscribe(ctx, channel)
+		if _, err := sub.Receive(ctx); err != nil { // the confirmation
+			t.Fatal(err)
+		}
+		for range 3 {
+			_ = hold(t, l, key, opts...).Release(ctx)
+			lease, err := l.TryAcquire(ctx, key, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A refused TryAcquire does not wait: no message is due either.
+			if _, err := l.TryAcquire(ctx, key, opts...); err == nil {
+				t.Fatal("TryAcquire of a held key succeeded")
+			}
+			_ = lease.Release(ctx)
+		}
+		admin.Publish(ctx, channel, "end")
+		msg, err := sub.ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.Payload != "end" {
+			t.Errorf("fair=%v: a release nobody waited for sent %q", fair, msg.Payload)
+		}
+		_ = sub.Close()
+	}
+}
+
+// A waiter of another process is woken by the release message, not by
+// the holder's lease running out: its refused attempt asked for one.
+func TestReleaseWakesAWaiterOfAnotherProcess(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		var opts []lockkit.Option
+		if fair {
+			opts = append(opts, lockkit.WithFair())
+		}
+		holder, waiter := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
+		key := uniqueKey(t)
+		lease := hold(t, holder, key, append(opts, lockkit.WithTTL(time.Minute))...)
+		got := make(chan error, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			l, err := waiter.Acquire(wctx, key, opts...)
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			got <- err
+		}()
+		time.Sleep(200 * time.Millisecond) // refused and subscribed
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Errorf("fair=%v: waiter: %v", fair, err)
+		}
+	}
+}
+
+// Waiters of one process hand the key on with two calls each, the grant
+// and the release: the waiter whose turn comes because the one ahead of
+// it here was granted the key does not ask Redis while that grant lasts
+// (it would be refused, and with it every refusal marks the key, so that
+// the next release also sends a message that wakes the next head to be
+// refused again). The release by this process wakes it.
+func TestWaitersHereHandOnWithTwoCallsEach(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	w := locktest.NewWire(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, Dialer: w.DialContext})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLocker(t, c)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	const goroutines, rounds = 4, 5
+	holder := hold(t, l, key)
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range rounds {
+				lease, err := l.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+				_ = lease.Release(ctx)
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // all queued, the head subscribed
+	calls := w.Calls()
+	_ = holder.Release(ctx)
+	wg.Wait()
+	handOffs := int64(goroutines * rounds)
+	// Two per hand-off, and a few for a release message that arrives after
+	// the grant it was followed by (it wakes the next head once).
+	n := w.Calls() - calls
+	t.Logf("%d hand-offs here took %d calls", handOffs, n)
+	if n > 2*handOffs+handOffs/2 {
+		t.Errorf("%d hand-offs here took %d calls; want about 2 each", handOffs, n)
+	}
+}
