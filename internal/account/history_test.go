@@ -4,15 +4,14 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
+	"github.com/lockbench/shop/internal/shoptest"
 )
 
 // historyStrategies are the ways a ledger row is written: each balance
@@ -199,22 +198,6 @@ func TestAnOlderLedgerMigratesIntoHistoryZero(t *testing.T) {
 	}
 }
 
-// statementLog records the statements gorm runs.
-type statementLog struct {
-	logger.Interface
-	mu  sync.Mutex
-	sql []string
-}
-
-func (l *statementLog) LogMode(logger.LogLevel) logger.Interface { return l }
-
-func (l *statementLog) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
-	sql, _ := fc()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.sql = append(l.sql, sql)
-}
-
 // TestTheHistoryCostsNoStatement: every flow that writes a ledger row
 // reads the account's history inside that row's INSERT, never in a
 // statement of its own: inside a critical section each round trip is paid
@@ -224,7 +207,7 @@ func TestTheHistoryCostsNoStatement(t *testing.T) {
 		t.Run(dbName, func(t *testing.T) {
 			ctx := context.Background()
 			db := newDB(t)
-			log := &statementLog{Interface: logger.Discard}
+			log := shoptest.NewStatementLog()
 			traced := db.DB.Session(&gorm.Session{Logger: log})
 			store := NewStore(traced)
 			for id := int64(1); id <= 2; id++ {
@@ -235,10 +218,11 @@ func TestTheHistoryCostsNoStatement(t *testing.T) {
 			locker := local.New()
 			defer locker.Close()
 			for _, st := range historyStrategies {
-				log.sql = nil
+				log.Take()
 				moveMoney(t, traced, NewService(store, st.opts(locker)), 1)
+				statements := log.Take()
 				var inserts int
-				for _, sql := range log.sql {
+				for _, sql := range statements {
 					switch {
 					case strings.HasPrefix(sql, "INSERT INTO `ledger_entries`"):
 						inserts++
@@ -247,7 +231,7 @@ func TestTheHistoryCostsNoStatement(t *testing.T) {
 					}
 				}
 				if inserts != 5 {
-					t.Errorf("%s: %d ledger inserts, want 5 in %q", st.name, inserts, log.sql)
+					t.Errorf("%s: %d ledger inserts, want 5 in %q", st.name, inserts, statements)
 				}
 			}
 		})

@@ -4,37 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
+
+	"github.com/lockbench/shop/internal/shoptest"
 )
-
-// statementLog records the statements gorm runs.
-type statementLog struct {
-	logger.Interface
-	mu  sync.Mutex
-	sql []string
-}
-
-func (l *statementLog) LogMode(logger.LogLevel) logger.Interface { return l }
-
-func (l *statementLog) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
-	sql, _ := fc()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.sql = append(l.sql, sql)
-}
-
-func (l *statementLog) take() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	sql := l.sql
-	l.sql = nil
-	return sql
-}
 
 // TestTheReservationsSaleCostsNoStatement: an order's reservation reads
 // the product's sale inside its purchase row's INSERT, never in a
@@ -52,7 +28,7 @@ func TestTheReservationsSaleCostsNoStatement(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%s", dbName, tc.name), func(t *testing.T) {
 				ctx := context.Background()
 				db := newDB(t)
-				log := &statementLog{Interface: logger.Discard}
+				log := shoptest.NewStatementLog()
 				traced := db.DB.Session(&gorm.Session{Logger: log})
 				store := NewStore(traced, nil)
 				for range 2 { // the second put starts sale 1
@@ -63,14 +39,14 @@ func TestTheReservationsSaleCostsNoStatement(t *testing.T) {
 				if err := store.Claim(ctx, "w", tc.fence); err != nil {
 					t.Fatal(err)
 				}
-				log.take()
+				log.Take()
 				p := Purchase{SKU: "w", UserID: 3, Quantity: 2, OrderID: 11}
 				if err := traced.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 					return Reserve(tx, &p, tc.fence)
 				}); err != nil {
 					t.Fatal(err)
 				}
-				statements := log.take()
+				statements := log.Take()
 				var inserts int
 				for _, sql := range statements {
 					switch {
