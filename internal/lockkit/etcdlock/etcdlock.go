@@ -164,9 +164,13 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 			return nil, l.fail(ctx, waitCtx, err)
 		}
 		me := l.claim(dir, s.id)
-		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(me), "=", 0)).Then(
-			clientv3.OpPut(me, "", clientv3.WithLease(s.id)),
-			clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
+		put := clientv3.OpPut(me, "", clientv3.WithLease(s.id))
+		// An empty dir means our key is the oldest, so the free lock costs
+		// one compare and the put: nothing is read back (the Mutex reads
+		// the oldest key to compare revisions). Otherwise we queue, unless
+		// our own name is there.
+		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).Then(put).Else(
+			clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(me), "=", 0)}, []clientv3.Op{put}, nil),
 		).Commit()
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -176,13 +180,15 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		case err != nil:
 			l.abandon(me, 0) // the put may have been applied, its reply lost
 			return nil, l.fail(ctx, waitCtx, err)
-		case !resp.Succeeded:
+		}
+		// One revision per txn: it is our key's create revision.
+		rev := resp.Header.Revision
+		if resp.Succeeded {
+			return l.grant(key, me, rev, s, o, watchdog), nil
+		}
+		if !resp.Responses[0].GetResponseTxn().Succeeded {
 			l.abandon(me, 0) // a key we thought deleted: never queue behind ourselves
 			continue
-		}
-		rev := resp.Header.Revision
-		if first := resp.Responses[1].GetResponseRange().Kvs; len(first) == 1 && first[0].CreateRevision == rev {
-			return l.grant(key, me, rev, s, o, watchdog), nil
 		}
 		if !wait {
 			// Deleted before returning, not in the background: left queued,
@@ -297,12 +303,17 @@ func (l *Locker) release(ctx context.Context, me string, rev int64, h *held) err
 	if expired {
 		return lockkit.ErrNotHeld
 	}
-	ok, err := l.remove(ctx, me, rev)
+	// A plain delete, as the Mutex's, is owner-checked too: the name holds
+	// our session's lease id, and it stays claimed for this grant until the
+	// deletion is known, so no other key can bear it meanwhile. A compare
+	// would cost the server a read of the key on the common path.
+	resp, err := l.client.Delete(ctx, me)
 	if err != nil {
 		l.bury(me, rev)
 		return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 	}
-	if !ok {
+	l.unclaim(me)
+	if resp.Deleted == 0 {
 		return lockkit.ErrNotHeld
 	}
 	return nil
