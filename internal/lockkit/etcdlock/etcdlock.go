@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -164,13 +165,14 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 			return nil, l.fail(ctx, waitCtx, err)
 		}
 		me := l.claim(dir, s.id)
-		put := clientv3.OpPut(me, "", clientv3.WithLease(s.id))
 		// An empty dir means our key is the oldest, so the free lock costs
 		// one compare and the put: nothing is read back (the Mutex reads
-		// the oldest key to compare revisions). Otherwise we queue, unless
-		// our own name is there.
-		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).Then(put).Else(
-			clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(me), "=", 0)}, []clientv3.Op{put}, nil),
+		// the oldest key to compare revisions). Otherwise we queue; the
+		// previous value tells whether our own name was there.
+		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).Then(
+			clientv3.OpPut(me, "", clientv3.WithLease(s.id)),
+		).Else(
+			clientv3.OpPut(me, "", clientv3.WithLease(s.id), clientv3.WithPrevKV()),
 		).Commit()
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -186,8 +188,10 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if resp.Succeeded {
 			return l.grant(key, me, rev, s, o, watchdog), nil
 		}
-		if !resp.Responses[0].GetResponseTxn().Succeeded {
-			l.abandon(me, 0) // a key we thought deleted: never queue behind ourselves
+		if resp.Responses[0].GetResponsePut().PrevKv != nil {
+			// A key we thought deleted: the put kept its older create
+			// revision, and we must never queue behind ourselves.
+			l.abandon(me, 0)
 			continue
 		}
 		if !wait {
@@ -338,8 +342,11 @@ func (l *Locker) expire(me string, rev int64, h *held) {
 func (l *Locker) claim(dir string, id clientv3.LeaseID) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i := 0; ; i++ {
-		if me := fmt.Sprintf("%s%016x-%d", dir, id, i); !l.names[me] {
+	buf := make([]byte, 0, len(dir)+24)
+	buf = append(buf, dir...)
+	buf = fmt.Appendf(buf, "%016x-", id)
+	for i := uint64(0); ; i++ {
+		if me := string(strconv.AppendUint(buf, i, 10)); !l.names[me] {
 			l.names[me] = true
 			return me
 		}
@@ -405,17 +412,17 @@ func (l *Locker) bury(me string, rev int64) {
 
 // currentSession returns the live session, opening one if there is none.
 func (l *Locker) currentSession(ctx context.Context) (*session, error) {
+	if s := l.liveSession(); s != nil {
+		return s, nil
+	}
 	select {
 	case l.newSession <- struct{}{}:
 		defer func() { <-l.newSession }()
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	l.mu.Lock()
-	s := l.session
-	l.mu.Unlock()
-	if s != nil && !backend.IsClosed(s.lease.Lost()) {
-		return s, nil
+	if s := l.liveSession(); s != nil {
+		return s, nil // another caller opened it while we waited
 	}
 	sent := time.Now()
 	resp, err := l.client.Grant(ctx, int64(l.sessionTTL.Seconds()))
@@ -427,7 +434,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	// send time + TTL of the last renewal the server answered: never after
 	// the server expires the lease. (concurrency.Session counts from the
 	// reply's arrival and checks once a second: up to a second late.)
-	s = &session{id: id, lease: backend.NewLease(backend.Grant{
+	s := &session{id: id, lease: backend.NewLease(backend.Grant{
 		Key: "session", TTL: l.sessionTTL, Watchdog: true, Sent: sent,
 		Extend: func(ctx context.Context, _ time.Duration) error {
 			resp, err := l.client.KeepAliveOnce(ctx, id)
@@ -450,6 +457,16 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	}
 	l.session = s
 	return s, nil
+}
+
+func (l *Locker) liveSession() *session {
+	l.mu.Lock()
+	s := l.session
+	l.mu.Unlock()
+	if s != nil && !backend.IsClosed(s.lease.Lost()) {
+		return s
+	}
+	return nil
 }
 
 // Close revokes the session, which deletes every key this Locker still
