@@ -80,6 +80,7 @@ type Locker struct {
 	// nothing new starts, as revoking the session deletes every key of ours.
 	// Close stops it under mu, where currentSession looks whether it is.
 	background backend.Group
+	watchers   sync.WaitGroup // one watchSession per session
 
 	mu      sync.Mutex
 	session *session
@@ -90,11 +91,14 @@ type Locker struct {
 type session struct {
 	id    clientv3.LeaseID
 	lease lockkit.Lease // renewed by lockkit's watchdog; its Lost is the session's
+	lost  bool          // under Locker.mu: watchSession has taken its leases
 }
 
 type held struct {
-	timer *time.Timer // deletes the key once the lease has run out
-	lease lockkit.Lease
+	timer   *time.Timer // deletes the key once the lease has run out
+	lease   lockkit.Lease
+	session *session
+	orphan  bool // under Locker.mu: its session was lost
 }
 
 // New connects to etcd at endpoints and opens a session. Close closes the
@@ -261,22 +265,47 @@ func (l *Locker) waitDelete(ctx context.Context, key string, rev int64, s *sessi
 	}
 }
 
+// grant hands the lease no Gone channel, which would cost a goroutine per
+// lease: watchSession ends it if the session is lost.
 func (l *Locker) grant(key, me string, rev int64, s *session, o lockkit.Options, watchdog bool) lockkit.Lease {
-	h := &held{}
+	h := &held{session: s}
 	sent := time.Now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	// Under mu: expire and extend must see both the timer and the lease.
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(me, rev, h) })
 	h.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: uint64(rev), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extend(ctx, me, rev, h, ttl) },
 		Release: func(ctx context.Context) error { return l.release(ctx, me, rev, h) },
-		Gone:    s.lease.Lost(),
 		Closed:  l.closed,
 	})
 	l.held[h] = struct{}{}
+	h.orphan = s.lost // lost since the put: born lost
+	l.mu.Unlock()
+	if h.orphan {
+		_ = h.lease.Release(context.Background())
+	}
 	return h.lease
+}
+
+// watchSession ends the leases of s once s is lost: their keys cannot be
+// trusted any more. Release closes each one's Lost at once and, as the
+// lease is an orphan, lets its key go in the background.
+func (l *Locker) watchSession(s *session) {
+	<-s.lease.Lost()
+	var orphans []*held
+	l.mu.Lock()
+	s.lost = true
+	for h := range l.held {
+		if h.session == s {
+			h.orphan = true
+			orphans = append(orphans, h)
+		}
+	}
+	l.mu.Unlock()
+	for _, h := range orphans {
+		_ = h.lease.Release(context.Background())
+	}
 }
 
 // extend checks the key is still ours and moves its deletion to ttl from
@@ -303,8 +332,15 @@ func (l *Locker) release(ctx context.Context, me string, rev int64, h *held) err
 	l.mu.Lock()
 	delete(l.held, h)
 	expired := !h.timer.Stop()
+	orphan := h.orphan
 	l.mu.Unlock()
-	if expired {
+	switch {
+	case expired:
+		return lockkit.ErrNotHeld
+	case orphan:
+		// The server may keep the key until the session's lease runs out
+		// there; nobody trusts it now, so it may go at once.
+		l.abandon(me, rev)
 		return lockkit.ErrNotHeld
 	}
 	// A plain delete, as the Mutex's, is owner-checked too: the name holds
@@ -456,6 +492,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 		return nil, lockkit.ErrClosed
 	}
 	l.session = s
+	l.watchers.Go(func() { l.watchSession(s) })
 	return s, nil
 }
 
@@ -488,6 +525,9 @@ func (l *Locker) Close() error {
 			_ = s.lease.Release(ctx)
 			cancel()
 		}
+		// Every session is lost by now, the last one just above: their
+		// watchers have closed the Lost of every lease still held.
+		l.watchers.Wait()
 		if l.ownClient {
 			err = l.client.Close()
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -176,6 +177,45 @@ func TestUncontendedCycleIsTwoRoundTrips(t *testing.T) {
 	}
 	if got, want := kv.snapshot(), map[string]int{"Txn": cycles, "Delete": cycles}; !maps.Equal(got, want) {
 		t.Fatalf("%d uncontended cycles made %v, want %v", cycles, got, want)
+	}
+}
+
+// Held leases cost no goroutine each: a session's loss reaches its leases
+// through one goroutine per session.
+func TestHeldLeasesStartNoGoroutines(t *testing.T) {
+	l := open(t, serverEndpoints(t))
+	ctx := context.Background()
+	const held = 20
+	before := runtime.NumGoroutine()
+	var leases []lockkit.Lease
+	for i := range held {
+		leases = append(leases, try(t, l, fmt.Sprintf("etcdlock:test:%s:%d", t.Name(), i), lockkit.WithTTL(time.Minute)))
+	}
+	if grown := runtime.NumGoroutine() - before; grown >= held/2 {
+		t.Errorf("%d goroutines more while %d leases are held", grown, held)
+	}
+	for _, lease := range leases {
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Close ends the session, and with it every lease still held: their Lost
+// is closed by the time Close returns.
+func TestCloseClosesLostOfHeldLeases(t *testing.T) {
+	l := open(t, serverEndpoints(t))
+	lease := try(t, l, "etcdlock:test:"+t.Name(), lockkit.WithTTL(time.Minute))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lease.Lost():
+	default:
+		t.Fatal("Lost still open after Close returned")
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Release after Close = %v, want ErrNotHeld", err)
 	}
 }
 
