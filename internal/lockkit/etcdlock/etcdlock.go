@@ -396,8 +396,9 @@ func (l *Locker) unclaim(me string) {
 }
 
 // remove deletes our key if it is still the grant of revision rev (rev 0:
-// any). Comparing the create revision, not only the name, is what makes a
-// reused name safe. Once the key is known gone, its name is free again.
+// any). The name alone would do while it stays claimed (see release); off
+// the common path, the compare also guards against bookkeeping we got
+// wrong. Once the key is known gone, its name is free again.
 func (l *Locker) remove(ctx context.Context, me string, rev int64) (deleted bool, err error) {
 	cmp := clientv3.Compare(clientv3.CreateRevision(me), "=", rev)
 	if rev == 0 {
