@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -79,6 +80,7 @@ type Locker struct {
 	// nothing new starts, as revoking the session deletes every key of ours.
 	// Close stops it under mu, where currentSession looks whether it is.
 	background backend.Group
+	watchers   sync.WaitGroup // one watchSession per session
 
 	mu      sync.Mutex
 	session *session
@@ -89,11 +91,14 @@ type Locker struct {
 type session struct {
 	id    clientv3.LeaseID
 	lease lockkit.Lease // renewed by lockkit's watchdog; its Lost is the session's
+	lost  bool          // under Locker.mu: watchSession has taken its leases
 }
 
 type held struct {
-	timer *time.Timer // deletes the key once the lease has run out
-	lease lockkit.Lease
+	timer   *time.Timer // deletes the key once the lease has run out
+	lease   lockkit.Lease
+	session *session
+	orphan  bool // under Locker.mu: its session was lost
 }
 
 // New connects to etcd at endpoints and opens a session. Close closes the
@@ -164,9 +169,14 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 			return nil, l.fail(ctx, waitCtx, err)
 		}
 		me := l.claim(dir, s.id)
-		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(me), "=", 0)).Then(
+		// An empty dir means our key is the oldest, so the free lock costs
+		// one compare and the put: nothing is read back (the Mutex reads
+		// the oldest key to compare revisions). Otherwise we queue; the
+		// previous value tells whether our own name was there.
+		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).Then(
 			clientv3.OpPut(me, "", clientv3.WithLease(s.id)),
-			clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
+		).Else(
+			clientv3.OpPut(me, "", clientv3.WithLease(s.id), clientv3.WithPrevKV()),
 		).Commit()
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -176,13 +186,17 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		case err != nil:
 			l.abandon(me, 0) // the put may have been applied, its reply lost
 			return nil, l.fail(ctx, waitCtx, err)
-		case !resp.Succeeded:
-			l.abandon(me, 0) // a key we thought deleted: never queue behind ourselves
-			continue
 		}
+		// One revision per txn: it is our key's create revision.
 		rev := resp.Header.Revision
-		if first := resp.Responses[1].GetResponseRange().Kvs; len(first) == 1 && first[0].CreateRevision == rev {
+		if resp.Succeeded {
 			return l.grant(key, me, rev, s, o, watchdog), nil
+		}
+		if resp.Responses[0].GetResponsePut().PrevKv != nil {
+			// A key we thought deleted: the put kept its older create
+			// revision, and we must never queue behind ourselves.
+			l.abandon(me, 0)
+			continue
 		}
 		if !wait {
 			// Deleted before returning, not in the background: left queued,
@@ -251,22 +265,47 @@ func (l *Locker) waitDelete(ctx context.Context, key string, rev int64, s *sessi
 	}
 }
 
+// grant hands the lease no Gone channel, which would cost a goroutine per
+// lease: watchSession ends it if the session is lost.
 func (l *Locker) grant(key, me string, rev int64, s *session, o lockkit.Options, watchdog bool) lockkit.Lease {
-	h := &held{}
+	h := &held{session: s}
 	sent := time.Now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	// Under mu: expire and extend must see both the timer and the lease.
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(me, rev, h) })
 	h.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: uint64(rev), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extend(ctx, me, rev, h, ttl) },
 		Release: func(ctx context.Context) error { return l.release(ctx, me, rev, h) },
-		Gone:    s.lease.Lost(),
 		Closed:  l.closed,
 	})
 	l.held[h] = struct{}{}
+	h.orphan = s.lost // lost since the put: born lost
+	l.mu.Unlock()
+	if h.orphan {
+		_ = h.lease.Release(context.Background())
+	}
 	return h.lease
+}
+
+// watchSession ends the leases of s once s is lost: their keys cannot be
+// trusted any more. Release closes each one's Lost at once and, as the
+// lease is an orphan, lets its key go in the background.
+func (l *Locker) watchSession(s *session) {
+	<-s.lease.Lost()
+	var orphans []*held
+	l.mu.Lock()
+	s.lost = true
+	for h := range l.held {
+		if h.session == s {
+			h.orphan = true
+			orphans = append(orphans, h)
+		}
+	}
+	l.mu.Unlock()
+	for _, h := range orphans {
+		_ = h.lease.Release(context.Background())
+	}
 }
 
 // extend checks the key is still ours and moves its deletion to ttl from
@@ -293,16 +332,28 @@ func (l *Locker) release(ctx context.Context, me string, rev int64, h *held) err
 	l.mu.Lock()
 	delete(l.held, h)
 	expired := !h.timer.Stop()
+	orphan := h.orphan
 	l.mu.Unlock()
-	if expired {
+	switch {
+	case expired:
+		return lockkit.ErrNotHeld
+	case orphan:
+		// The server may keep the key until the session's lease runs out
+		// there; nobody trusts it now, so it may go at once.
+		l.abandon(me, rev)
 		return lockkit.ErrNotHeld
 	}
-	ok, err := l.remove(ctx, me, rev)
+	// A plain delete, as the Mutex's, is owner-checked too: the name holds
+	// our session's lease id, and it stays claimed for this grant until the
+	// deletion is known, so no other key can bear it meanwhile. A compare
+	// would cost the server a read of the key on the common path.
+	resp, err := l.client.Delete(ctx, me)
 	if err != nil {
 		l.bury(me, rev)
 		return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 	}
-	if !ok {
+	l.unclaim(me)
+	if resp.Deleted == 0 {
 		return lockkit.ErrNotHeld
 	}
 	return nil
@@ -327,8 +378,11 @@ func (l *Locker) expire(me string, rev int64, h *held) {
 func (l *Locker) claim(dir string, id clientv3.LeaseID) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i := 0; ; i++ {
-		if me := fmt.Sprintf("%s%016x-%d", dir, id, i); !l.names[me] {
+	buf := make([]byte, 0, len(dir)+24)
+	buf = append(buf, dir...)
+	buf = fmt.Appendf(buf, "%016x-", id)
+	for i := uint64(0); ; i++ {
+		if me := string(strconv.AppendUint(buf, i, 10)); !l.names[me] {
 			l.names[me] = true
 			return me
 		}
@@ -342,8 +396,9 @@ func (l *Locker) unclaim(me string) {
 }
 
 // remove deletes our key if it is still the grant of revision rev (rev 0:
-// any). Comparing the create revision, not only the name, is what makes a
-// reused name safe. Once the key is known gone, its name is free again.
+// any). The name alone would do while it stays claimed (see release); off
+// the common path, the compare also guards against bookkeeping we got
+// wrong. Once the key is known gone, its name is free again.
 func (l *Locker) remove(ctx context.Context, me string, rev int64) (deleted bool, err error) {
 	cmp := clientv3.Compare(clientv3.CreateRevision(me), "=", rev)
 	if rev == 0 {
@@ -394,17 +449,17 @@ func (l *Locker) bury(me string, rev int64) {
 
 // currentSession returns the live session, opening one if there is none.
 func (l *Locker) currentSession(ctx context.Context) (*session, error) {
+	if s := l.liveSession(); s != nil {
+		return s, nil
+	}
 	select {
 	case l.newSession <- struct{}{}:
 		defer func() { <-l.newSession }()
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	l.mu.Lock()
-	s := l.session
-	l.mu.Unlock()
-	if s != nil && !backend.IsClosed(s.lease.Lost()) {
-		return s, nil
+	if s := l.liveSession(); s != nil {
+		return s, nil // another caller opened it while we waited
 	}
 	sent := time.Now()
 	resp, err := l.client.Grant(ctx, int64(l.sessionTTL.Seconds()))
@@ -416,7 +471,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 	// send time + TTL of the last renewal the server answered: never after
 	// the server expires the lease. (concurrency.Session counts from the
 	// reply's arrival and checks once a second: up to a second late.)
-	s = &session{id: id, lease: backend.NewLease(backend.Grant{
+	s := &session{id: id, lease: backend.NewLease(backend.Grant{
 		Key: "session", TTL: l.sessionTTL, Watchdog: true, Sent: sent,
 		Extend: func(ctx context.Context, _ time.Duration) error {
 			resp, err := l.client.KeepAliveOnce(ctx, id)
@@ -438,7 +493,18 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 		return nil, lockkit.ErrClosed
 	}
 	l.session = s
+	l.watchers.Go(func() { l.watchSession(s) })
 	return s, nil
+}
+
+func (l *Locker) liveSession() *session {
+	l.mu.Lock()
+	s := l.session
+	l.mu.Unlock()
+	if s != nil && !backend.IsClosed(s.lease.Lost()) {
+		return s
+	}
+	return nil
 }
 
 // Close revokes the session, which deletes every key this Locker still
@@ -460,6 +526,9 @@ func (l *Locker) Close() error {
 			_ = s.lease.Release(ctx)
 			cancel()
 		}
+		// Every session is lost by now, the last one just above: their
+		// watchers have closed the Lost of every lease still held.
+		l.watchers.Wait()
 		if l.ownClient {
 			err = l.client.Close()
 		}

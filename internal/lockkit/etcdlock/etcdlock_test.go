@@ -4,7 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
+	"maps"
 	"net/url"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -147,6 +151,100 @@ func TestRefusedTryLeavesNoKeyBehind(t *testing.T) {
 	}
 }
 
+// A free lock costs what concurrency.Mutex pays: one Txn to acquire, one
+// Delete to release. Counted at the client's KV, not timed.
+func TestUncontendedCycleIsTwoRoundTrips(t *testing.T) {
+	c := dial(t, serverEndpoints(t))
+	kv := &countingKV{KV: c.KV}
+	c.KV = kv
+	l, err := FromClient(c, WithPrefix(testPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	ctx := context.Background()
+	key := "etcdlock:test:" + t.Name()
+	const cycles = 20
+	kv.reset()
+	for range cycles {
+		lease, err := l.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := kv.snapshot(), map[string]int{"Txn": cycles, "Delete": cycles}; !maps.Equal(got, want) {
+		t.Fatalf("%d uncontended cycles made %v, want %v", cycles, got, want)
+	}
+}
+
+// Held leases cost no goroutine each: a session's loss reaches its leases
+// through one goroutine per session.
+func TestHeldLeasesStartNoGoroutines(t *testing.T) {
+	l := open(t, serverEndpoints(t))
+	ctx := context.Background()
+	const held = 20
+	before := runtime.NumGoroutine()
+	var leases []lockkit.Lease
+	for i := range held {
+		leases = append(leases, try(t, l, fmt.Sprintf("etcdlock:test:%s:%d", t.Name(), i), lockkit.WithTTL(time.Minute)))
+	}
+	if grown := runtime.NumGoroutine() - before; grown >= held/2 {
+		t.Errorf("%d goroutines more while %d leases are held", grown, held)
+	}
+	for _, lease := range leases {
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Close ends the session, and with it every lease still held: their Lost
+// is closed by the time Close returns.
+func TestCloseClosesLostOfHeldLeases(t *testing.T) {
+	l := open(t, serverEndpoints(t))
+	lease := try(t, l, "etcdlock:test:"+t.Name(), lockkit.WithTTL(time.Minute))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lease.Lost():
+	default:
+		t.Fatal("Lost still open after Close returned")
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("Release after Close = %v, want ErrNotHeld", err)
+	}
+}
+
+// An acquisition that finds a key under its own name (a deletion we thought
+// done) must not queue behind itself: it drops that key and is granted.
+func TestOwnNameFoundIsNotQueuedBehind(t *testing.T) {
+	endpoints := serverEndpoints(t)
+	ctx := context.Background()
+	key := "etcdlock:test:" + t.Name()
+	l := open(t, endpoints)
+	c := dial(t, endpoints)
+	stale := fmt.Sprintf("%s%016x-0", dir(key), l.session.id)
+	if _, err := c.Put(ctx, stale, "", clientv3.WithLease(l.session.id)); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(waitCtx, key, lockkit.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatalf("Acquire with a stale key under our own name: %v", err)
+	}
+	if n := queueLen(t, c, key); n != 1 {
+		t.Fatalf("%d keys queued while granted, want only ours", n)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Why each acquisition has a key of its own: concurrency.Mutex names its
 // key after the session, so two goroutines sharing a session both "hold"
 // the lock.
@@ -275,4 +373,57 @@ func try(t testing.TB, l lockkit.Locker, key string, opts ...lockkit.Option) loc
 		t.Fatalf("TryAcquire %s: %v", key, err)
 	}
 	return lease
+}
+
+// countingKV counts the calls made through a client's KV.
+type countingKV struct {
+	clientv3.KV
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (k *countingKV) count(name string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.calls == nil {
+		k.calls = map[string]int{}
+	}
+	k.calls[name]++
+}
+
+func (k *countingKV) reset() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = map[string]int{}
+}
+
+func (k *countingKV) snapshot() map[string]int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.calls)
+}
+
+func (k *countingKV) Put(ctx context.Context, key, val string, opts ...clientv3.OpOption) (*clientv3.PutResponse, error) {
+	k.count("Put")
+	return k.KV.Put(ctx, key, val, opts...)
+}
+
+func (k *countingKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	k.count("Get")
+	return k.KV.Get(ctx, key, opts...)
+}
+
+func (k *countingKV) Delete(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.DeleteResponse, error) {
+	k.count("Delete")
+	return k.KV.Delete(ctx, key, opts...)
+}
+
+func (k *countingKV) Do(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
+	k.count("Do")
+	return k.KV.Do(ctx, op)
+}
+
+func (k *countingKV) Txn(ctx context.Context) clientv3.Txn {
+	k.count("Txn")
+	return k.KV.Txn(ctx)
 }
