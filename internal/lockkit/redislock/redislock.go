@@ -438,8 +438,9 @@ func (l *Locker) abandonLater(ks keyset, owner string) {
 
 // Close ends every wait (waiters get ErrClosed and leave the fair queues),
 // stops the watchdogs and the subscription, and returns once nothing of the
-// Locker uses the client any more: a first attempt already sent is not
-// interrupted (its caller's context bounds it) and clean-ups get 500 ms.
+// Locker uses the client any more: a first attempt already sent and a
+// release handing the key to a waiter here are not interrupted (their
+// caller's context bounds them) and clean-ups get 500 ms.
 // Leases still held expire by their TTL.
 func (l *Locker) Close() error {
 	l.enterMu.Lock()
