@@ -56,12 +56,15 @@ var (
 	extendLua string
 	//go:embed abandon.lua
 	abandonLua string
+	//go:embed handover.lua
+	handOverLua string
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
 	// (a restarted or failed-over server has an empty script cache).
 	acquireScript     = redis.NewScript(fenceLua + wantedLua + acquireLua)
 	fairAcquireScript = redis.NewScript(fenceLua + wantedLua + fairAcquireLua)
 	releaseScript     = redis.NewScript(releaseLua)
+	handOverScript    = redis.NewScript(fenceLua + handOverLua)
 	extendScript      = redis.NewScript(extendLua)
 	abandonScript     = redis.NewScript(abandonLua)
 )
@@ -113,7 +116,7 @@ func New(client redis.UniversalClient, opts ...Option) *Locker {
 		opt(l)
 	}
 	l.closing, l.shutdown = context.WithCancel(context.Background())
-	l.room = newWaitRoom(client)
+	l.room = newWaitRoom(client, l.abandonLater)
 	return l
 }
 
@@ -214,7 +217,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		}
 		return nil, backend.WaitErr(ctx, waitCtx)
 	}
-	w, subscribed, err := l.room.join(waitCtx, ks.channel(), owner, o.Fair)
+	w, subscribed, err := l.room.join(waitCtx, ks.channel(), owner, o.Fair, o.TTL)
 	if err != nil {
 		if o.Fair {
 			l.abandonLater(ks, owner) // leave the queue
@@ -236,6 +239,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		look, wait = false, w.heldHere
 	}
 	for {
+		if h := l.room.take(w); h != nil {
+			granted = o.TTL
+			return l.newLease(key, ks, h.owner, o, watchdog, h.fence, h.sent), nil
+		}
 		if look {
 			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, waiting)
 			if lease != nil {
@@ -313,8 +320,14 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 	if res <= 0 { // refused: -1 - how long to wait (fence.lua)
 		return nil, time.Duration(-1-res) * time.Millisecond, nil
 	}
+	return l.newLease(key, ks, owner, o, watchdog, uint64(res), sent), 0, nil
+}
+
+// newLease is the lease of a grant to owner, made by a call sent at sent:
+// the lease's TTL counts from then, before the server granted it.
+func (l *Locker) newLease(key string, ks keyset, owner string, o lockkit.Options, watchdog bool, fence uint64, sent time.Time) lockkit.Lease {
 	return backend.NewLease(backend.Grant{
-		Key: key, Fence: uint64(res), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
+		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			// The watchdog's renewals run on their own goroutine: Close
 			// ends one in flight and waits for it, so that the caller may
@@ -336,6 +349,11 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Release: func(ctx context.Context) error {
+			if !o.Fair {
+				if handled, err := l.handOver(ctx, ks, owner); handled {
+					return err
+				}
+			}
 			releaseKeys := []string{ks.lock(), ks.wanted()}
 			if o.Fair {
 				releaseKeys = append(releaseKeys, ks.queue(), ks.deadlines())
@@ -356,7 +374,52 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 			return nil
 		},
 		Closed: l.closing.Done(),
-	}), 0, nil
+	})
+}
+
+// handOver releases a plain lease of owner by granting the key to the
+// plain waiter at the head here, in the same script, unless somebody
+// elsewhere marked the key (handover.lua); handled is false if there is
+// no such waiter, and the caller releases as usual. It registers with
+// Close: a grant whose waiter left, or whose reply was lost, is freed in
+// the background, and Close waits for that. Close does not interrupt the
+// script itself (the caller's context bounds it), so that a release under
+// way is not left undone.
+func (l *Locker) handOver(ctx context.Context, ks keyset, owner string) (handled bool, err error) {
+	if l.room.waiting.Load() == 0 || !l.enter() {
+		return false, nil
+	}
+	defer l.inflight.Done()
+	w := l.room.offer(ks)
+	if w == nil {
+		return false, nil
+	}
+	to := l.newOwner()
+	sent := time.Now()
+	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted(), ks.fence()},
+		owner, to, w.ttl.Milliseconds()).Int64()
+	if err == nil && res > 0 {
+		if !l.room.settle(w, &handover{ks: ks, owner: to, fence: uint64(res), sent: sent}) {
+			l.abandonLater(ks, to) // the waiter has left
+		}
+		return true, nil
+	}
+	l.room.settle(w, nil)
+	// Freed for a waiter elsewhere (-1): the head here hears the message
+	// as that waiter does, and does not start ahead of it. Otherwise wake
+	// it, as a plain release does whatever the outcome: it may not have
+	// marked the key, knowing it held here.
+	if res != -1 {
+		l.room.wake(ks, "")
+	}
+	switch {
+	case err != nil:
+		l.abandonLater(ks, to) // the key may have been handed over all the same
+		return true, unavailable(ctx, err)
+	case res == 0:
+		return true, lockkit.ErrNotHeld
+	}
+	return true, nil
 }
 
 // abandonLater leaves the fair queue and frees a grant whose reply was
@@ -375,8 +438,9 @@ func (l *Locker) abandonLater(ks keyset, owner string) {
 
 // Close ends every wait (waiters get ErrClosed and leave the fair queues),
 // stops the watchdogs and the subscription, and returns once nothing of the
-// Locker uses the client any more: a first attempt already sent is not
-// interrupted (its caller's context bounds it) and clean-ups get 500 ms.
+// Locker uses the client any more: a first attempt already sent and a
+// release handing the key to a waiter here are not interrupted (their
+// caller's context bounds them) and clean-ups get 500 ms.
 // Leases still held expire by their TTL.
 func (l *Locker) Close() error {
 	l.enterMu.Lock()

@@ -22,6 +22,11 @@ import (
 // orders them across processes; a release message names the one whose turn
 // it is.
 //
+// A release by this process may hand the key straight to the plain head
+// (offer, then settle): the two meet under mu, so that a head that gives up
+// meanwhile either has the grant delivered, and frees it as it leaves, or is
+// found gone, and the releaser frees it.
+//
 // The room never waits for Redis to confirm a SUBSCRIBE: the confirmation
 // of a channel wakes that channel's waiters, who then look at the key
 // again. A release missed before the subscription took effect, or while
@@ -40,6 +45,9 @@ type waitRoom struct {
 	pubsub     *redis.PubSub
 	dispatched chan struct{}       // closed when dispatch has returned
 	rooms      map[string]*keyRoom // by release channel
+
+	// free gives up a handed grant nobody took (Locker.abandonLater).
+	free func(ks keyset, owner string)
 }
 
 type keyRoom struct {
@@ -51,15 +59,29 @@ type waiter struct {
 	channel string
 	owner   string
 	fair    bool
+	ttl     time.Duration // what a hand-over grants
 	turn    chan struct{} // closed when the waiter may act
 	wake    chan struct{} // something happened the waiter should look at
 	// heldHere is set before turn closes when the turn came from a waiter
 	// ahead that was granted the key: the TTL of that grant.
 	heldHere time.Duration
+
+	// Under mu: a release is handing the key to the waiter (offered); it
+	// left meanwhile (gone); the grant it was handed, not yet taken.
+	offered, gone bool
+	handed        *handover
 }
 
-func newWaitRoom(client redis.UniversalClient) *waitRoom {
-	return &waitRoom{client: client, rooms: make(map[string]*keyRoom)}
+// handover is a grant a release made to a waiter here.
+type handover struct {
+	ks    keyset
+	owner string // fresh, not the waiter's own: see handover.lua
+	fence uint64
+	sent  time.Time // when the releaser sent it, before the grant began
+}
+
+func newWaitRoom(client redis.UniversalClient, free func(ks keyset, owner string)) *waitRoom {
+	return &waitRoom{client: client, rooms: make(map[string]*keyRoom), free: free}
 }
 
 // busy reports whether any plain waiter here waits for the key.
@@ -78,8 +100,8 @@ func (r *waitRoom) busy(ks keyset) bool {
 // this join sent the channel's SUBSCRIBE, whose confirmation will wake the
 // waiter; otherwise the waiter should look at the key once now, since a
 // release may have come before it joined.
-func (r *waitRoom) join(ctx context.Context, channel, owner string, fair bool) (w *waiter, subscribed bool, err error) {
-	w = &waiter{channel: channel, owner: owner, fair: fair, turn: make(chan struct{}), wake: make(chan struct{}, 1)}
+func (r *waitRoom) join(ctx context.Context, channel, owner string, fair bool, ttl time.Duration) (w *waiter, subscribed bool, err error) {
+	w = &waiter{channel: channel, owner: owner, fair: fair, ttl: ttl, turn: make(chan struct{}), wake: make(chan struct{}, 1)}
 	r.mu.Lock()
 	if r.shut {
 		r.mu.Unlock()
@@ -137,10 +159,20 @@ func (r *waitRoom) subscribe(ctx context.Context, channel string) error {
 }
 
 // leave takes w out of its room and hands the turn to the next waiter.
-// granted is the TTL of the grant w leaves with, 0 if none.
+// granted is the TTL of the grant w leaves with, 0 if none. A grant handed
+// to w and not taken is freed.
 func (r *waitRoom) leave(w *waiter, granted time.Duration) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	untaken := w.handed
+	w.handed, w.gone = nil, w.offered
+	r.leaveLocked(w, granted)
+	r.mu.Unlock()
+	if untaken != nil {
+		r.free(untaken.ks, untaken.owner)
+	}
+}
+
+func (r *waitRoom) leaveLocked(w *waiter, granted time.Duration) {
 	room := r.rooms[w.channel]
 	if room == nil {
 		return
@@ -165,6 +197,53 @@ func (r *waitRoom) leave(w *waiter, granted time.Duration) {
 			cancel()
 		}
 	}
+}
+
+// offer returns the waiter a release of ks may hand the key to: the plain
+// head, unless fair waiters here wait too (their order is Redis's queue)
+// or another release is handing to it already (a stale one, whose lease
+// ran out; the script will find the key not its own).
+func (r *waitRoom) offer(ks keyset) *waiter {
+	if r.waiting.Load() == 0 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	room := r.rooms[ks.channel()]
+	if r.shut || room == nil || len(room.queue) == 0 || len(room.fair) > 0 {
+		return nil
+	}
+	w := room.queue[0]
+	if w.offered || w.handed != nil {
+		return nil
+	}
+	w.offered = true
+	return w
+}
+
+// settle ends an offer to w with the grant made, nil if none. It reports
+// false if w has left meanwhile: a grant is then the caller's to free.
+func (r *waitRoom) settle(w *waiter, h *handover) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w.offered = false
+	if w.gone {
+		return false
+	}
+	if h != nil {
+		w.handed = h
+		signal(w)
+	}
+	return true
+}
+
+// take returns the grant handed to w, if any; w then holds it.
+func (r *waitRoom) take(w *waiter) *handover {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := w.handed
+	w.handed = nil
+	return h
 }
 
 // wake passes a release by this process on.

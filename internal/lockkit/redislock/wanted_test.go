@@ -89,13 +89,14 @@ func TestReleaseWakesAWaiterOfAnotherProcess(t *testing.T) {
 	}
 }
 
-// Waiters of one process hand the key on with two calls each, the grant
-// and the release: the waiter whose turn comes because the one ahead of
-// it here was granted the key does not ask Redis while that grant lasts
-// (it would be refused, and with it every refusal marks the key, so that
-// the next release also sends a message that wakes the next head to be
-// refused again). The release by this process wakes it.
-func TestWaitersHereHandOnWithTwoCallsEach(t *testing.T) {
+// Waiters of one process hand the key on with one call each: the release
+// grants the key to the next waiter here in the same script (when nobody
+// elsewhere marked it), so a hand-off is not a release and then the
+// waiter's own acquire. The waiter whose turn comes because the one ahead
+// of it here was granted the key does not ask Redis while that grant
+// lasts (it would be refused, and its refusal would mark the key and so
+// stop the next hand-over here).
+func TestWaitersHereHandOnWithOneCallEach(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	w := locktest.NewWire(t)
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, Dialer: w.DialContext})
@@ -125,11 +126,11 @@ func TestWaitersHereHandOnWithTwoCallsEach(t *testing.T) {
 	_ = holder.Release(ctx)
 	wg.Wait()
 	handOffs := int64(goroutines * rounds)
-	// Two per hand-off, and a few for a release message that arrives after
-	// the grant it was followed by (it wakes the next head once).
+	// One per hand-off, and a few for the last waiters, who find nobody
+	// here to hand on to, and for the unsubscribe.
 	n := w.Calls() - calls
 	t.Logf("%d hand-offs here took %d calls", handOffs, n)
-	if n > 2*handOffs+handOffs/2 {
-		t.Errorf("%d hand-offs here took %d calls; want about 2 each", handOffs, n)
+	if n > handOffs+handOffs/4 {
+		t.Errorf("%d hand-offs here took %d calls; want about 1 each", handOffs, n)
 	}
 }

@@ -1,0 +1,150 @@
+package redislock_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
+)
+
+// A release hands the key to a waiter of its own process only while nobody
+// elsewhere waits: a waiter of another process marks the key when refused,
+// and the next release frees it instead. Without that check a process with
+// a steady stream of its own waiters would keep the key for ever.
+func TestWaiterElsewhereNotStarvedByHandOversHere(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	a, b := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	var grantsHere atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				lease, err := a.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				grantsHere.Add(1)
+				time.Sleep(5 * time.Millisecond)
+				_ = lease.Release(ctx)
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(100 * time.Millisecond) // the stream runs
+	start := grantsHere.Load()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lease, err := b.Acquire(wctx, key, lockkit.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatalf("waiter elsewhere, after %d grants here: %v", grantsHere.Load()-start, err)
+	}
+	_ = lease.Release(ctx)
+	// Its first attempt does not mark; then each release races it against
+	// the waiter here it wakes, so a few grants here may come first.
+	n := grantsHere.Load() - start
+	t.Logf("waiter elsewhere granted after %d grants here", n)
+	if n > 30 {
+		t.Errorf("waiter elsewhere granted after %d grants here; want a few", n)
+	}
+}
+
+// A waiter whose context ends while the key is handed to it either takes
+// the grant or leaves it to be freed: afterwards the key is free (or held
+// by a lease somebody has), never held until its TTL by nobody.
+func TestHandOverToWaiterGivingUpStrandsNoGrant(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	l := newLocker(t, newClient(t, addr))
+	ctx := context.Background()
+	key := uniqueKey(t)
+	lock := "{" + testPrefix + key + "}"
+
+	for i := range 60 {
+		holder := hold(t, l, key)
+		wctx, cancel := context.WithCancel(ctx)
+		waiter := acquireAsync(l, wctx, key)
+		time.Sleep(20 * time.Millisecond) // queued, refused, subscribed
+		// Hand-overs that find the mark free the key instead: clear it,
+		// so that this release hands over.
+		admin.Del(ctx, lock+":wanted")
+		go func() {
+			time.Sleep(time.Duration(rand.IntN(400)) * time.Microsecond)
+			cancel()
+		}()
+		_ = holder.Release(ctx)
+		if got := <-waiter; got.err == nil {
+			if err := got.lease.Release(ctx); err != nil {
+				t.Fatalf("round %d: the handed lease's release: %v", i, err)
+			}
+		}
+		cancel()
+		deadline := time.Now().Add(2 * time.Second)
+		for admin.Exists(ctx, lock).Val() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: key held by %q with nobody holding a lease (pttl %v)",
+					i, admin.Get(ctx, lock).Val(), admin.PTTL(ctx, lock).Val())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// Close racing a hand-over leaves no goroutine behind and no grant held by
+// nobody: a waiter closed out of its turn frees what it was handed.
+func TestCloseDuringHandOverLeaksNothing(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	client := newClient(t, addr)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	lock := "{" + testPrefix + key + "}"
+	baseline := goleak.IgnoreCurrent()
+
+	for i := range 40 {
+		l := redislock.New(client, redislock.WithPrefix(testPrefix))
+		holder := hold(t, l, key)
+		waiters := []<-chan acquired{acquireAsync(l, ctx, key), acquireAsync(l, ctx, key)}
+		time.Sleep(20 * time.Millisecond)
+		admin.Del(ctx, lock+":wanted")
+		released := make(chan struct{})
+		go func() {
+			defer close(released)
+			_ = holder.Release(ctx)
+		}()
+		time.Sleep(time.Duration(rand.IntN(400)) * time.Microsecond)
+		_ = l.Close()
+		<-released
+		for _, w := range waiters {
+			if got := <-w; got.err == nil {
+				if err := got.lease.Release(ctx); err != nil {
+					t.Fatalf("round %d: a lease granted before Close: release: %v", i, err)
+				}
+			}
+		}
+		if admin.Exists(ctx, lock).Val() != 0 {
+			t.Fatalf("round %d: key held by %q after Close with every lease released",
+				i, admin.Get(ctx, lock).Val())
+		}
+	}
+	goleak.VerifyNone(t, baseline)
+	if n := client.PoolStats().PubSubStats.Active; n != 0 {
+		t.Errorf("%d subscription connections open after every Locker closed", n)
+	}
+}
