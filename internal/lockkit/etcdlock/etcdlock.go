@@ -19,6 +19,7 @@ import (
 	"math"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,7 +86,10 @@ type Locker struct {
 	mu      sync.Mutex
 	session *session
 	held    map[*held]struct{}
-	names   map[string]bool // our keys that may exist on the server
+	// names are our keys that may exist on the server; a name is free
+	// again once its key is known gone, except a retired one (release).
+	names   map[string]bool
+	retired map[string]bool
 }
 
 type session struct {
@@ -123,7 +127,7 @@ func FromClient(c *clientv3.Client, opts ...Option) (*Locker, error) {
 	l := &Locker{
 		client: c, prefix: DefaultPrefix, sessionTTL: DefaultSessionTTL,
 		life: life, stop: stop, closed: life.Done(), newSession: make(chan struct{}, 1),
-		held: make(map[*held]struct{}), names: make(map[string]bool),
+		held: make(map[*held]struct{}), names: make(map[string]bool), retired: make(map[string]bool),
 	}
 	for _, o := range opts {
 		o(l)
@@ -236,6 +240,13 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, dir, me string, rev in
 			return nil, errRequeue
 		case len(ahead) == 0:
 			return l.grant(key, me, rev, s, o, watchdog), nil
+		case l.strayOfOurs(string(ahead[0].Key), dir, s):
+			// Nothing here would ever delete it while the session lives.
+			if _, err := l.remove(waitCtx, string(ahead[0].Key), ahead[0].CreateRevision); err != nil {
+				l.abandon(me, rev)
+				return nil, l.fail(ctx, waitCtx, err)
+			}
+			continue
 		}
 		if err := l.waitDelete(waitCtx, string(ahead[0].Key), resp.Header.Revision, s); err != nil {
 			if !errors.Is(err, errRequeue) {
@@ -344,11 +355,17 @@ func (l *Locker) release(ctx context.Context, me string, rev int64, h *held) err
 		return lockkit.ErrNotHeld
 	}
 	// A plain delete, as the Mutex's, is owner-checked too: the name holds
-	// our session's lease id, and it stays claimed for this grant until the
-	// deletion is known, so no other key can bear it meanwhile. A compare
-	// would cost the server a read of the key on the common path.
+	// our session's lease id, and no other key of ours bears it while this
+	// delete may still be applied. A compare would cost the server a read
+	// of the key on the common path. A delete whose outcome is unknown may
+	// be applied late (a proposal forwarded by another member), after its
+	// key is gone: the name is retired then, never claimed again (a new
+	// session brings new names), so that it cannot delete a later grant.
 	resp, err := l.client.Delete(ctx, me)
 	if err != nil {
+		l.mu.Lock()
+		l.retired[me] = true
+		l.mu.Unlock()
 		l.bury(me, rev)
 		return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 	}
@@ -389,9 +406,23 @@ func (l *Locker) claim(dir string, id clientv3.LeaseID) string {
 	}
 }
 
+// strayOfOurs reports whether key, in dir, bears a name of session s that
+// no acquisition here claims: a put applied after we gave its name up (a
+// reply lost, then the name freed and the put landing late).
+func (l *Locker) strayOfOurs(key, dir string, s *session) bool {
+	if !strings.HasPrefix(key, dir+fmt.Sprintf("%016x-", s.id)) {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.names[key]
+}
+
 func (l *Locker) unclaim(me string) {
 	l.mu.Lock()
-	delete(l.names, me)
+	if !l.retired[me] {
+		delete(l.names, me)
+	}
 	l.mu.Unlock()
 }
 

@@ -104,6 +104,11 @@ type entry struct {
 	watched    bool
 	watchEpoch uint64
 	deleted    bool
+	// released is closed when our release's own Delete of the node has
+	// returned, and releasedOK says it deleted it: a single-node
+	// transaction, whose zxid deleted nothing else (inherit).
+	released   chan struct{}
+	releasedOK bool
 
 	// From the grant on:
 	gone    chan struct{} // closed when the node or the connection is gone
@@ -339,7 +344,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 		}
 		select {
 		case ev := <-changed:
-			if fence, epoch, ok := l.inherit(e, ahead, ev); ok {
+			if fence, epoch, ok := l.inherit(waitCtx, e, ahead, ev); ok {
 				return l.grant(key, node, e, epoch, session, fence, o, watchdog)
 			}
 		case <-waitCtx.Done():
@@ -412,7 +417,13 @@ func (l *Locker) watchQueued(node string, e *entry) error {
 // ahead of the predecessor since, so its deletion (ev) leaves our node
 // first. Our node must still be there: its watch, unbroken since it was
 // set, has seen no deletion, and notifications arrive in zxid order, so a
-// deletion before the predecessor's would have been seen first.
+// deletion before the predecessor's would have been seen first. One
+// deletion that order cannot show is one in the same transaction as the
+// predecessor's (a session's end deletes all its nodes at one zxid, and
+// so may an operator's multi): so the predecessor's deletion must be our
+// release's own Delete, confirmed, which deleted that node alone. Its
+// reply follows the notification on the same connection; any other
+// deletion lists the queue again.
 //
 // The fence is the predecessor's plus one. A fence is always below the
 // zxid that deletes its node: a pzxid read before that deletion, or, by
@@ -420,13 +431,24 @@ func (l *Locker) watchQueued(node string, e *entry) error {
 // still below every later listing's pzxid, and above the predecessor's.
 // It saves the listing that follows a hand-off, the one request of it
 // that queues behind the session's pending writes.
-func (l *Locker) inherit(e, ahead *entry, ev zk.Event) (fence, epoch uint64, ok bool) {
+func (l *Locker) inherit(ctx context.Context, e, ahead *entry, ev zk.Event) (fence, epoch uint64, ok bool) {
 	if ahead == nil || ev.Type != zk.EventNodeDeleted {
 		return 0, 0, false
 	}
 	l.mu.Lock()
+	released := ahead.released
+	l.mu.Unlock()
+	if released == nil {
+		return 0, 0, false // not deleted by our release
+	}
+	select {
+	case <-released:
+	case <-ctx.Done():
+		return 0, 0, false
+	}
+	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !ahead.granted || !e.watched || e.deleted || e.watchEpoch != l.epoch {
+	if !ahead.releasedOK || !ahead.granted || !e.watched || e.deleted || e.watchEpoch != l.epoch {
 		return 0, 0, false
 	}
 	return ahead.fence + 1, l.epoch, true
@@ -511,12 +533,23 @@ func (l *Locker) release(ctx context.Context, node string, h *entry) error {
 	defer l.forget(node)
 	l.mu.Lock()
 	expired := !h.timer.Stop()
+	if !expired {
+		h.released = make(chan struct{})
+	}
 	l.mu.Unlock()
 	if expired {
 		return lockkit.ErrNotHeld
 	}
 	deleted := make(chan error, 1)
-	if !l.background.Go(func() { deleted <- l.conn.Delete(node, -1) }) {
+	confirm := func(err error) error {
+		l.mu.Lock()
+		h.releasedOK = err == nil
+		close(h.released)
+		l.mu.Unlock()
+		return err
+	}
+	if !l.background.Go(func() { deleted <- confirm(l.conn.Delete(node, -1)) }) {
+		_ = confirm(lockkit.ErrClosed)
 		return lockkit.ErrClosed // closing the session deletes the node
 	}
 	settle := func(err error) error {
