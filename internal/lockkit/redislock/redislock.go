@@ -116,7 +116,7 @@ func New(client redis.UniversalClient, opts ...Option) *Locker {
 		opt(l)
 	}
 	l.closing, l.shutdown = context.WithCancel(context.Background())
-	l.room = newWaitRoom(client, l.abandonLater)
+	l.room = newWaitRoom(client, l.free)
 	return l
 }
 
@@ -239,9 +239,13 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		look, wait = false, w.heldHere
 	}
 	for {
-		if h := l.room.take(w); h != nil {
-			granted = o.TTL
-			return l.newLease(key, ks, h.owner, o, watchdog, h.fence, h.sent), nil
+		// Once closing, a grant handed here is not taken: leave frees it,
+		// and the caller gets ErrClosed, as Close promises.
+		if l.closing.Err() == nil {
+			if h := l.room.take(w); h != nil {
+				granted = o.TTL
+				return l.newLease(key, ks, h.owner, o, watchdog, h.fence, h.sent), nil
+			}
 		}
 		if look {
 			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, waiting)
@@ -378,48 +382,60 @@ func (l *Locker) newLease(key string, ks keyset, owner string, o lockkit.Options
 }
 
 // handOver releases a plain lease of owner by granting the key to the
-// plain waiter at the head here, in the same script, unless somebody
-// elsewhere marked the key (handover.lua); handled is false if there is
-// no such waiter, and the caller releases as usual. It registers with
-// Close: a grant whose waiter left, or whose reply was lost, is freed in
-// the background, and Close waits for that. Close does not interrupt the
-// script itself (the caller's context bounds it), so that a release under
-// way is not left undone.
+// plain waiter at the head here, in the same script, unless a waiter
+// marked the key (handover.lua); handled is false if there is no such
+// waiter, or Redis refused the script, and the caller releases as usual.
+// Like a plain release it runs on the caller's context alone and does not
+// hold Close up; a grant whose waiter left, or whose outcome is unknown,
+// is freed (free).
 func (l *Locker) handOver(ctx context.Context, ks keyset, owner string) (handled bool, err error) {
-	if l.room.waiting.Load() == 0 || !l.enter() {
-		return false, nil
-	}
-	defer l.inflight.Done()
 	w := l.room.offer(ks)
 	if w == nil {
 		return false, nil
 	}
 	to := l.newOwner()
 	sent := time.Now()
-	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted(), ks.fence()},
-		owner, to, w.ttl.Milliseconds()).Int64()
+	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted(), ks.fence()}, owner, to, w.ttl.Milliseconds()).Int64()
 	if err == nil && res > 0 {
 		if !l.room.settle(w, &handover{ks: ks, owner: to, fence: uint64(res), sent: sent}) {
-			l.abandonLater(ks, to) // the waiter has left
+			l.free(ks, to) // the waiter has left
 		}
 		return true, nil
 	}
 	l.room.settle(w, nil)
-	// Freed for a waiter elsewhere (-1): the head here hears the message
-	// as that waiter does, and does not start ahead of it. Otherwise wake
-	// it, as a plain release does whatever the outcome: it may not have
-	// marked the key, knowing it held here.
-	if res != -1 {
-		l.room.wake(ks, "")
-	}
+	// Wake the head here whatever the outcome, as a plain release does: it
+	// may not have marked the key, knowing it held here, and a mark, even
+	// its own, sends it no message it could not miss.
+	l.room.wake(ks, "")
+	var replyErr redis.Error
 	switch {
+	case errors.As(err, &replyErr) && !isLoading(replyErr):
+		// Redis refused the script (a write refused under maxmemory, say):
+		// free the key as a plain release does, and the grant, should the
+		// script have got that far.
+		l.free(ks, to)
+		return false, nil
 	case err != nil:
-		l.abandonLater(ks, to) // the key may have been handed over all the same
+		l.free(ks, to) // the key may have been handed over all the same
 		return true, unavailable(ctx, err)
 	case res == 0:
 		return true, lockkit.ErrNotHeld
 	}
 	return true, nil
+}
+
+// free gives up a grant to owner nobody will take: in the background, which
+// Close waits for, or, once closed, here and now (500 ms at most), as the
+// release that made it runs after Close too.
+func (l *Locker) free(ks keyset, owner string) {
+	if l.enter() {
+		l.abandonLater(ks, owner)
+		l.inflight.Done()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_ = abandonScript.Run(ctx, l.client, []string{ks.lock(), ks.queue(), ks.deadlines()}, owner, ks.channel()).Err()
 }
 
 // abandonLater leaves the fair queue and frees a grant whose reply was
@@ -438,9 +454,10 @@ func (l *Locker) abandonLater(ks keyset, owner string) {
 
 // Close ends every wait (waiters get ErrClosed and leave the fair queues),
 // stops the watchdogs and the subscription, and returns once nothing of the
-// Locker uses the client any more: a first attempt already sent and a
-// release handing the key to a waiter here are not interrupted (their
-// caller's context bounds them) and clean-ups get 500 ms.
+// Locker uses the client any more: a first attempt already sent is not
+// interrupted (its caller's context bounds it) and clean-ups get 500 ms.
+// A release, handing the key to a waiter here or not, runs on its caller's
+// context alone.
 // Leases still held expire by their TTL.
 func (l *Locker) Close() error {
 	l.enterMu.Lock()

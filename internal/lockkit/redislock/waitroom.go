@@ -214,7 +214,9 @@ func (r *waitRoom) offer(ks keyset) *waiter {
 		return nil
 	}
 	w := room.queue[0]
-	if w.offered || w.handed != nil {
+	// A TTL under a millisecond would be PX 0, which Redis refuses: such a
+	// waiter asks Redis itself and learns so.
+	if w.offered || w.handed != nil || w.ttl < time.Millisecond {
 		return nil
 	}
 	w.offered = true

@@ -1,0 +1,108 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
+)
+
+// Two Lockers, plain and fair waiters, random cancellations, short and
+// long TTLs: never two holders at once, fences rising in grant order, and
+// the key free at the end with every lease released.
+func TestHandOverStressMutualExclusion(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	stressHandOver(t, []*redislock.Locker{newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))}, false)
+}
+
+// One Locker, and the mark cleared all the time, so that nearly every
+// release hands over, while waiters give up at random.
+func TestHandOverStressOneLockerMarkCleared(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	stressHandOver(t, []*redislock.Locker{newLocker(t, newClient(t, addr))}, true)
+}
+
+func stressHandOver(t *testing.T, lockers []*redislock.Locker, clearMark bool) {
+	if testing.Short() {
+		t.Skip("stress")
+	}
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	key := uniqueKey(t)
+	lock := "{" + testPrefix + key + "}"
+	stopClearing := make(chan struct{})
+	var clearing sync.WaitGroup
+	if clearMark {
+		clearing.Go(func() {
+			for {
+				select {
+				case <-stopClearing:
+					return
+				case <-time.After(500 * time.Microsecond):
+					admin.Del(context.Background(), lock+":wanted")
+				}
+			}
+		})
+	}
+	defer func() { close(stopClearing); clearing.Wait() }()
+
+	var inside atomic.Int32
+	var mu sync.Mutex
+	var lastFence uint64
+	var grants, cancels atomic.Int64
+	deadline := time.Now().Add(8 * time.Second)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			l := lockers[g%len(lockers)]
+			for time.Now().Before(deadline) {
+				opts := []lockkit.Option{lockkit.WithTTL(time.Duration(200+rand.IntN(2000)) * time.Millisecond)}
+				if g == 7 && !clearMark && rand.IntN(2) == 0 {
+					opts = append(opts, lockkit.WithFair())
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(30))*time.Millisecond)
+				lease, err := l.Acquire(ctx, key, opts...)
+				cancel()
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+						t.Errorf("acquire: %v", err)
+					}
+					cancels.Add(1)
+					continue
+				}
+				if n := inside.Add(1); n != 1 {
+					t.Errorf("%d holders at once", n)
+				}
+				mu.Lock()
+				if f := lease.Fence(); f <= lastFence {
+					t.Errorf("fence %d after %d", f, lastFence)
+				} else {
+					lastFence = f
+				}
+				mu.Unlock()
+				grants.Add(1)
+				time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+				inside.Add(-1)
+				if err := lease.Release(context.Background()); err != nil {
+					t.Errorf("release: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d grants, %d cancelled waits", grants.Load(), cancels.Load())
+	end := time.Now().Add(2 * time.Second)
+	for admin.Exists(context.Background(), lock).Val() != 0 {
+		if time.Now().After(end) {
+			t.Fatalf("key held by %q (pttl %v) with every lease released",
+				admin.Get(context.Background(), lock).Val(), admin.PTTL(context.Background(), lock).Val())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
