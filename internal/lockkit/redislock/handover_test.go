@@ -56,12 +56,15 @@ func TestWaiterElsewhereNotStarvedByHandOversHere(t *testing.T) {
 		t.Fatalf("waiter elsewhere, after %d grants here: %v", grantsHere.Load()-start, err)
 	}
 	_ = lease.Release(ctx)
-	// Its first attempt does not mark; then each release races it against
-	// the waiter here it wakes, so a few grants here may come first.
+	// Its first attempt does not mark; then each release that finds the
+	// mark races it against the waiter here that the release wakes (plain
+	// locks promise no order between processes), so some grants here come
+	// first: up to 42 seen. Without the mark check the stream kept the key
+	// through 920 grants, until the 5 s wait ran out.
 	n := grantsHere.Load() - start
 	t.Logf("waiter elsewhere granted after %d grants here", n)
-	if n > 30 {
-		t.Errorf("waiter elsewhere granted after %d grants here; want a few", n)
+	if n > 300 {
+		t.Errorf("waiter elsewhere granted after %d grants here; want it served between the grants here, not after them", n)
 	}
 }
 
