@@ -127,10 +127,13 @@ func TestWaitersHereHandOnWithOneCallEach(t *testing.T) {
 	wg.Wait()
 	handOffs := int64(goroutines * rounds)
 	// One per hand-off, and a few for the last waiters, who find nobody
-	// here to hand on to, and for the unsubscribe.
+	// here to hand on to, and for the unsubscribe: 23 here, against 42
+	// when each hand-off was a release and an acquire. The bound leaves
+	// room for a slow machine, where a late arrival's refusal marks the key
+	// and the next release frees it instead.
 	n := w.Calls() - calls
 	t.Logf("%d hand-offs here took %d calls", handOffs, n)
-	if n > handOffs+handOffs/4 {
+	if n > 3*handOffs/2 {
 		t.Errorf("%d hand-offs here took %d calls; want about 1 each", handOffs, n)
 	}
 }
