@@ -183,6 +183,20 @@ func TestWaiterBehindGrantHereWokenWhenReleaseReplyLost(t *testing.T) {
 // release then finds no mark and sends nothing. The plain waiter must
 // still be woken by that second release, not by the first holder's TTL.
 func TestPlainWaiterWokenAfterFairHandOffElsewhere(t *testing.T) {
+	// The plain waiter may barge in first (it is woken by its own
+	// subscription's confirmation, say): then the round shows nothing, and
+	// another one runs.
+	for range 5 {
+		if plainWaiterWokenAfterFairHandOff(t) {
+			return
+		}
+	}
+	t.Fatal("the plain waiter took the key before the fair waiter in every round")
+}
+
+// plainWaiterWokenAfterFairHandOff runs one round; false if it showed
+// nothing because the plain waiter was granted first.
+func plainWaiterWokenAfterFairHandOff(t *testing.T) bool {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	ctx := context.Background()
 	x := newLocker(t, newClient(t, addr))
@@ -202,14 +216,13 @@ func TestPlainWaiterWokenAfterFairHandOffElsewhere(t *testing.T) {
 	select {
 	case got = <-fair:
 	case got = <-plain:
-		// The plain waiter barged in first; nothing to show this time.
 		if got.err == nil {
 			_ = got.lease.Release(ctx)
 		}
 		if f := <-fair; f.err == nil {
 			_ = f.lease.Release(ctx)
 		}
-		t.Skip("the plain waiter took the key first")
+		return false
 	}
 	if got.err != nil {
 		t.Fatalf("fair waiter: %v", got.err)
@@ -233,4 +246,5 @@ func TestPlainWaiterWokenAfterFairHandOffElsewhere(t *testing.T) {
 		t.Fatalf("plain waiter still asleep 5s after the fair holder's release; EXISTS %s = %d",
 			lock, newClient(t, addr).Exists(ctx, lock).Val())
 	}
+	return true
 }

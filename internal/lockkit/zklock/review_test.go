@@ -181,7 +181,9 @@ func TestInheritedFenceIsNotRepeatedByTheNextListing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if uint64(stat.Pzxid) != holder.Fence()+1 {
-		t.Skipf("another write came between (holder's fence %d, multi at %d): the repeat needs consecutive zxids", holder.Fence(), stat.Pzxid)
+		// Another write came between, so the old code would not have
+		// repeated this fence; what follows must hold all the same.
+		t.Logf("holder's fence %d, multi at %d: not consecutive zxids", holder.Fence(), stat.Pzxid)
 	}
 	listed := take(t, other)
 	select {
