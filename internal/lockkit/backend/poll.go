@@ -9,38 +9,139 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
+// tryGrace is how long a try started within the wait may run past the
+// wait's deadline. Cut at the deadline, a try wastes the grant it may have
+// won (it must be given back) and, on a SQL store, the connection the
+// driver drops with a cancelled statement. Past capacity a line's head is
+// the waiter with the least time left, so every head would be cut, and
+// the key granted all the time and used by nobody
+// (linetest.FloodedLineStillGrants).
+const tryGrace = 50 * time.Millisecond
+
 // Poller waits for a key by trying again after a jittered delay. It is for
-// stores that cannot tell a waiter when a key is freed (Redlock, memcached):
-// every waiter asks again and again, and the jitter keeps them from asking
-// in step. Stores that can wake a waiter should.
+// stores that cannot tell a waiter when a key is freed (Redlock, memcached,
+// a lease row): the jitter keeps pollers from asking in step. Stores that
+// can wake a waiter should.
+//
+// With a Line, only the head of the Locker's line for Key polls, a release
+// through the same Locker makes it try at once, and the others wait their
+// turn without asking the store: see Line.
 type Poller struct {
+	// MinDelay and MaxDelay bound the pause between two tries. With
+	// Backoff the pause starts at MinDelay and doubles up to MaxDelay,
+	// each one jittered in the upper half of its interval; without, each
+	// is uniform in [MinDelay, MaxDelay].
 	MinDelay, MaxDelay time.Duration
+	Backoff            bool
 	// Outage is how many attempts running that could not reach the store
 	// (ErrUnavailable) end the wait with that error: one timeout on a
 	// loaded network is weather, several running are an outage.
 	Outage int
 	// Closed ends the wait with ErrClosed.
 	Closed <-chan struct{}
+	// Line, if not nil, is the Locker's line, and Key the key waited for.
+	Line *Line
+	Key  string
 }
 
-// Acquire calls try with the wait's context until it grants, fails with
-// something other than ErrNotAcquired, or the wait (ctx and o's wait
-// timeout) ends. An attempt that fails because the wait ended reports how
-// the wait ended, not the attempt's own error.
-func (p Poller) Acquire(ctx context.Context, o lockkit.Options, try func(waitCtx context.Context) (lockkit.Lease, error)) (lockkit.Lease, error) {
+// Acquire calls try until it grants, fails with something other than
+// ErrNotAcquired, or the wait (ctx and o's wait timeout) ends. Each try
+// gets ctx bounded by the wait's deadline plus tryGrace. An attempt that
+// fails because the wait ended reports how the wait ended, not the
+// attempt's own error. In a Line, the outage that
+// ends the head's wait ends the wait of everyone then behind it.
+func (p Poller) Acquire(ctx context.Context, o lockkit.Options, try func(tryCtx context.Context) (lockkit.Lease, error)) (lockkit.Lease, error) {
 	waitCtx, cancel := WaitContext(ctx, o)
 	defer cancel()
+	if p.Line == nil {
+		return p.poll(ctx, waitCtx, nil, try)
+	}
+	w := p.Line.join(p.Key)
+	select {
+	case <-w.turn:
+	case <-p.Closed:
+		p.Line.leave(w, nil, nil)
+		return nil, lockkit.ErrClosed
+	case <-waitCtx.Done():
+		p.Line.leave(w, nil, nil)
+		return nil, WaitErr(ctx, waitCtx)
+	}
+	if w.err != nil {
+		// The head that found the outage told everyone then in line;
+		// who joined since tries for itself.
+		p.Line.leave(w, nil, nil)
+		return nil, w.err
+	}
+	lease, err := p.poll(ctx, waitCtx, w, try)
+	var outage error
+	if errors.Is(err, lockkit.ErrUnavailable) {
+		outage = err
+	}
+	p.Line.leave(w, lease, outage)
+	return lease, err
+}
+
+// poll is the loop of a lone waiter (w nil) or of a line's head, which
+// notes in w how its tries came about.
+func (p Poller) poll(ctx, waitCtx context.Context, w *place, try func(context.Context) (lockkit.Lease, error)) (lockkit.Lease, error) {
+	var nudge <-chan bool
+	var held <-chan struct{}
+	if w == nil {
+		w = &place{} // notes nobody reads
+	} else {
+		nudge, held = w.nudge, w.held
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	backoff := p.MinDelay
+	pause := func() time.Duration {
+		if !p.Backoff {
+			return p.MinDelay + rand.N(p.MaxDelay-p.MinDelay+1)
+		}
+		d := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, p.MaxDelay)
+		return d
+	}
+	var wait time.Duration // before the next try
 	down := 0
 	for {
+		// A head whose turn came with a grant here (held) waits without a
+		// timer: that lease's release here nudges it, and a lease that ends
+		// otherwise closes held.
+		for held != nil || wait > 0 {
+			var tick <-chan time.Time
+			if held == nil {
+				timer.Reset(wait)
+				tick = timer.C
+			}
+			select {
+			case now := <-nudge:
+				held, w.woken = nil, now
+				if wait = 0; !now {
+					wait = p.MaxDelay // every remote head polls within it
+					w.yielded, w.yieldUsed = true, false
+				}
+			case <-held:
+				held, wait = nil, pause()
+			case <-tick:
+				wait = 0
+			case <-p.Closed:
+				return nil, lockkit.ErrClosed
+			case <-waitCtx.Done():
+				return nil, WaitErr(ctx, waitCtx)
+			}
+			timer.Stop()
+		}
 		if waitCtx.Err() != nil {
 			return nil, WaitErr(ctx, waitCtx)
 		}
-		lease, err := try(waitCtx)
+		lease, err := p.tryOnce(ctx, waitCtx, try)
 		switch {
 		case err != nil && waitCtx.Err() != nil:
 			return nil, WaitErr(ctx, waitCtx)
 		case errors.Is(err, lockkit.ErrNotAcquired):
-			down = 0
+			down, w.yieldUsed = 0, w.yielded
 		case errors.Is(err, lockkit.ErrUnavailable):
 			if down++; down >= p.Outage {
 				return nil, err
@@ -48,15 +149,18 @@ func (p Poller) Acquire(ctx context.Context, o lockkit.Options, try func(waitCtx
 		default:
 			return lease, err
 		}
-		timer := time.NewTimer(p.MinDelay + rand.N(p.MaxDelay-p.MinDelay+1))
-		select {
-		case <-timer.C:
-		case <-p.Closed:
-			timer.Stop()
-			return nil, lockkit.ErrClosed
-		case <-waitCtx.Done():
-			timer.Stop()
-			return nil, WaitErr(ctx, waitCtx)
-		}
+		w.woken, wait = false, pause()
 	}
+}
+
+// tryOnce runs one try on the caller's context, bounded by the wait's
+// deadline plus tryGrace: a grant won a little late is still used.
+func (p Poller) tryOnce(ctx, waitCtx context.Context, try func(context.Context) (lockkit.Lease, error)) (lockkit.Lease, error) {
+	deadline, ok := waitCtx.Deadline()
+	if !ok {
+		return try(waitCtx)
+	}
+	tryCtx, cancel := context.WithDeadline(ctx, deadline.Add(tryGrace))
+	defer cancel()
+	return try(tryCtx)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend/linetest"
 	"github.com/lockbench/shop/internal/lockkit/memcachedlock"
 )
 
@@ -39,4 +40,10 @@ func BenchmarkUncontended(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkContended: see linetest.ContendedShapes.
+func BenchmarkContended(b *testing.B) {
+	addr := serverAddr(b)
+	linetest.ContendedShapes(b, func(b *testing.B) lockkit.Locker { return memcachedlock.New(dial(b, addr)) }, "memcachedlock:bench:")
 }

@@ -15,6 +15,9 @@
 //     lost with a restart, after which incr starts again lower: a token could
 //     go backwards, the one thing a fence must never do.
 //   - Waiting without polling: Acquire retries add with a random delay.
+//     Only one waiter per Locker and key does (backend.Line): the others
+//     wait in line in the process, and a release through the same Locker
+//     hands the key to the next in line at once.
 //   - Durability: memcached is a cache. An item evicted under memory
 //     pressure, or lost with a restart, frees the lock while its holder
 //     still believes it holds it; the holder's watchdog notices at its next
@@ -58,6 +61,7 @@ type Locker struct {
 	mc       *memcache.Client
 	minDelay time.Duration
 	maxDelay time.Duration
+	line     backend.Line
 	// background runs the calls whose callers did not wait for them; its
 	// Done is the Locker's shutdown signal.
 	background backend.Group
@@ -67,7 +71,12 @@ type Locker struct {
 type Option func(*Locker)
 
 // WithRetryDelay sets the range [lo, hi] of the random pause between two
-// attempts of a waiting Acquire (default 10 ms to 50 ms).
+// attempts of the one waiter per Locker and key that polls (default 2 ms
+// to 10 ms). The server then sees one poller per process and contended
+// key, about 170 adds a second at the default, what five waiters cost when
+// each polled every 10-50 ms. hi also bounds how long a waiter in another
+// process waits to notice a release: a Locker whose line never empties
+// lets the key go for hi every backend.HandOffRun hand-offs.
 func WithRetryDelay(lo, hi time.Duration) Option {
 	return func(l *Locker) { l.minDelay, l.maxDelay = lo, max(lo, hi) }
 }
@@ -79,7 +88,7 @@ func WithRetryDelay(lo, hi time.Duration) Option {
 // background and Close waits for them. With several servers the client
 // picks one per key, so a lock is only as available as that server.
 func New(client *memcache.Client, opts ...Option) *Locker {
-	l := &Locker{mc: client, minDelay: 10 * time.Millisecond, maxDelay: 50 * time.Millisecond}
+	l := &Locker{mc: client, minDelay: 2 * time.Millisecond, maxDelay: 10 * time.Millisecond}
 	for _, opt := range opts {
 		opt(l)
 	}
@@ -91,14 +100,15 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 	return lockkit.Capabilities{LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
-// Acquire polls until add succeeds, the wait timeout runs out or ctx is
-// done. It returns ErrUnavailable when the server failed outage attempts
-// running.
+// Acquire waits in the Locker's line for key, and polls with add once it
+// is first, until add succeeds, the wait timeout runs out or ctx is done.
+// It returns ErrUnavailable when the server failed outage attempts
+// running, to the poller and to everyone in line behind it.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := backend.Resolve(opts)
-	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.background.Done()}
-	return poller.Acquire(ctx, o, func(waitCtx context.Context) (lockkit.Lease, error) {
-		return l.try(waitCtx, key, o.TTL, watchdog)
+	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.background.Done(), Line: &l.line, Key: key}
+	return poller.Acquire(ctx, o, func(tryCtx context.Context) (lockkit.Lease, error) {
+		return l.try(tryCtx, key, o.TTL, watchdog)
 	})
 }
 
@@ -127,7 +137,13 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 			return l.call(ctx, turn, false, func() error { return l.swap(item, token, expiration(wholeSeconds(ttl))) })
 		},
 		Release: func(ctx context.Context) error {
-			return l.call(ctx, turn, true, func() error { return l.release(item, token) })
+			return l.call(ctx, turn, true, func() error {
+				err := l.release(item, token)
+				if err == nil {
+					l.line.Released(key)
+				}
+				return err
+			})
 		},
 		Closed: l.background.Done(),
 	}), nil

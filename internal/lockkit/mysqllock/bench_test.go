@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend/linetest"
 )
 
 // BenchmarkRawRoundTrip is the baseline the lock benchmarks are read
@@ -68,4 +69,10 @@ func BenchmarkUncontended(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkContended: see linetest.ContendedShapes.
+func BenchmarkContended(b *testing.B) {
+	dsn := testDSN(b)
+	linetest.ContendedShapes(b, func(b *testing.B) lockkit.Locker { return newLeaseLocker(b, dsn) }, "mysqllock:bench:")
 }

@@ -7,7 +7,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -50,14 +49,21 @@ const (
 // releases; a row deleted and created again starts above every earlier
 // token, see lease_grant.sql), checks the owner on release and extend, and expires leases on
 // its own. It does not wait without polling: a lease row holds no lock a
-// waiter could block on, so a waiter retries with jittered exponential
-// backoff (WithPoll), and is woken at once by releases made through the
-// same Locker. It learns that its lease was taken only when the watchdog
-// next renews it, within a third of the TTL. Grants are not fair.
+// waiter could block on. The waiters of one Locker for one key stand in
+// line (backend.Line) and only the first polls, with jittered exponential
+// backoff (WithPoll): the row sees one grant statement per process, not
+// one per waiter. A release through the same Locker makes the first try
+// at once, and a waiter whose turn came with a grant to the one ahead
+// does not ask until that lease is released or lost. It learns that its
+// lease was taken only when the watchdog next renews it, within a third of
+// the TTL. Grants are not fair: in arrival order within a Locker, in no
+// order between Lockers; a Locker whose line never empties lets the key go
+// for the longest poll every backend.HandOffRun hand-offs, so that the
+// waiters of other processes are served.
 type Locker struct {
 	grant, extend, release, held *sql.Stmt
 	minPoll, maxPoll             time.Duration
-	wake                         wakeups
+	line                         backend.Line
 	once                         sync.Once
 	// background runs the give-backs Close waits for; its Done is the
 	// Locker's shutdown signal.
@@ -107,39 +113,18 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 // (lockkit.ErrNotAcquired) or the Locker closes (lockkit.ErrClosed).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := backend.Resolve(opts)
-	waitCtx, cancel := backend.WaitContext(ctx, o)
-	defer cancel()
-	poll := l.minPoll
-	for {
-		// Watch before trying, so a release between the two is not missed.
-		released, unwatch := l.wake.watch(key)
-		lease, err := l.try(waitCtx, key, o.TTL, watchdog)
-		if !errors.Is(err, lockkit.ErrNotAcquired) {
-			unwatch()
-			if err != nil && waitCtx.Err() != nil {
-				return nil, backend.WaitErr(ctx, waitCtx)
-			}
-			return lease, err
-		}
-		// A random point in the upper half of the interval keeps waiters
-		// that started together from polling together.
-		timer := time.NewTimer(poll/2 + mrand.N(poll/2+1))
-		var stop error
-		select {
-		case <-released:
-		case <-timer.C:
-		case <-l.background.Done():
-			stop = lockkit.ErrClosed
-		case <-waitCtx.Done():
-			stop = backend.WaitErr(ctx, waitCtx)
-		}
-		timer.Stop()
-		unwatch()
-		if stop != nil {
-			return nil, stop
-		}
-		poll = min(2*poll, l.maxPoll)
+	poller := backend.Poller{
+		MinDelay: l.minPoll, MaxDelay: l.maxPoll, Backoff: true,
+		// A second failure to reach the server ends the wait: one cut
+		// connection (a KILL, a proxy's idle-out) is not an outage, and a
+		// head's verdict ends the wait of its whole line.
+		Outage: 2,
+		Closed: l.background.Done(),
+		Line:   &l.line, Key: key,
 	}
+	return poller.Acquire(ctx, o, func(tryCtx context.Context) (lockkit.Lease, error) {
+		return l.try(tryCtx, key, o.TTL, watchdog)
+	})
 }
 
 // TryAcquire makes one attempt, one round trip, and returns
@@ -246,7 +231,7 @@ func (l *Locker) releaseLease(ctx context.Context, name, owner []byte) error {
 	if n, _ := res.RowsAffected(); n == 0 {
 		return lockkit.ErrNotHeld
 	}
-	l.wake.wake(string(name))
+	l.line.Released(string(name))
 	return nil
 }
 
@@ -263,48 +248,4 @@ func (l *Locker) Close() error {
 		}
 	})
 	return nil
-}
-
-// wakeups lets a release wake the waiters of the same Locker at once;
-// waiters in other processes find out at their next poll.
-type wakeups struct {
-	mu   sync.Mutex
-	keys map[string]*wakeup
-}
-
-type wakeup struct {
-	ch      chan struct{} // closed by the release
-	waiters int
-}
-
-func (w *wakeups) watch(key string) (<-chan struct{}, func()) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.keys == nil {
-		w.keys = make(map[string]*wakeup)
-	}
-	e := w.keys[key]
-	if e == nil {
-		e = &wakeup{ch: make(chan struct{})}
-		w.keys[key] = e
-	}
-	e.waiters++
-	return e.ch, func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		// After a wake the entry is gone or replaced; only the current
-		// entry's last waiter removes it.
-		if e.waiters--; e.waiters == 0 && w.keys[key] == e {
-			delete(w.keys, key)
-		}
-	}
-}
-
-func (w *wakeups) wake(key string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if e := w.keys[key]; e != nil {
-		close(e.ch)
-		delete(w.keys, key)
-	}
 }

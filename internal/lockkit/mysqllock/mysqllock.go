@@ -51,7 +51,12 @@ func WithTable(name string) Option { return func(c *config) { c.table = name } }
 
 // WithPoll bounds the interval between a New Locker's attempts while it
 // waits for a key held by another process: it starts at min and doubles up
-// to max, with jitter (defaults 2 ms and 50 ms). NewForUpdate ignores it.
+// to max, with jitter (defaults 2 ms and 10 ms). Only the first of a
+// Locker's waiters for a key polls, so the row sees at most about 1/max
+// grant statements a second per process; max also bounds how long a waiter
+// in another process waits to notice a release, since a Locker whose line
+// never empties lets the key go for max every backend.HandOffRun
+// hand-offs. NewForUpdate ignores it.
 func WithPoll(min, max time.Duration) Option {
 	return func(c *config) { c.minPoll, c.maxPoll = min, max }
 }
@@ -77,7 +82,7 @@ func WithMaxConns(n int) Option { return WithIdleConns(n) }
 var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,50}$`)
 
 func configure(opts []Option, table string) (config, error) {
-	c := config{table: table, minPoll: 2 * time.Millisecond, maxPoll: 50 * time.Millisecond, idleConns: 16}
+	c := config{table: table, minPoll: 2 * time.Millisecond, maxPoll: 10 * time.Millisecond, idleConns: 16}
 	for _, opt := range opts {
 		opt(&c)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend/linetest"
 	"github.com/lockbench/shop/internal/lockkit/redlock"
 )
 
@@ -57,4 +58,10 @@ func BenchmarkUncontended(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkContended: see linetest.ContendedShapes.
+func BenchmarkContended(b *testing.B) {
+	addrs := masterAddrs(b)
+	linetest.ContendedShapes(b, func(b *testing.B) lockkit.Locker { return redlock.New(dial(b, addrs)) }, "redlock:bench:")
 }

@@ -14,7 +14,10 @@
 //     must refuse stale writers need a fencing backend (redis, mysql,
 //     zookeeper, etcd).
 //   - Wait without polling: Acquire retries with a random delay until the
-//     key is granted, the wait timeout runs out or ctx is done.
+//     key is granted, the wait timeout runs out or ctx is done. Only one
+//     waiter per Locker and key does (backend.Line): the others wait in
+//     line in the process, and a release through the same Locker hands the
+//     key to the next in line at once.
 //
 // Its safety rests on timing: the masters' clocks must not jump (no NTP
 // steps; Redlock subtracts 1% of the TTL for drift) and a crashed master
@@ -48,6 +51,7 @@ type Locker struct {
 	quorum   int
 	minDelay time.Duration
 	maxDelay time.Duration
+	line     backend.Line
 	// background runs the attempts whose callers did not wait for them;
 	// its Done is the Locker's shutdown signal.
 	background backend.Group
@@ -57,8 +61,14 @@ type Locker struct {
 type Option func(*Locker)
 
 // WithRetryDelay sets the range [lo, hi] of the random pause between two
-// attempts of a waiting Acquire (default 10 ms to 50 ms). Shorter hands a
-// released key over sooner and costs the masters more requests per waiter.
+// attempts of the one waiter per Locker and key that polls (default 2 ms
+// to 10 ms). Each master then sees one poller per process and contended
+// key, about 170 attempts a second at the default, what five waiters cost
+// when each polled every 10-50 ms. Shorter hands a key released by another
+// process over sooner and costs the masters more; hi also bounds how long
+// a waiter in another process waits to notice a release: a Locker whose
+// line never empties lets the key go for hi every backend.HandOffRun
+// hand-offs.
 func WithRetryDelay(lo, hi time.Duration) Option {
 	return func(l *Locker) { l.minDelay, l.maxDelay = lo, max(lo, hi) }
 }
@@ -81,8 +91,8 @@ func New(clients []redis.UniversalClient, opts ...Option) *Locker {
 		rs:       redsync.New(pools...),
 		masters:  len(clients),
 		quorum:   len(clients)/2 + 1,
-		minDelay: 10 * time.Millisecond,
-		maxDelay: 50 * time.Millisecond,
+		minDelay: 2 * time.Millisecond,
+		maxDelay: 10 * time.Millisecond,
 	}
 	for _, opt := range opts {
 		opt(l)
@@ -95,17 +105,18 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 	return lockkit.Capabilities{LostSignal: true, Expires: true, OwnerCheck: true, CrossProcess: true}
 }
 
-// Acquire polls until a majority grants key. It returns ErrUnavailable,
-// without waiting further, once outage attempts running could not reach a
-// majority of the masters.
+// Acquire waits in the Locker's line for key, and polls once it is first,
+// until a majority grants key. It returns ErrUnavailable, without waiting
+// further, once outage attempts running could not reach a majority of the
+// masters, to the poller and to everyone in line behind it.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	o, watchdog := backend.Resolve(opts)
 	// Not redsync's own retry loop: it answers ErrFailed when ctx ends and
 	// cancels its attempts' clean-up with it; the poller returns ctx.Err()
 	// and lets every attempt finish.
-	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.background.Done()}
-	return poller.Acquire(ctx, o, func(waitCtx context.Context) (lockkit.Lease, error) {
-		return l.try(waitCtx, key, o.TTL, watchdog)
+	poller := backend.Poller{MinDelay: l.minDelay, MaxDelay: l.maxDelay, Outage: outage, Closed: l.background.Done(), Line: &l.line, Key: key}
+	return poller.Acquire(ctx, o, func(tryCtx context.Context) (lockkit.Lease, error) {
+		return l.try(tryCtx, key, o.TTL, watchdog)
 	})
 }
 
@@ -152,7 +163,11 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 			ctx, cancel := context.WithTimeout(ctx, opTimeout(ttl))
 			defer cancel()
 			ok, err := l.mutex(key, ttl, value).UnlockContext(ctx)
-			return l.ownerErr(ok, err)
+			if err := l.ownerErr(ok, err); err != nil {
+				return err
+			}
+			l.line.Released(key)
+			return nil
 		},
 		Closed: l.background.Done(),
 	}), nil
