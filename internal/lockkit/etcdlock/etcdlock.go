@@ -4,6 +4,11 @@
 // revision holds the lock, and each waiter watches only the key just ahead
 // of it. The fence is the key's create revision.
 //
+// A waiter reads the queue again once the key ahead of it is gone, to see
+// that its own key is still there and first. When that key was this
+// Locker's and was released here, the release's own call does the looking
+// instead (see handOff), and the waiter is granted on its reply.
+//
 // It differs from concurrency.Mutex in three ways, for reasons given in
 // docs/backends-zk-etcd.md: every acquisition has a key of its own (the
 // Mutex names keys by session, so goroutines sharing a session share a
@@ -23,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -39,6 +45,10 @@ const (
 	retryDelay = 250 * time.Millisecond
 	// callTimeout bounds calls made outside any caller's context.
 	callTimeout = 5 * time.Second
+	// verdictWait bounds how long a waiter, once its predecessor is gone,
+	// waits for the reply of our release that deleted it (see handOff)
+	// before it reads the queue itself.
+	verdictWait = 100 * time.Millisecond
 )
 
 // errRequeue means our key or our session went away while we waited: the
@@ -89,7 +99,22 @@ type Locker struct {
 	// names are our keys that may exist on the server; a name is free
 	// again once its key is known gone, except a retired one (release).
 	names   map[string]bool
-	retired map[string]bool
+	retired map[string]clientv3.LeaseID
+	// next holds, by the name of the key it waits behind, each waiter of
+	// ours that a release may hand the lock to (see handOff).
+	next map[string]*successor
+}
+
+// successor is a waiter queued just behind a key that may be ours.
+type successor struct {
+	key   string
+	rev   int64
+	after int64 // the create revision of the key it waits behind
+	// releasing is set, under Locker.mu, when our release of that key
+	// starts; the release then sends its verdict on handed, once: true
+	// when its call deleted the key and found ours still queued.
+	releasing bool
+	handed    chan bool
 }
 
 type session struct {
@@ -127,7 +152,8 @@ func FromClient(c *clientv3.Client, opts ...Option) (*Locker, error) {
 	l := &Locker{
 		client: c, prefix: DefaultPrefix, sessionTTL: DefaultSessionTTL,
 		life: life, stop: stop, closed: life.Done(), newSession: make(chan struct{}, 1),
-		held: make(map[*held]struct{}), names: make(map[string]bool), retired: make(map[string]bool),
+		held: make(map[*held]struct{}), names: make(map[string]bool), retired: make(map[string]clientv3.LeaseID),
+		next: make(map[string]*successor),
 	}
 	for _, o := range opts {
 		o(l)
@@ -172,15 +198,23 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if err != nil {
 			return nil, l.fail(ctx, waitCtx, err)
 		}
+		if waitCtx.Err() != nil {
+			// Before the put, not after it: a put sent and then cut
+			// short may still land, and its name must be swept.
+			return nil, l.fail(ctx, waitCtx, waitCtx.Err())
+		}
 		me := l.claim(dir, s.id)
 		// An empty dir means our key is the oldest, so the free lock costs
 		// one compare and the put: nothing is read back (the Mutex reads
 		// the oldest key to compare revisions). Otherwise we queue; the
-		// previous value tells whether our own name was there.
+		// previous value tells whether our own name was there, and the
+		// two newest keys, read after the put, are ours and the one just
+		// ahead of it: the waiter need not read the queue before waiting.
 		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).Then(
 			clientv3.OpPut(me, "", clientv3.WithLease(s.id)),
 		).Else(
 			clientv3.OpPut(me, "", clientv3.WithLease(s.id), clientv3.WithPrevKV()),
+			clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithLimit(2))...),
 		).Commit()
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -188,7 +222,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 			_ = s.lease.Release(waitCtx) // expired before our watchdog knew: retire it
 			continue
 		case err != nil:
-			l.abandon(me, 0) // the put may have been applied, its reply lost
+			l.sweep(me, s.id) // the put may have been applied, its reply lost
 			return nil, l.fail(ctx, waitCtx, err)
 		}
 		// One revision per txn: it is our key's create revision.
@@ -199,7 +233,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if resp.Responses[0].GetResponsePut().PrevKv != nil {
 			// A key we thought deleted: the put kept its older create
 			// revision, and we must never queue behind ourselves.
-			l.abandon(me, 0)
+			l.sweep(me, s.id)
 			continue
 		}
 		if !wait {
@@ -211,7 +245,11 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 			}
 			return nil, lockkit.ErrNotAcquired
 		}
-		lease, err := l.queue(ctx, waitCtx, key, dir, me, rev, s, o, watchdog)
+		var ahead *mvccpb.KeyValue
+		if newest := resp.Responses[1].GetResponseRange().Kvs; len(newest) == 2 && newest[0].CreateRevision == rev {
+			ahead = newest[1]
+		}
+		lease, err := l.queue(ctx, waitCtx, key, dir, me, rev, ahead, s, o, watchdog)
 		if !errors.Is(err, errRequeue) {
 			return lease, err
 		}
@@ -219,60 +257,115 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 	}
 }
 
-// queue waits until no key older than ours is left in dir.
-func (l *Locker) queue(ctx, waitCtx context.Context, key, dir, me string, rev int64, s *session, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
+// queue waits until no key older than ours is left in dir. first, if not
+// nil, is the key just ahead of ours as our put found it, at revision rev.
+func (l *Locker) queue(ctx, waitCtx context.Context, key, dir, me string, rev int64, first *mvccpb.KeyValue, s *session, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
 	for {
-		// One read says whether our key is still there and who is just
-		// ahead of us. Both matter: a waiter that only waited for the keys
-		// ahead returned as the holder after its own key had gone with an
-		// expired lease (etcd issue 11456, Jepsen 2020).
-		resp, err := l.client.Txn(waitCtx).Then(
-			clientv3.OpGet(me),
-			clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...),
-		).Commit()
-		if err != nil {
-			l.abandon(me, rev)
-			return nil, l.fail(ctx, waitCtx, err)
+		mine, foreign, ahead, readRev := true, false, []*mvccpb.KeyValue{first}, rev
+		if first == nil {
+			// One read says whether our key is still there and who is just
+			// ahead of us. Both matter: a waiter that only waited for the
+			// keys ahead returned as the holder after its own key had gone
+			// with an expired lease (etcd issue 11456, Jepsen 2020).
+			resp, err := l.client.Txn(waitCtx).Then(
+				clientv3.OpGet(me),
+				clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...),
+			).Commit()
+			if err != nil {
+				l.abandon(me, rev)
+				return nil, l.fail(ctx, waitCtx, err)
+			}
+			// By its create revision, not its name alone: a key put under
+			// the same name since would pass for ours.
+			own := resp.Responses[0].GetResponseRange().Kvs
+			mine = len(own) == 1 && own[0].CreateRevision == rev
+			foreign = len(own) == 1 && !mine
+			ahead, readRev = resp.Responses[1].GetResponseRange().Kvs, resp.Header.Revision
 		}
-		mine, ahead := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+		first = nil
 		switch {
-		case len(mine) == 0:
+		case !mine:
+			if foreign {
+				// Junk under our name, which a compare on our revision
+				// would leave behind, queued ahead of our next key.
+				l.sweep(me, s.id)
+			}
 			return nil, errRequeue
 		case len(ahead) == 0:
 			return l.grant(key, me, rev, s, o, watchdog), nil
 		case l.strayOfOurs(string(ahead[0].Key), dir, s):
 			// Nothing here would ever delete it while the session lives.
+			// Its name is retired first: an acquisition claiming it
+			// meanwhile would have its claim undone by the removal.
+			l.retire(string(ahead[0].Key), s.id)
 			if _, err := l.remove(waitCtx, string(ahead[0].Key), ahead[0].CreateRevision); err != nil {
 				l.abandon(me, rev)
 				return nil, l.fail(ctx, waitCtx, err)
 			}
 			continue
 		}
-		if err := l.waitDelete(waitCtx, string(ahead[0].Key), resp.Header.Revision, s); err != nil {
-			if !errors.Is(err, errRequeue) {
-				l.abandon(me, rev)
-				err = l.fail(ctx, waitCtx, err)
-			}
+		handed, err := l.waitDelete(waitCtx, ahead[0], readRev, &successor{key: me, rev: rev}, s)
+		switch {
+		case handed:
+			return l.grant(key, me, rev, s, o, watchdog), nil
+		case errors.Is(err, errRequeue):
 			return nil, err
+		case err != nil:
+			l.abandon(me, rev)
+			return nil, l.fail(ctx, waitCtx, err)
 		}
 	}
 }
 
-// waitDelete returns when key is deleted after revision rev, or something
-// else happened that calls for a fresh look.
-func (l *Locker) waitDelete(ctx context.Context, key string, rev int64, s *session) error {
+// waitDelete returns when the key ahead of us, as read at revision rev,
+// is deleted, or something else happened that calls for a fresh look.
+// handed says our release of that key has handed the lock to us (next).
+func (l *Locker) waitDelete(ctx context.Context, ahead *mvccpb.KeyValue, rev int64, next *successor, s *session) (handed bool, err error) {
+	key := string(ahead.Key)
+	next.after, next.handed = ahead.CreateRevision, make(chan bool, 1)
+	l.mu.Lock()
+	if other := l.next[key]; other == nil || other.rev < next.rev {
+		// Two waiters behind one key: the earlier one's key is gone (the
+		// later one read after it), and so is its claim to a hand-off.
+		l.next[key] = next
+	}
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		if l.next[key] == next {
+			delete(l.next, key)
+		}
+		l.mu.Unlock()
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	events := l.client.Watch(ctx, key, clientv3.WithRev(rev+1), clientv3.WithFilterPut())
-	select {
-	case <-events: // a deletion, or the watch failed (compaction): look again
-		return ctx.Err()
-	case <-s.lease.Lost():
-		return errRequeue // our key cannot be trusted any more: requeue with a new session
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-l.closed:
-		return lockkit.ErrClosed
+	var verdictLate <-chan time.Time
+	for {
+		select {
+		case handed := <-next.handed:
+			return handed, nil
+		case <-events: // a deletion, or the watch failed (compaction): look again
+			// Unless our release deleted it: its reply, which often comes
+			// just after this event, saves the look. A reply that is lost
+			// or slow does not keep a free lock waiting.
+			l.mu.Lock()
+			releasing := next.releasing
+			l.mu.Unlock()
+			if releasing {
+				events, verdictLate = nil, time.After(verdictWait)
+				continue
+			}
+			return false, ctx.Err()
+		case <-verdictLate:
+			return false, ctx.Err()
+		case <-s.lease.Lost():
+			return false, errRequeue // our key cannot be trusted any more: requeue with a new session
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-l.closed:
+			return false, lockkit.ErrClosed
+		}
 	}
 }
 
@@ -361,19 +454,61 @@ func (l *Locker) release(ctx context.Context, me string, rev int64, h *held) err
 	// be applied late (a proposal forwarded by another member), after its
 	// key is gone: the name is retired then, never claimed again (a new
 	// session brings new names), so that it cannot delete a later grant.
-	resp, err := l.client.Delete(ctx, me)
+	deleted, err := l.handOff(ctx, me, rev)
 	if err != nil {
-		l.mu.Lock()
-		l.retired[me] = true
-		l.mu.Unlock()
+		l.retire(me, h.session.id)
 		l.bury(me, rev)
 		return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 	}
 	l.unclaim(me)
-	if resp.Deleted == 0 {
+	if !deleted {
 		return lockkit.ErrNotHeld
 	}
 	return nil
+}
+
+// handOff deletes our granted key me and, when a waiter of ours is queued
+// just behind it, tells that waiter in the same call whether it now holds
+// the lock, so that it need not read the queue again.
+//
+// The waiter read the queue at some revision R after its put (revision
+// r): no key with a create revision between rev and r was left then, and
+// none can come, as create revisions only rise. No key older than ours
+// was left when ours was granted. So once this call deletes our key, at
+// revision D, no key older than the waiter's is left, and if the same
+// call finds the waiter's key with revision r, that key is first in line
+// at D: what the waiter's own read would have shown, one round trip
+// later. Whatever else deleted a key (a lease run out, a session revoked,
+// an operator), the compare or the count says so, and the waiter reads
+// the queue as before. Its fence is its create revision, as ever.
+func (l *Locker) handOff(ctx context.Context, me string, rev int64) (deleted bool, err error) {
+	l.mu.Lock()
+	next := l.next[me]
+	if next != nil && next.after == rev {
+		next.releasing = true
+	} else {
+		next = nil
+	}
+	l.mu.Unlock()
+	if next == nil {
+		resp, err := l.client.Delete(ctx, me)
+		if err != nil {
+			return false, err
+		}
+		return resp.Deleted > 0, nil
+	}
+	handed := false
+	defer func() { next.handed <- handed }() // buffered: the waiter may have left
+	// The compare costs a read of one key, the waiter's, on this path
+	// only; both branches delete.
+	resp, err := l.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(next.key), "=", next.rev)).
+		Then(clientv3.OpDelete(me)).Else(clientv3.OpDelete(me)).Commit()
+	if err != nil {
+		return false, err
+	}
+	deleted = resp.Responses[0].GetResponseDeleteRange().Deleted > 0
+	handed = deleted && resp.Succeeded
+	return deleted, nil
 }
 
 // expire gives the key back once its lease ran out. The key outlives the
@@ -408,19 +543,41 @@ func (l *Locker) claim(dir string, id clientv3.LeaseID) string {
 
 // strayOfOurs reports whether key, in dir, bears a name of session s that
 // no acquisition here claims: a put applied after we gave its name up (a
-// reply lost, then the name freed and the put landing late).
+// reply lost, then the name freed and the put landing late), or a key
+// under a retired name, which nothing of ours wants: a put that landed
+// after its sweep gave up, or a stray whose first removal failed.
 func (l *Locker) strayOfOurs(key, dir string, s *session) bool {
 	if !strings.HasPrefix(key, dir+fmt.Sprintf("%016x-", s.id)) {
 		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.names[key]
+	_, retired := l.retired[key]
+	return retired || !l.names[key]
+}
+
+// retire keeps the name me, of session id, from ever being claimed
+// again, as a write bearing it may still be applied late. A new session
+// brings new names: the old session's retired names are then dropped.
+func (l *Locker) retire(me string, id clientv3.LeaseID) {
+	l.mu.Lock()
+	l.names[me], l.retired[me] = true, id
+	l.mu.Unlock()
+}
+
+// free undoes retire once nothing of the name's can land late any more.
+func (l *Locker) free(me string, id clientv3.LeaseID) {
+	l.mu.Lock()
+	if old, retired := l.retired[me]; retired && old == id {
+		delete(l.retired, me)
+		delete(l.names, me)
+	}
+	l.mu.Unlock()
 }
 
 func (l *Locker) unclaim(me string) {
 	l.mu.Lock()
-	if !l.retired[me] {
+	if _, retired := l.retired[me]; !retired {
 		delete(l.names, me)
 	}
 	l.mu.Unlock()
@@ -454,6 +611,42 @@ func (l *Locker) abandon(me string, rev int64) {
 		defer cancel()
 		if _, err := l.remove(ctx, me, rev); err != nil {
 			l.bury(me, rev)
+		}
+	})
+}
+
+// sweep deletes whatever key bears the name me, of session id: our put
+// under it had a reply lost or found a key of ours already there. Such a
+// put may still land late, left queued and blocking the lock for as long
+// as the session lives, so the name is retired (no acquisition of ours
+// bears it again, and any key under it is unwanted) and looked for a few
+// times more over callTimeout.
+func (l *Locker) sweep(me string, id clientv3.LeaseID) {
+	l.retire(me, id)
+	l.background.Go(func() {
+		deadline := time.Now().Add(callTimeout)
+		// A delete whose reply was lost may land late and take a key of a
+		// later claim of the name: the name is freed again only when every
+		// delete of the sweep was answered. A put landing later still is a
+		// stray (strayOfOurs) or, under a claimed name, keeps that key's
+		// create revision and lease.
+		answered := true
+		for wait := retryDelay; ; wait *= 2 {
+			ctx, cancel := context.WithTimeout(l.life, callTimeout)
+			deleted, err := l.remove(ctx, me, 0)
+			cancel()
+			answered = answered && err == nil
+			if deleted || err == nil && time.Now().After(deadline) {
+				if answered {
+					l.free(me, id)
+				}
+				return
+			}
+			select {
+			case <-l.closed:
+				return
+			case <-time.After(min(wait, callTimeout)):
+			}
 		}
 	})
 }
@@ -524,6 +717,12 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 		return nil, lockkit.ErrClosed
 	}
 	l.session = s
+	for me, old := range l.retired {
+		if old != id {
+			delete(l.retired, me)
+			delete(l.names, me)
+		}
+	}
 	l.watchers.Go(func() { l.watchSession(s) })
 	return s, nil
 }
