@@ -34,6 +34,7 @@ type capacityOptions struct {
 	Step      time.Duration `json:"step"`       // length of each rate step
 	Start     float64       `json:"start_rate"` // first rate offered, purchases/s
 	Factor    float64       `json:"factor"`     // each step offers this times the previous rate
+	Refine    int           `json:"refine"`     // halvings of the last step's gap once a step breaks
 	Max       float64       `json:"max_rate"`   // the search stops here
 }
 
@@ -191,26 +192,54 @@ func (b *buyer) purchase(ctx context.Context, i int) (int, error) {
 }
 
 // search raises the rate step by step until a step breaks the SLO or the
-// error budget, and returns the steps and the highest rate held. A step
-// that breaks it is run once more before the search ends: on a shared
-// machine one stall of a neighbour can break a step that the service
-// holds.
+// error budget, then narrows the gap between the last rate held and the
+// first broken one by c.Refine geometric halvings, so that the rate held
+// is known to within Factor^(1/2^Refine) (1.06 with the defaults) rather
+// than to a whole step. It returns the steps and the highest rate held. A
+// step that breaks it is run once more before it counts as broken: on a
+// shared machine one stall of a neighbour can break a step that the
+// service holds.
 func (b *buyer) search(ctx context.Context, log *slog.Logger, row string, c capacityOptions) (steps []stepResult, held float64) {
-	for rate := c.Start; rate <= c.Max && ctx.Err() == nil; rate *= c.Factor {
-		var r stepResult
+	return searchRates(ctx, c, func(rate float64, try int) stepResult {
+		r := b.offer(ctx, rate, c.Step, c.SLO, c.MaxErrors)
+		log.Info("capacity step", "row", row, "rate", fmt.Sprintf("%.0f", rate), "sold_per_s", fmt.Sprintf("%.0f", r.SalesPerS),
+			"p99_ms", fmt.Sprintf("%.1f", r.P99), "errors", fmt.Sprintf("%.3f", r.ErrorRate), "held", r.WithinSLO, "try", try+1)
+		return r
+	})
+}
+
+// searchRates is search's logic, with the step offered by offer.
+func searchRates(ctx context.Context, c capacityOptions, offer func(rate float64, try int) stepResult) (steps []stepResult, held float64) {
+	holds := func(rate float64) bool {
 		for try := range 2 {
-			r = b.offer(ctx, rate, c.Step, c.SLO, c.MaxErrors)
+			r := offer(rate, try)
 			steps = append(steps, r)
-			log.Info("capacity step", "row", row, "rate", fmt.Sprintf("%.0f", rate), "sold_per_s", fmt.Sprintf("%.0f", r.SalesPerS),
-				"p99_ms", fmt.Sprintf("%.1f", r.P99), "errors", fmt.Sprintf("%.3f", r.ErrorRate), "held", r.WithinSLO, "try", try+1)
 			if r.WithinSLO || ctx.Err() != nil {
-				break
+				return r.WithinSLO
 			}
 		}
-		if !r.WithinSLO {
+		return false
+	}
+	broken := 0.0
+	for rate := c.Start; rate <= c.Max && ctx.Err() == nil; rate *= c.Factor {
+		if !holds(rate) {
+			broken = rate
 			break
 		}
 		held = rate
+	}
+	if held == 0 || broken == 0 {
+		return steps, held
+	}
+	for range c.Refine {
+		if ctx.Err() != nil {
+			break
+		}
+		if mid := math.Sqrt(held * broken); holds(mid) {
+			held = mid
+		} else {
+			broken = mid
+		}
 	}
 	return steps, held
 }
@@ -385,12 +414,13 @@ func (r capacityReport) markdown() string {
 	fmt.Fprintf(&b, "%s, %d CPUs (%s), %s, %s. %s.\n\n", r.At.Format("2006-01-02 15:04 UTC"), m.CPUs, m.CPU, m.OS, m.Go, r.Command)
 	fmt.Fprintf(&b, "%d instances per row; critical-section delay %s; lock wait budget %s. The rate offered starts at %.0f/s "+
 		"and grows ×%.2f every %s (open loop) until p99 of a successful purchase passes %s or more than %.1f %% of answers "+
-		"are not 201. **Held** is the last rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
+		"are not 201; then the gap between the last rate within both and the first past them is halved %d times (geometric "+
+		"midpoints). **Held** is the highest rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
 		"client in a loop against the same servers in the same run (`shop ceiling`): for a lock, acquire + the statements "+
 		"inside + release; for the lock-free rows, the whole purchase. **At 2×** is a step at twice the rate held: the p99 of "+
 		"the sales and the share turned away with 503. **Flooded** is a step at the ceiling (at least 4× held): the sales "+
 		"per second the key still makes when offered more than it takes.\n\n",
-		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors)
+		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine)
 	var atomicSQL float64
 	for _, res := range r.Results {
 		if res.Spec.Name == "atomic-sql" {

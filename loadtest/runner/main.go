@@ -78,6 +78,7 @@ func run() int {
 	flag.DurationVar(&o.Probe.Step, "step", 3*time.Second, "capacity: length of each rate step")
 	flag.Float64Var(&o.Probe.Start, "start-rate", 20, "capacity: first rate, purchases/s")
 	flag.Float64Var(&o.Probe.Factor, "factor", 1.25, "capacity: each step offers this times the previous rate")
+	flag.IntVar(&o.Probe.Refine, "refine", 2, "capacity: once a step breaks, halve the gap to the last rate held this many times")
 	flag.Float64Var(&o.Probe.Max, "max-rate", 3000, "capacity: highest rate tried")
 	flag.DurationVar(&o.Delay, "delay", 10*time.Millisecond, "SHOP_CRITICAL_SECTION_DELAY: business work inside every read-modify-write")
 	flag.IntVar(&o.Stock, "stock", 200, "stock of the hot SKU (keep it well below rate*duration so that it sells out)")
@@ -262,8 +263,8 @@ func (o options) validate() error {
 		errs = append(errs, fmt.Errorf("-fraction is %g; want above 0, at most 1", o.Fraction))
 	}
 	p := o.Probe
-	if p.SLO <= 0 || p.Step < 500*time.Millisecond || p.Start < 1 || p.Factor <= 1 || p.Max < p.Start || p.MaxErrors < 0 || p.MaxErrors >= 1 {
-		errs = append(errs, fmt.Errorf("capacity search %+v: want -slo > 0, -step >= 500ms, -start-rate >= 1, -factor > 1, -max-rate >= -start-rate, 0 <= -max-errors < 1", p))
+	if p.SLO <= 0 || p.Step < 500*time.Millisecond || p.Start < 1 || p.Factor <= 1 || p.Max < p.Start || p.MaxErrors < 0 || p.MaxErrors >= 1 || p.Refine < 0 || p.Refine > 8 {
+		errs = append(errs, fmt.Errorf("capacity search %+v: want -slo > 0, -step >= 500ms, -start-rate >= 1, -factor > 1, -max-rate >= -start-rate, 0 <= -max-errors < 1, 0 <= -refine <= 8", p))
 	}
 	if o.Delay < 0 || o.Delay > 5*time.Second {
 		errs = append(errs, fmt.Errorf("-delay is %s; want 0 to 5s", o.Delay))
