@@ -54,6 +54,9 @@ const (
 	// queues again in a new one whose count starts at 0. Half the range is
 	// left as margin: the nodes already queued below it finish first.
 	retireAt = 1 << 30
+	// maxCuts is how many of a waiter's reads in a row may be cut off by a
+	// dropped connection before it gives up with ErrUnavailable.
+	maxCuts = 3
 )
 
 // errVanished means our node is gone while we queued: the session expired,
@@ -88,7 +91,9 @@ type Locker struct {
 	mu    sync.Mutex
 	nodes map[string]*entry // ours, queued or granted, by node path
 	epoch uint64            // bumped whenever the connection drops
-	ready chan struct{}     // closed at the first session
+	up    chan struct{}     // closed while the client has a session; a new one once it drops
+
+	sessionTimeout time.Duration
 }
 
 // entry is one node of ours, from its creation until it is deleted or
@@ -126,7 +131,8 @@ func New(addrs []string, sessionTimeout time.Duration, opts ...Option) (*Locker,
 	}
 	l := &Locker{
 		root: cfg.root, acl: zk.WorldACL(zk.PermAll),
-		nodes: make(map[string]*entry), ready: make(chan struct{}),
+		nodes: make(map[string]*entry), up: make(chan struct{}),
+		sessionTimeout: sessionTimeout,
 	}
 	conn, events, err := zk.Connect(addrs, sessionTimeout, zk.WithDialer(cfg.dialer),
 		zk.WithEventCallback(l.onEvent), zk.WithLogger(zkLogger{}), zk.WithLogInfo(false))
@@ -134,8 +140,11 @@ func New(addrs []string, sessionTimeout time.Duration, opts ...Option) (*Locker,
 		return nil, fmt.Errorf("%w: zookeeper: %w", lockkit.ErrUnavailable, err)
 	}
 	l.conn, l.events = conn, events
+	l.mu.Lock()
+	up := l.up
+	l.mu.Unlock()
 	select {
-	case <-l.ready:
+	case <-up:
 		return l, nil
 	case <-time.After(sessionTimeout):
 		_ = l.Close()
@@ -167,8 +176,13 @@ func (l *Locker) onEvent(ev zk.Event) {
 			e.watched = false // spent by another change: a deletion would now go unseen
 		}
 	case ev.State == zk.StateHasSession:
-		closeOnce(l.ready)
+		closeOnce(l.up)
 	case ev.State == zk.StateDisconnected || ev.State == zk.StateExpired:
+		select {
+		case <-l.up:
+			l.up = make(chan struct{})
+		default:
+		}
 		// Curator's default policy: SUSPENDED counts as lost. From the
 		// moment the connection drops we cannot know whether the server
 		// has expired the session and handed our keys to others.
@@ -299,15 +313,19 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 			l.forget(node)
 		}
 	}()
+	cuts := 0 // requests in a row cut off with the connection
 	for {
 		l.mu.Lock()
 		epoch := l.epoch
 		l.mu.Unlock()
 		children, dirStat, err := l.conn.Children(dir)
-		if err != nil {
-			l.abandon(node)
-			return nil, l.fail(err)
+		if l.cutOff(waitCtx, err, &cuts) {
+			continue
 		}
+		if err != nil {
+			return nil, l.giveUp(ctx, waitCtx, node, err)
+		}
+		cuts = 0
 		if seq, _ := sequence(name); seq < 0 || seq >= retireAt {
 			l.abandon(node)
 			return nil, l.retire(ctx, waitCtx, dir, wait)
@@ -338,9 +356,11 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 		if errors.Is(err, errVanished) {
 			return nil, err
 		}
+		if l.cutOff(waitCtx, err, &cuts) {
+			continue
+		}
 		if err != nil {
-			l.abandon(node)
-			return nil, l.fail(err)
+			return nil, l.giveUp(ctx, waitCtx, node, err)
 		}
 		select {
 		case ev := <-changed:
@@ -354,6 +374,45 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 			return nil, lockkit.ErrClosed
 		}
 	}
+}
+
+// giveUp abandons a waiting node after err, which it maps to lockkit's:
+// the wait's own end if it came first (cutOff waits within it).
+func (l *Locker) giveUp(ctx, waitCtx context.Context, node string, err error) error {
+	l.abandon(node)
+	if waitCtx.Err() != nil {
+		return backend.WaitErr(ctx, waitCtx)
+	}
+	return l.fail(err)
+}
+
+// cutOff says whether a waiter's read failed only because the connection
+// dropped before its reply, and should be asked again once the client has
+// a session: the listing that follows shows whether our node outlived the
+// drop (errVanished if the session did not). It waits for the session
+// at most sessionTimeout, past which the server has expired ours anyway,
+// and no longer than waitCtx; the client itself would hold a request for
+// as long as it takes. After maxCuts in a row, or with no session in
+// time, the caller fails with err.
+func (l *Locker) cutOff(waitCtx context.Context, err error, cuts *int) bool {
+	var netErr net.Error // a request whose own write failed gets the socket's error
+	if !errors.Is(err, zk.ErrConnectionClosed) && !errors.As(err, &netErr) || *cuts == maxCuts {
+		return false
+	}
+	*cuts++
+	l.mu.Lock()
+	up := l.up
+	l.mu.Unlock()
+	reconnect := time.NewTimer(l.sessionTimeout)
+	defer reconnect.Stop()
+	select {
+	case <-up:
+		return true
+	case <-waitCtx.Done():
+	case <-reconnect.C:
+	case <-l.background.Done():
+	}
+	return false
 }
 
 // retire waits until dir, whose count has passed retireAt, is empty, then

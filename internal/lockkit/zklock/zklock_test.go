@@ -397,6 +397,110 @@ func waiterAcrossDisconnect(t *testing.T, key string) bool {
 	return true
 }
 
+// A waiter whose request was cut off with the connection (its reply lost,
+// the session alive) waits on: it lists the queue again once the client
+// has reconnected. Before, the waiter's Acquire failed with ErrUnavailable
+// ("zk: connection closed"), which made TestWaiterAcrossDisconnectListsAgain
+// fail in CI when its drop caught the waiter's watch on its way.
+func TestWaiterOutlivesARequestCutOffWithTheConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		op   int32
+	}{
+		{"listing", opGetChildren2},
+		{"watch on the node ahead", opGetData},
+		{"watch on its own node", opExists},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for round := range 3 {
+				if waiterAcrossCutRequest(t, fmt.Sprintf("zklock:test:%s-%d", t.Name(), round), tc.op) {
+					return
+				}
+			}
+			t.Fatal("the session changed across the drop in every round")
+		})
+	}
+}
+
+// waiterAcrossCutRequest runs one round on key, cutting the connection
+// after the waiter's first request with opcode op; false if the session
+// changed across the drop.
+func waiterAcrossCutRequest(t *testing.T, key string, op int32) bool {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	l := open(t, addrs, withDialer(tp.dial))
+	ctx := context.Background()
+	holder := acquire(t, l, key)
+	// The holder's own watch (an exists) goes out after its grant.
+	for deadline := time.Now().Add(sessionTimeout); tp.sent()[opExists] == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's watch was never sent")
+		}
+	}
+	session := l.conn.SessionID()
+	tp.severAfterNext(op)
+	next := acquireLater(t, l, key)
+	select {
+	case <-holder.Lost():
+	case <-time.After(sessionTimeout):
+		t.Fatal("the waiter's request never cut the connection")
+	}
+	for deadline := time.Now().Add(sessionTimeout); l.conn.State() != zk.StateHasSession; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no reconnection")
+		}
+	}
+	if l.conn.SessionID() != session {
+		t.Logf("the session changed (%x, was %x) across the drop", l.conn.SessionID(), session)
+		if lease, ok := <-next; ok {
+			_ = lease.Release(ctx)
+		}
+		return false
+	}
+	settle(t, l, key, 2)
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	if lease.Fence() <= holder.Fence() {
+		t.Errorf("fence %d, not above the holder's %d", lease.Fence(), holder.Fence())
+	}
+	assertHeld(t, addrs, key)
+	_ = lease.Release(ctx)
+	return true
+}
+
+// A waiter whose request was cut off with the connection, and that gets
+// no session back, still returns when its wait times out: the client
+// would hold the request asked again until it reconnects.
+func TestWaiterCutOffForGoodReturnsAtItsWaitTimeout(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	l := open(t, addrs, withDialer(tp.dial))
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	for deadline := time.Now().Add(sessionTimeout); tp.sent()[opExists] == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's watch was never sent")
+		}
+	}
+	tp.severForGood(opGetChildren2)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(context.Background(), key, lockkit.WithWaitTimeout(time.Second))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, lockkit.ErrNotAcquired) {
+			t.Errorf("Acquire = %v, want ErrNotAcquired", err)
+		}
+	case <-time.After(sessionTimeout):
+		t.Fatal("Acquire still waiting, past its 1 s wait timeout, for a session that never comes")
+	}
+	<-holder.Lost()
+}
+
 // Fences rise along a queue that mixes hand-offs within a Locker
 // (inherited fences) and across Lockers (listed ones).
 func TestFencesRiseAcrossInheritedAndListedGrants(t *testing.T) {
@@ -604,9 +708,17 @@ type tap struct {
 	dropArmed bool
 	createXid []byte
 	holed     bool
+	severOp   int32 // opcode whose next request cuts the connection once sent; 0 for none
+	refuse    bool  // dials fail: the server is gone
 }
 
 func (tp *tap) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	tp.mu.Lock()
+	refuse := tp.refuse
+	tp.mu.Unlock()
+	if refuse {
+		return nil, errors.New("tap: refused")
+	}
 	c, err := net.DialTimeout(network, addr, timeout)
 	if err != nil {
 		return nil, err
@@ -633,14 +745,34 @@ func (tp *tap) blackhole() {
 	tp.holed = true
 }
 
+// severForGood cuts the connection after the next request with opcode op
+// is sent, and refuses every dial after it.
+func (tp *tap) severForGood(op int32) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.severOp, tp.refuse = op, true
+}
+
+// severAfterNext cuts the connection right after the next request with
+// opcode op is sent: the server carries it out, its reply is lost.
+func (tp *tap) severAfterNext(op int32) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.severOp = op
+}
+
 func (tp *tap) dropNextCreateReply() {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	tp.dropArmed = true
 }
 
-// opGetChildren2 is the opcode of go-zookeeper's Children.
-const opGetChildren2 = 12
+// Opcodes of go-zookeeper's requests.
+const (
+	opExists       = 3  // Exists, ExistsW
+	opGetData      = 4  // Get, GetW
+	opGetChildren2 = 12 // Children
+)
 
 // sent counts the requests sent so far, by opcode.
 func (tp *tap) sent() map[int32]int {
@@ -673,12 +805,19 @@ func (c *tappedConn) Write(b []byte) (int, error) {
 	if tp.dropArmed && len(b) >= 12 && int32(binary.BigEndian.Uint32(b[8:12])) == 1 {
 		tp.dropArmed, tp.createXid = false, bytes.Clone(b[4:8])
 	}
-	holed := tp.holed
+	holed, sever := tp.holed, false
+	if tp.severOp != 0 && len(b) >= 12 && int32(binary.BigEndian.Uint32(b[8:12])) == tp.severOp {
+		tp.severOp, sever = 0, true
+	}
 	tp.mu.Unlock()
 	if holed {
 		return len(b), nil
 	}
-	return c.Conn.Write(b)
+	n, err := c.Conn.Write(b)
+	if sever {
+		_ = c.Conn.Close()
+	}
+	return n, err
 }
 
 func (c *tappedConn) Read(b []byte) (int, error) {
