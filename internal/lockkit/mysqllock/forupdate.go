@@ -258,6 +258,20 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	// session before hanging up.
 	stmtCtx, hangUp := context.WithCancel(context.WithoutCancel(ctx))
 	defer hangUp()
+	// Until the first result set names the session there is nothing to
+	// KILL. The server sends it before it queues for the row, so past
+	// hangUpWait it is not coming (a server that does not send it would
+	// not answer a KILL either): hang up. A session left queued ends at
+	// its grant, when its reply finds the connection gone.
+	idRead := make(chan struct{})
+	stopEarlyHangUp := context.AfterFunc(ctx, func() {
+		select {
+		case <-idRead: // the KILL below takes over
+		case <-time.After(hangUpWait):
+			hangUp()
+		}
+	})
+	defer stopEarlyHangUp()
 	rows, err := conn.QueryContext(stmtCtx, query, name, name, name, name, seconds(ttl))
 	if err != nil {
 		return 0, 0, err
@@ -269,6 +283,7 @@ func (l *ForUpdateLocker) lock(ctx context.Context, conn *sql.Conn, name []byte,
 	if err := rows.Scan(&id); err != nil {
 		return 0, 0, err
 	}
+	close(idRead)
 	killed, session := make(chan struct{}), id // the KILL may outlive this call and its results
 	stopKill := context.AfterFunc(ctx, func() {
 		defer close(killed)

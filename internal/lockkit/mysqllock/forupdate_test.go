@@ -241,6 +241,55 @@ func TestForUpdateNestedLeasesBeyondPoolSize(t *testing.T) {
 	}
 }
 
+// A waiter cancelled before its statement's first reply (the session's id,
+// which a KILL needs) has reached it returns promptly too. It hung for
+// ever before: the hang-up on cancel was armed only once the id was read,
+// and the statement runs detached from ctx. CI caught it as a flake of
+// TestForUpdateCancelOnBlackHoledServerReturnsPromptly, whose black hole
+// sometimes swallowed that reply.
+func TestForUpdateCancelBeforeTheSessionIsKnownReturnsPromptly(t *testing.T) {
+	dsn := testDSN(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newReplyCutter(t, cfg.Addr)
+	cfg.Addr = p.addr
+	holder, waiter := newRowLocker(t, dsn), newRowLocker(t, cfg.FormatDSN())
+	defer holder.Close()
+	defer waiter.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+	// The waiter's pool keeps the connection it opens here.
+	if err := mustTry(t, waiter, key+":warm-up").Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := mustTry(t, holder, key, lockkit.WithTTL(time.Minute))
+	defer lease.Release(ctx)
+
+	p.mute()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(wctx, key)
+		done <- err
+	}()
+	waitUntil(t, "the waiter to queue on the row", func() bool { return sessionsOn(t, dsn, key) == 1 })
+	cancel()
+	start := time.Now()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire = %v, want Canceled", err)
+		}
+		if waited := time.Since(start); waited > time.Second {
+			t.Fatalf("cancelled Acquire returned after %v, its session's id never read", waited)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled Acquire did not return: its session's id never came")
+	}
+}
+
 // A waiter cancelled after its server stopped answering returns promptly:
 // the KILL that should end its queued session cannot get through either,
 // and waiting for it to time out must not hold the caller.

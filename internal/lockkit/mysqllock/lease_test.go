@@ -159,6 +159,7 @@ type replyCutter struct {
 	dropping bool // the next reply is dropped and the connection cut
 	done     bool
 	holed    bool // nothing is forwarded any more, connections left open
+	muted    bool // the server's replies are no longer forwarded; requests still are
 	conns    []net.Conn
 }
 
@@ -168,6 +169,20 @@ func (p *replyCutter) blackhole() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.holed = true
+}
+
+// mute stops forwarding the server's replies, on every connection, and
+// leaves them open; the client's requests still reach the server.
+func (p *replyCutter) mute() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.muted = true
+}
+
+func (p *replyCutter) isMuted() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holed || p.muted
 }
 
 func (p *replyCutter) isHoled() bool {
@@ -245,7 +260,7 @@ func (p *replyCutter) serve(client net.Conn, addr string) {
 			if drop {
 				return // the server has answered: it ran the statement
 			}
-			if p.isHoled() {
+			if p.isMuted() {
 				continue
 			}
 			if _, err := client.Write(buf[:n]); err != nil {
