@@ -45,7 +45,9 @@ $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.js
 
 # make bench: BENCH_ROUNDS rounds, each running every subject once (A B A B
 # ...), so that a drift in the machine's speed lands on both sides of each
-# ratio; the table takes every ratio inside a round (scripts/benchtable.awk).
+# ratio, and every other round in reverse order (A B, B A), so that no
+# subject always follows the same one; the table takes every ratio inside
+# a round (scripts/benchtable.awk).
 BENCH_ROUNDS ?= 7
 BENCH_UNCONTENDED ?= 300ms
 BENCH_CONTENDED ?= 1s
@@ -53,8 +55,8 @@ BENCH_CONTENDED ?= 1s
 bench: ## Every backend beside its peer and its server's raw round trip, interleaved rounds, one table
 	$(GO) test -c -o $(BIN)/lockbench.test ./internal/lockkit/lockbench/
 	set -o pipefail; $(WITH_SERVERS) bash -c 'for r in $$(seq $(BENCH_ROUNDS)); do echo "round $$r"; \
-		$(BIN)/lockbench.test -test.run "^$$" -test.bench "Uncontended" -test.benchtime=$(BENCH_UNCONTENDED) || exit 1; \
-		SHOP_BENCH_DURATION=$(BENCH_CONTENDED) $(BIN)/lockbench.test -test.run "^$$" -test.bench "Contended" -test.benchtime=1x -test.timeout 30m || exit 1; \
+		SHOP_BENCH_ROUND=$$r $(BIN)/lockbench.test -test.run "^$$" -test.bench "Uncontended" -test.benchtime=$(BENCH_UNCONTENDED) || exit 1; \
+		SHOP_BENCH_ROUND=$$r SHOP_BENCH_DURATION=$(BENCH_CONTENDED) $(BIN)/lockbench.test -test.run "^$$" -test.bench "Contended" -test.benchtime=1x -test.timeout 30m || exit 1; \
 		done' | tee /tmp/shop-bench.txt
 	@awk -f scripts/benchtable.awk /tmp/shop-bench.txt
 

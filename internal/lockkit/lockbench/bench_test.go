@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -128,35 +130,34 @@ func BenchmarkUncontended(b *testing.B) {
 	for _, g := range groups() {
 		b.Run(g.name, func(b *testing.B) {
 			testenv.Require(b, g.env)
-			b.Run("raw-roundtrip", func(b *testing.B) {
-				rt := g.roundTrip(b)
-				ctx := context.Background()
-				b.ResetTimer()
-				cpu0 := processCPU()
-				for b.Loop() {
-					if err := rt(ctx); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
-				b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/cycle")
-			})
+			runs := []subject{{name: "raw-roundtrip"}}
 			for _, s := range g.subjects {
-				if s.contendedOnly {
-					continue
+				if !s.contendedOnly {
+					runs = append(runs, s)
 				}
+			}
+			for _, s := range inRoundOrder(runs) {
 				b.Run(s.name, func(b *testing.B) {
-					acquire := s.newAcquirer(b)
+					var cycle func(ctx context.Context, key string) error
+					if s.newAcquirer == nil {
+						rt := g.roundTrip(b)
+						cycle = func(ctx context.Context, _ string) error { return rt(ctx) }
+					} else {
+						acquire := s.newAcquirer(b)
+						cycle = func(ctx context.Context, key string) error {
+							release, err := acquire(ctx, key)
+							if err != nil {
+								return err
+							}
+							return release()
+						}
+					}
 					ctx := context.Background()
 					key := fmt.Sprintf("uncontended-%d", time.Now().UnixNano())
 					b.ResetTimer()
 					cpu0 := processCPU()
 					for b.Loop() {
-						release, err := acquire(ctx, key)
-						if err != nil {
-							b.Fatal(err)
-						}
-						if err := release(); err != nil {
+						if err := cycle(ctx, key); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -168,6 +169,19 @@ func BenchmarkUncontended(b *testing.B) {
 	}
 }
 
+// inRoundOrder is runs in this round's order: make bench reverses it
+// every other round (SHOP_BENCH_ROUND even), so that no subject always
+// runs right after the same other one (A B C, then C B A): what a run
+// leaves behind for the next (a GC debt, a hot CPU, a server's dirty
+// pages) lands on every side of the ratios.
+func inRoundOrder[T any](runs []T) []T {
+	if round, err := strconv.Atoi(os.Getenv("SHOP_BENCH_ROUND")); err == nil && round%2 == 0 {
+		runs = slices.Clone(runs)
+		slices.Reverse(runs)
+	}
+	return runs
+}
+
 // BenchmarkContended runs each subject once for the configured duration
 // (use -benchtime=1x) and reports throughput, waits and fairness.
 func BenchmarkContended(b *testing.B) {
@@ -175,7 +189,7 @@ func BenchmarkContended(b *testing.B) {
 		b.Run(g.name, func(b *testing.B) {
 			testenv.Require(b, g.env)
 			rt := measureRoundTrip(b, g.roundTrip(b))
-			for _, s := range g.subjects {
+			for _, s := range inRoundOrder(g.subjects) {
 				b.Run(s.name, func(b *testing.B) {
 					acquirers := []Acquirer{s.newAcquirer(b)}
 					if s.perGoroutine {
