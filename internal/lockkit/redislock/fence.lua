@@ -14,11 +14,13 @@
 -- otherwise -1 - the ms to wait at most (<= -1).
 local function next_fence(counter)
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- The clock's own digits (seconds, then microseconds padded to 6): a
+  -- number argument would be formatted with %.17g, a cost a string has not.
+  local now = t[1] .. string.sub('00000' .. t[2], -6)
   -- One write when the clock is ahead of the counter, as it nearly always is.
   local last = tonumber(redis.call('SET', counter, now, 'GET') or '0')
-  if last < now then
-    return now
+  if last < tonumber(now) then
+    return tonumber(now)
   end
   redis.call('SET', counter, last + 1)
   return last + 1
