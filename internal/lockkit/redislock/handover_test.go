@@ -8,16 +8,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 )
 
-// A release hands the key to a waiter of its own process only while nobody
-// elsewhere waits: a waiter of another process marks the key when refused,
-// and the next release frees it instead. Without that check a process with
-// a steady stream of its own waiters would keep the key for ever.
+// A release hands the key to a waiter of its own process for a run at most
+// while somebody elsewhere waits: a waiter of another process marks the key
+// when refused, and the release that ends the run frees it instead. Without
+// that check a process with a steady stream of its own waiters would keep
+// the key for ever.
 func TestWaiterElsewhereNotStarvedByHandOversHere(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	a, b := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
@@ -56,11 +59,12 @@ func TestWaiterElsewhereNotStarvedByHandOversHere(t *testing.T) {
 		t.Fatalf("waiter elsewhere, after %d grants here: %v", grantsHere.Load()-start, err)
 	}
 	_ = lease.Release(ctx)
-	// Its first attempt does not mark; then each release that finds the
-	// mark races it against the waiter here that the release wakes (plain
-	// locks promise no order between processes), so some grants here come
-	// first: up to 42 seen. Without the mark check the stream kept the key
-	// through 920 grants, until the 5 s wait ran out.
+	// Its first attempt does not mark; then the grants here run on for up
+	// to backend.HandOffRun, and the release that ends the run frees the
+	// key, for which it races the waiter here on the same message (plain
+	// locks promise no order between processes): 0 to 36 grants here seen
+	// first. Without the mark check the stream kept the key through 920
+	// grants, until the 5 s wait ran out.
 	n := grantsHere.Load() - start
 	t.Logf("waiter elsewhere granted after %d grants here", n)
 	if n > 300 {
@@ -149,5 +153,60 @@ func TestCloseDuringHandOverLeaksNothing(t *testing.T) {
 	goleak.VerifyNone(t, baseline)
 	if n := client.PoolStats().PubSubStats.Active; n != 0 {
 		t.Errorf("%d subscription connections open after every Locker closed", n)
+	}
+}
+
+// A waiter elsewhere does not stop the hand-overs here at once: a process
+// with waiters of its own hands the key on, one call each, for a run of
+// backend.HandOffRun, and only then frees it for the waiters elsewhere.
+// Before, the first release that found the mark freed the key, and every
+// hand-off here was a release and an acquire: the 4 hand-offs below took
+// 9 or 10 calls, where the run takes 6 or 7.
+func TestWaitersHereKeepAMarkedKeyForARun(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	w := locktest.NewWire(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, Dialer: w.DialContext})
+	t.Cleanup(func() { _ = c.Close() })
+	here, elsewhere := newLocker(t, c), newLocker(t, newClient(t, addr))
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	holder := hold(t, here, key)
+	other := make(chan error, 1)
+	go func() {
+		lease, err := elsewhere.Acquire(ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
+		if err == nil {
+			time.Sleep(10 * time.Millisecond)
+			err = lease.Release(ctx)
+		}
+		other <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // refused: the key is marked
+	const waitersHere = 4
+	var wg sync.WaitGroup
+	for range waitersHere {
+		wg.Go(func() {
+			lease, err := here.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			_ = lease.Release(ctx)
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // all queued here
+	calls := w.Calls()
+	_ = holder.Release(ctx)
+	wg.Wait()
+	if err := <-other; err != nil {
+		t.Fatalf("waiter elsewhere: %v", err)
+	}
+	// The holder's hand-over and three more, then the last one's release
+	// and the unsubscribe: 6 or 7 writes here.
+	n := w.Calls() - calls
+	t.Logf("%d hand-offs here with a waiter elsewhere took %d calls", waitersHere, n)
+	if n > waitersHere+3 {
+		t.Errorf("%d hand-offs here with a waiter elsewhere took %d calls; want one each", waitersHere, n)
 	}
 }

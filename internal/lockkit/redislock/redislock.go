@@ -73,6 +73,11 @@ var (
 // in (it crashed) keeps its place before the next waiter may pass it.
 const DefaultWaiterTimeout = 3 * time.Second
 
+// yieldWake is how late a release that freed a marked key for the waiters
+// elsewhere wakes the head here, should the release message not reach
+// it: long after a waiter elsewhere has heard the message and asked.
+const yieldWake = 20 * time.Millisecond
+
 // Option configures a Locker.
 type Option func(*Locker)
 
@@ -383,29 +388,51 @@ func (l *Locker) newLease(key string, ks keyset, owner string, o lockkit.Options
 
 // handOver releases a plain lease of owner by granting the key to the
 // plain waiter at the head here, in the same script, unless a waiter
-// marked the key (handover.lua); handled is false if there is no such
+// marked the key and the run of hand-overs here has reached
+// backend.HandOffRun (handover.lua); handled is false if there is no such
 // waiter, or Redis refused the script, and the caller releases as usual.
+//
+// The run is what a process with waiters of its own gains from a hand-over
+// in one call while others wait too. Without it every release with a
+// waiter elsewhere freed the key, and its waiters in every process raced
+// for it, a release, a message and an acquire later.
 // Like a plain release it runs on the caller's context alone and does not
 // hold Close up; a grant whose waiter left, or whose outcome is unknown,
 // is freed (free).
 func (l *Locker) handOver(ctx context.Context, ks keyset, owner string) (handled bool, err error) {
-	w := l.room.offer(ks)
+	w, keep := l.room.offer(ks)
 	if w == nil {
 		return false, nil
 	}
 	to := l.newOwner()
 	sent := time.Now()
-	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted(), ks.fence()}, owner, to, w.ttl.Milliseconds()).Int64()
+	keepMarked := "0"
+	if keep {
+		keepMarked = "1"
+	}
+	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted(), ks.fence()}, owner, to, w.ttl.Milliseconds(), keepMarked).Int64()
 	if err == nil && res > 0 {
+		l.room.ran(w, true)
 		if !l.room.settle(w, &handover{ks: ks, owner: to, fence: uint64(res), sent: sent}) {
 			l.free(ks, to) // the waiter has left
 		}
 		return true, nil
 	}
 	l.room.settle(w, nil)
+	if err == nil && res < 0 {
+		// Freed for the waiters elsewhere, and all were told, the head
+		// here too: it races them on the same message, not ahead of it,
+		// or it would win nearly every time and start the next run. It
+		// is woken here as well, late, in case the message does not come
+		// (a stalled subscription): it may not have marked the key,
+		// knowing it held here.
+		l.room.ran(w, false)
+		time.AfterFunc(yieldWake, func() { l.room.wake(ks, "") })
+		return true, nil
+	}
 	// Wake the head here whatever the outcome, as a plain release does: it
-	// may not have marked the key, knowing it held here, and a mark, even
-	// its own, sends it no message it could not miss.
+	// may not have marked the key, knowing it held here, and a release
+	// that failed sends no message.
 	l.room.wake(ks, "")
 	var replyErr redis.Error
 	switch {

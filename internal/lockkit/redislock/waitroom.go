@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // waitRoom is where a process's waiters wait. It keeps one subscription
@@ -53,6 +54,9 @@ type waitRoom struct {
 type keyRoom struct {
 	queue []*waiter // plain waiters in arrival order; the head acts
 	fair  []*waiter // fair waiters; Redis orders them
+	// run counts the hand-overs here in a row, since the key was last
+	// freed by a release that found it marked (handover.lua).
+	run int
 }
 
 type waiter struct {
@@ -202,25 +206,41 @@ func (r *waitRoom) leaveLocked(w *waiter, granted time.Duration) {
 // offer returns the waiter a release of ks may hand the key to: the plain
 // head, unless fair waiters here wait too (their order is Redis's queue)
 // or another release is handing to it already (a stale one, whose lease
-// ran out; the script will find the key not its own).
-func (r *waitRoom) offer(ks keyset) *waiter {
+// ran out; the script will find the key not its own). keep says the key
+// may be handed to it even if a waiter elsewhere marked it: the run of
+// hand-overs here is shorter than backend.HandOffRun.
+func (r *waitRoom) offer(ks keyset) (w *waiter, keep bool) {
 	if r.waiting.Load() == 0 {
-		return nil
+		return nil, false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room := r.rooms[ks.channel()]
 	if r.shut || room == nil || len(room.queue) == 0 || len(room.fair) > 0 {
-		return nil
+		return nil, false
 	}
-	w := room.queue[0]
+	w = room.queue[0]
 	// A TTL under a millisecond would be PX 0, which Redis refuses: such a
 	// waiter asks Redis itself and learns so.
 	if w.offered || w.handed != nil || w.ttl < time.Millisecond {
-		return nil
+		return nil, false
 	}
 	w.offered = true
-	return w
+	return w, room.run < backend.HandOffRun
+}
+
+// ran counts an offer's outcome into its key's run: one more hand-over
+// here, or, freed for the waiters elsewhere, a new run.
+func (r *waitRoom) ran(w *waiter, handedOver bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if room := r.rooms[w.channel]; room != nil {
+		if handedOver {
+			room.run++
+		} else {
+			room.run = 0
+		}
+	}
 }
 
 // settle ends an offer to w with the grant made, nil if none. It reports
