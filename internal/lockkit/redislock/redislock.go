@@ -369,6 +369,9 @@ func (l *Locker) newLease(key string, ks keyset, owner string, o lockkit.Options
 			}
 			res, err := releaseScript.Run(ctx, l.client, releaseKeys, owner).Result()
 			next, freed := res.(string) // 0 (an integer): not ours
+			if freed {
+				l.room.freed(ks)
+			}
 			// Our own waiters need not wait for the message's round trip.
 			// Wake them whatever the outcome: the next one here may not
 			// have marked the key (it knew the key was held here), and a
@@ -412,7 +415,7 @@ func (l *Locker) handOver(ctx context.Context, ks keyset, owner string) (handled
 	}
 	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted(), ks.fence()}, owner, to, w.ttl.Milliseconds(), keepMarked).Int64()
 	if err == nil && res > 0 {
-		l.room.ran(w, true)
+		l.room.handedOver(ks)
 		if !l.room.settle(w, &handover{ks: ks, owner: to, fence: uint64(res), sent: sent}) {
 			l.free(ks, to) // the waiter has left
 		}
@@ -426,8 +429,8 @@ func (l *Locker) handOver(ctx context.Context, ks keyset, owner string) (handled
 		// is woken here as well, late, in case the message does not come
 		// (a stalled subscription): it may not have marked the key,
 		// knowing it held here.
-		l.room.ran(w, false)
-		time.AfterFunc(yieldWake, func() { l.room.wake(ks, "") })
+		l.room.freed(ks)
+		time.AfterFunc(yieldWake, func() { l.room.wakeIfHead(w) })
 		return true, nil
 	}
 	// Wake the head here whatever the outcome, as a plain release does: it

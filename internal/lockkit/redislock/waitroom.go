@@ -46,6 +46,14 @@ type waitRoom struct {
 	pubsub     *redis.PubSub
 	dispatched chan struct{}       // closed when dispatch has returned
 	rooms      map[string]*keyRoom // by release channel
+	// runs counts, by release channel, the hand-overs here in a row since
+	// a release here last freed the key. Kept apart from rooms: a room
+	// goes whenever its queue empties for a moment (two goroutines taking
+	// turns empty it at every hand-over), and a run that ended with it
+	// would never reach backend.HandOffRun. runsLen keeps the release of
+	// a key with no run off the mutex.
+	runs    map[string]int
+	runsLen atomic.Int64
 
 	// free gives up a handed grant nobody took (Locker.abandonLater).
 	free func(ks keyset, owner string)
@@ -54,9 +62,6 @@ type waitRoom struct {
 type keyRoom struct {
 	queue []*waiter // plain waiters in arrival order; the head acts
 	fair  []*waiter // fair waiters; Redis orders them
-	// run counts the hand-overs here in a row, since the key was last
-	// freed by a release that found it marked (handover.lua).
-	run int
 }
 
 type waiter struct {
@@ -85,7 +90,7 @@ type handover struct {
 }
 
 func newWaitRoom(client redis.UniversalClient, free func(ks keyset, owner string)) *waitRoom {
-	return &waitRoom{client: client, rooms: make(map[string]*keyRoom), free: free}
+	return &waitRoom{client: client, rooms: make(map[string]*keyRoom), runs: make(map[string]int), free: free}
 }
 
 // busy reports whether any plain waiter here waits for the key.
@@ -226,20 +231,40 @@ func (r *waitRoom) offer(ks keyset) (w *waiter, keep bool) {
 		return nil, false
 	}
 	w.offered = true
-	return w, room.run < backend.HandOffRun
+	return w, r.runs[w.channel] < backend.HandOffRun
 }
 
-// ran counts an offer's outcome into its key's run: one more hand-over
-// here, or, freed for the waiters elsewhere, a new run.
-func (r *waitRoom) ran(w *waiter, handedOver bool) {
+// handedOver counts a hand-over here into its key's run.
+func (r *waitRoom) handedOver(ks keyset) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if room := r.rooms[w.channel]; room != nil {
-		if handedOver {
-			room.run++
-		} else {
-			room.run = 0
-		}
+	if _, ok := r.runs[ks.channel()]; !ok {
+		r.runsLen.Add(1)
+	}
+	r.runs[ks.channel()]++
+}
+
+// freed ends the key's run: a release here freed it for everyone.
+func (r *waitRoom) freed(ks keyset) {
+	if r.runsLen.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.runs[ks.channel()]; ok {
+		delete(r.runs, ks.channel())
+		r.runsLen.Add(-1)
+	}
+}
+
+// wakeIfHead wakes w if it is still its key's head and has no grant
+// waiting: a later head, whose turn came from a grant here, must not ask
+// Redis (wanted.lua's mark, set by its refusal, would end the next run).
+func (r *waitRoom) wakeIfHead(w *waiter) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if room := r.rooms[w.channel]; room != nil && len(room.queue) > 0 && room.queue[0] == w && w.handed == nil {
+		signal(w)
 	}
 }
 
