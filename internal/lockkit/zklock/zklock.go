@@ -399,6 +399,9 @@ func (l *Locker) cutOff(waitCtx context.Context, err error, cuts *int) bool {
 	if !errors.Is(err, zk.ErrConnectionClosed) && !errors.As(err, &netErr) || *cuts == maxCuts {
 		return false
 	}
+	if backend.IsClosed(l.background.Done()) {
+		return false // closing: the client's requests fail for good
+	}
 	*cuts++
 	l.mu.Lock()
 	up := l.up
