@@ -248,6 +248,22 @@ func TestForUpdateNestedLeasesBeyondPoolSize(t *testing.T) {
 // TestForUpdateCancelOnBlackHoledServerReturnsPromptly, whose black hole
 // sometimes swallowed that reply.
 func TestForUpdateCancelBeforeTheSessionIsKnownReturnsPromptly(t *testing.T) {
+	cancelWaiterBehindCut(t, (*replyCutter).mute, nil, "its session's id never read")
+}
+
+// A waiter cancelled after its server stopped answering returns promptly:
+// the KILL that should end its queued session cannot get through either,
+// and waiting for it to time out must not hold the caller.
+func TestForUpdateCancelOnBlackHoledServerReturnsPromptly(t *testing.T) {
+	cancelWaiterBehindCut(t, nil, (*replyCutter).blackhole, "behind a black-holed server")
+}
+
+// cancelWaiterBehindCut queues a waiter, through a reply cutter, behind a
+// row held by another Locker, applies beforeQueue to the cutter before the
+// waiter's statement is sent and afterQueue once it waits on the row (each
+// may be nil), cancels the waiter, and wants Canceled within a second.
+func cancelWaiterBehindCut(t *testing.T, beforeQueue, afterQueue func(*replyCutter), what string) {
+	t.Helper()
 	dsn := testDSN(t)
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -266,7 +282,9 @@ func TestForUpdateCancelBeforeTheSessionIsKnownReturnsPromptly(t *testing.T) {
 	lease := mustTry(t, holder, key, lockkit.WithTTL(time.Minute))
 	defer lease.Release(ctx)
 
-	p.mute()
+	if beforeQueue != nil {
+		beforeQueue(p)
+	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
@@ -275,6 +293,9 @@ func TestForUpdateCancelBeforeTheSessionIsKnownReturnsPromptly(t *testing.T) {
 		done <- err
 	}()
 	waitUntil(t, "the waiter to queue on the row", func() bool { return sessionsOn(t, dsn, key) == 1 })
+	if afterQueue != nil {
+		afterQueue(p)
+	}
 	cancel()
 	start := time.Now()
 	select {
@@ -283,51 +304,9 @@ func TestForUpdateCancelBeforeTheSessionIsKnownReturnsPromptly(t *testing.T) {
 			t.Fatalf("Acquire = %v, want Canceled", err)
 		}
 		if waited := time.Since(start); waited > time.Second {
-			t.Fatalf("cancelled Acquire returned after %v, its session's id never read", waited)
+			t.Fatalf("cancelled Acquire returned after %v, %s", waited, what)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("cancelled Acquire did not return: its session's id never came")
-	}
-}
-
-// A waiter cancelled after its server stopped answering returns promptly:
-// the KILL that should end its queued session cannot get through either,
-// and waiting for it to time out must not hold the caller.
-func TestForUpdateCancelOnBlackHoledServerReturnsPromptly(t *testing.T) {
-	dsn := testDSN(t)
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newReplyCutter(t, cfg.Addr)
-	cfg.Addr = p.addr
-	holder, waiter := newRowLocker(t, dsn), newRowLocker(t, cfg.FormatDSN())
-	defer holder.Close()
-	defer waiter.Close()
-	ctx, key := context.Background(), "mysqllock:"+t.Name()
-	lease := mustTry(t, holder, key, lockkit.WithTTL(time.Minute))
-	defer lease.Release(ctx)
-
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := waiter.Acquire(wctx, key)
-		done <- err
-	}()
-	waitUntil(t, "the waiter to queue on the row", func() bool { return sessionsOn(t, dsn, key) == 1 })
-	p.blackhole()
-	cancel()
-	start := time.Now()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("Acquire = %v, want Canceled", err)
-		}
-		if waited := time.Since(start); waited > time.Second {
-			t.Fatalf("cancelled Acquire returned after %v behind a black-holed server", waited)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("cancelled Acquire did not return")
+		t.Fatalf("cancelled Acquire did not return, %s", what)
 	}
 }

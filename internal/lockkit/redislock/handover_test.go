@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,29 +26,8 @@ func TestWaiterElsewhereNotStarvedByHandOversHere(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 
-	var grantsHere atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				lease, err := a.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				grantsHere.Add(1)
-				time.Sleep(5 * time.Millisecond)
-				_ = lease.Release(ctx)
-			}
-		})
-	}
-	defer func() { close(stop); wg.Wait() }()
+	grantsHere, stop := streamHere(t, a, key, 3, 5*time.Millisecond, 0)
+	defer stop()
 	time.Sleep(100 * time.Millisecond) // the stream runs
 	start := grantsHere.Load()
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)

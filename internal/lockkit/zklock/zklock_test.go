@@ -369,13 +369,7 @@ func waiterAcrossDisconnect(t *testing.T, key string) bool {
 	case <-time.After(sessionTimeout):
 		t.Fatal("Lost still open after the connection dropped")
 	}
-	for deadline := time.Now().Add(sessionTimeout); l.conn.State() != zk.StateHasSession; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no reconnection")
-		}
-	}
-	if l.conn.SessionID() != session {
-		t.Logf("the session changed (%x, was %x) across the drop", l.conn.SessionID(), session)
+	if !sessionSurvived(t, l, session) {
 		if lease, ok := <-next; ok { // the holder's node went with the session
 			_ = lease.Release(ctx)
 		}
@@ -431,12 +425,7 @@ func waiterAcrossCutRequest(t *testing.T, key string, op int32) bool {
 	l := open(t, addrs, withDialer(tp.dial))
 	ctx := context.Background()
 	holder := acquire(t, l, key)
-	// The holder's own watch (an exists) goes out after its grant.
-	for deadline := time.Now().Add(sessionTimeout); tp.sent()[opExists] == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the holder's watch was never sent")
-		}
-	}
+	awaitHolderWatch(t, tp)
 	session := l.conn.SessionID()
 	tp.severAfterNext(op)
 	next := acquireLater(t, l, key)
@@ -445,13 +434,7 @@ func waiterAcrossCutRequest(t *testing.T, key string, op int32) bool {
 	case <-time.After(sessionTimeout):
 		t.Fatal("the waiter's request never cut the connection")
 	}
-	for deadline := time.Now().Add(sessionTimeout); l.conn.State() != zk.StateHasSession; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no reconnection")
-		}
-	}
-	if l.conn.SessionID() != session {
-		t.Logf("the session changed (%x, was %x) across the drop", l.conn.SessionID(), session)
+	if !sessionSurvived(t, l, session) {
 		if lease, ok := <-next; ok {
 			_ = lease.Release(ctx)
 		}
@@ -479,11 +462,7 @@ func TestWaiterCutOffForGoodReturnsAtItsWaitTimeout(t *testing.T) {
 	l := open(t, addrs, withDialer(tp.dial))
 	key := "zklock:test:" + t.Name()
 	holder := acquire(t, l, key)
-	for deadline := time.Now().Add(sessionTimeout); tp.sent()[opExists] == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the holder's watch was never sent")
-		}
-	}
+	awaitHolderWatch(t, tp)
 	tp.severForGood(opGetChildren2)
 	done := make(chan error, 1)
 	go func() {
@@ -526,6 +505,33 @@ func TestFencesRiseAcrossInheritedAndListedGrants(t *testing.T) {
 		last = lease
 	}
 	_ = last.Release(ctx)
+}
+
+// sessionSurvived waits for l to reconnect and reports whether it kept
+// session; a round whose session changed across its drop shows nothing.
+func sessionSurvived(t *testing.T, l *Locker, session int64) bool {
+	t.Helper()
+	for deadline := time.Now().Add(sessionTimeout); l.conn.State() != zk.StateHasSession; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no reconnection")
+		}
+	}
+	if l.conn.SessionID() != session {
+		t.Logf("the session changed (%x, was %x) across the drop", l.conn.SessionID(), session)
+		return false
+	}
+	return true
+}
+
+// awaitHolderWatch waits until a holder's own watch (an exists, sent after
+// its grant) has gone out through tp.
+func awaitHolderWatch(t *testing.T, tp *tap) {
+	t.Helper()
+	for deadline := time.Now().Add(sessionTimeout); tp.sent()[opExists] == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's watch was never sent")
+		}
+	}
 }
 
 // acquireLater acquires key in a goroutine and hands the lease over.
