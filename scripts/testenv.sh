@@ -590,8 +590,9 @@ cmd_up() {
 	user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS" && use_sent=0
 
 	# promtool (Debian's prometheus package) tests deploy/prometheus's
-	# alert rules; a tool, not a server: nothing to start.
-	local -a pk=(iproute2:ss netcat-openbsd:nc prometheus:promtool)
+	# alert rules, and chromium renders the load-test report; tools, not
+	# servers: nothing to start.
+	local -a pk=(iproute2:ss netcat-openbsd:nc prometheus:promtool chromium:chromium)
 	for line in "${SERVERS[@]}"; do
 		read -r var def pkgs start <<<"$line"
 		user_set "$var" "${!def}" && continue
@@ -617,6 +618,7 @@ cmd_up() {
 			printf 'export %s=%s%s%s\n' "$var" "$q" "${!var:-${!def}}" "$q"
 		done
 		printf "export SHOP_TEST_PROMTOOL='%s'\n" "${SHOP_TEST_PROMTOOL:-$(command -v promtool)}"
+		printf "export SHOP_TEST_CHROMIUM='%s'\n" "${SHOP_TEST_CHROMIUM:-$(command -v chromium)}"
 		if ((with_sentinel)) || user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS"; then
 			printf "export SHOP_TEST_SENTINEL_ADDRS='%s'\n" "${SHOP_TEST_SENTINEL_ADDRS:-$DEF_SENTINEL_ADDRS}"
 			printf "export SHOP_TEST_SENTINEL_MASTER='%s'\n" "${SHOP_TEST_SENTINEL_MASTER:-$SENTINEL_MASTER_NAME}"

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/lockbench/shop/internal/lockkit/registry"
+	"github.com/lockbench/shop/loadtest/runner/report"
 )
 
 // A registered backend that the runner does not run, or whose server its
@@ -25,7 +26,7 @@ func TestRunnerCoversEveryBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	set := map[string]bool{}
-	for _, kv := range shopEnv(options{}, e, spec{}, secrets{}, "dsn", "p:", "127.0.0.1:0") {
+	for _, kv := range shopEnv(options{}, e, report.Row{}, secrets{}, "dsn", "p:", "127.0.0.1:0") {
 		name, _, _ := strings.Cut(kv, "=")
 		set[name] = true
 	}
@@ -46,7 +47,7 @@ func TestRunnerCoversEveryBackend(t *testing.T) {
 		if s.Backend != b.Name || s.Strategy != "lock" {
 			t.Errorf("row %s runs backend %q with strategy %q", b.Name, s.Backend, s.Strategy)
 		}
-		if clean := s.Expect == expectClean; clean != b.Capabilities.CrossProcess {
+		if clean := s.Expect == report.ExpectClean; clean != b.Capabilities.CrossProcess {
 			t.Errorf("row %s expects %s across 3 instances, but CrossProcess is %v", b.Name, s.Expect, b.Capabilities.CrossProcess)
 		}
 	}
@@ -60,6 +61,17 @@ func TestLoadTestEnvNamesEveryMissingServer(t *testing.T) {
 	for _, srv := range lockServers() {
 		if !strings.Contains(err.Error(), srv.TestEnv) {
 			t.Errorf("error %q does not name %s", err, srv.TestEnv)
+		}
+	}
+}
+
+// The rows the report marks "no fence" are the locks across processes
+// whose grant carries no token (Fence() == 0), read from the registry.
+func TestRowsWithoutAFenceAreTheLocksThatIssueNone(t *testing.T) {
+	want := map[string]bool{"redlock": true, "memcached": true}
+	for _, name := range append(slices.Clone(allRows), "redis+combined") {
+		if got := baseSpec(name, 3).NoFence; got != want[name] {
+			t.Errorf("row %s: no fence = %v, want %v", name, got, want[name])
 		}
 	}
 }

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/lockbench/shop/loadtest/runner/report"
 )
 
 // testEnv are the servers scripts/testenv.sh starts, from the SHOP_TEST_*
@@ -209,7 +211,7 @@ func randomHex(n int) string {
 // shopEnv is the environment of one instance: the caller's environment
 // without any SHOP_* variable (a stray SHOP_LOCK_BACKEND in a shell must
 // not change a row), plus the row's settings.
-func shopEnv(o options, e testEnv, s spec, sec secrets, dsn, prefix, addr string) []string {
+func shopEnv(o options, e testEnv, s report.Row, sec secrets, dsn, prefix, addr string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "SHOP_") {
@@ -250,7 +252,7 @@ func shopEnv(o options, e testEnv, s spec, sec secrets, dsn, prefix, addr string
 	)
 }
 
-func balanceStrategy(s spec) string {
+func balanceStrategy(s report.Row) string {
 	if s.Strategy == "optimistic" {
 		return "optimistic"
 	}

@@ -16,48 +16,38 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit/registry"
+	"github.com/lockbench/shop/loadtest/runner/report"
 )
 
 // allRows is what -backends all runs: every registered backend, then the
 // lock-free strategies as reference rows.
 var allRows = append(registry.Names(), referenceRows...)
 
-// options are the knobs of one run; every row of a report shares them.
+// options are the knobs of one run: what the report records, and where
+// the runner finds its tools and puts its output.
 type options struct {
-	Rows      []string      `json:"rows"`
-	Instances int           `json:"instances"`
-	Duration  time.Duration `json:"duration"`
-	Rate      int           `json:"rate"`
-	Delay     time.Duration `json:"delay"`
-	Stock     int           `json:"stock"`
-	MaxVUs    int           `json:"max_vus"`
-	Users     int           `json:"users"`
-	Flows     []string      `json:"flows"`
-
-	// Fraction is the share of each row's probed capacity the load test
-	// offers when Rate is 0 (the default), so that its verdict does not
-	// depend on the machine's speed.
-	Fraction float64 `json:"fraction,omitempty"`
-	// Probe is the capacity search each row runs first when Rate is 0.
-	Probe capacityOptions `json:"probe"`
+	report.Options
 
 	shop, k6, script, out string
-	keep                  bool
+	// record: a directory where a dated copy of the report is kept
+	// (docs/results for make loadtest and make capacity).
+	record string
+	keep   bool
 	// capacity: run the capacity search instead of k6 (-capacity).
 	capacity bool
+	// render: run nothing, render the report of this results.json again.
+	render string
 }
 
 func main() {
@@ -65,62 +55,22 @@ func main() {
 }
 
 func run() int {
-	var o options
-	var backends, flows string
-	flag.StringVar(&backends, "backends", "all", "rows to run, space- or comma-separated: backends of SHOP_LOCK_BACKEND, atomic-sql, atomic-redis, or all")
-	flag.IntVar(&o.Instances, "instances", 3, "shop instances per row")
-	flag.DurationVar(&o.Duration, "duration", 15*time.Second, "length of each k6 phase (seckill, then the other flows)")
-	flag.IntVar(&o.Rate, "rate", 0, "seckill purchases per second; the balance and like flows get rate/2, orders rate/5; 0: -fraction of each row's probed capacity")
-	flag.Float64Var(&o.Fraction, "fraction", 0.7, "with -rate 0, the share of each row's probed capacity to offer")
-	flag.BoolVar(&o.capacity, "capacity", false, "measure each row's capacity (highest rate within -slo) beside its ceiling, instead of the k6 flows")
-	flag.DurationVar(&o.Probe.SLO, "slo", 250*time.Millisecond, "capacity: p99 of a successful purchase must stay within it")
-	flag.Float64Var(&o.Probe.MaxErrors, "max-errors", 0.01, "capacity: fraction of answers other than 201 a step may have")
-	flag.DurationVar(&o.Probe.Step, "step", 3*time.Second, "capacity: length of each rate step")
-	flag.Float64Var(&o.Probe.Start, "start-rate", 20, "capacity: first rate, purchases/s")
-	flag.Float64Var(&o.Probe.Factor, "factor", 1.25, "capacity: each step offers this times the previous rate")
-	flag.IntVar(&o.Probe.Refine, "refine", 2, "capacity: once a step breaks, halve the gap to the last rate held this many times")
-	flag.Float64Var(&o.Probe.Max, "max-rate", 3000, "capacity: highest rate tried")
-	flag.DurationVar(&o.Delay, "delay", 10*time.Millisecond, "SHOP_CRITICAL_SECTION_DELAY: business work inside every read-modify-write")
-	flag.IntVar(&o.Stock, "stock", 200, "stock of the hot SKU (keep it well below rate*duration so that it sells out)")
-	flag.IntVar(&o.MaxVUs, "max-vus", 400, "most k6 VUs per scenario (waiting requests hold one each)")
-	flag.IntVar(&o.Users, "users", 500, "users to mint tokens for (the loadtest fixture has 1000)")
-	flag.StringVar(&flows, "flows", strings.Join(allFlows, ","), "flows to run (the reference rows run only seckill)")
-	flag.StringVar(&o.shop, "shop", "bin/shop", "shop binary (make loadtest builds it)")
-	flag.StringVar(&o.k6, "k6", "bin/k6", "k6 binary (make k6 builds it)")
-	flag.StringVar(&o.script, "script", "loadtest/k6/shop.js", "k6 script")
-	flag.StringVar(&o.out, "out", "loadtest/results", "directory for results, logs and the report (created if missing)")
-	flag.BoolVar(&o.keep, "keep", false, "keep each row's database (shop_lt_*) for inspection")
-	render := flag.String("render", "", "run nothing: render report.md and report.html again from this results.json")
-	flag.Parse()
-	if *render != "" {
-		return rerender(*render)
-	}
-
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if o.capacity && !flagSet("delay") {
-		o.Delay = 0 // the capacity of the service itself, with no artificial work
-	}
-	rows, err := parseRows(backends, o.capacity)
-	if err == nil {
-		o.Flows, err = parseFlows(flows)
-	}
-	if err == nil {
-		err = o.validate()
-	}
+	o, err := parseOptions()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 2
 	}
-	o.Rows = rows
+	if o.render != "" {
+		return rerender(o.render)
+	}
 	env, err := loadTestEnv(os.Getenv)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 2
 	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if err := os.MkdirAll(filepath.Join(o.out, "logs"), 0o755); err != nil {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 1
@@ -132,8 +82,72 @@ func run() int {
 	if o.capacity {
 		return runCapacity(ctx, log, o, env, machine)
 	}
-	var results []result
-	for _, name := range rows {
+	return runLoadTest(ctx, log, o, env, machine)
+}
+
+// parseOptions reads the flags and checks them.
+func parseOptions() (options, error) {
+	var o options
+	var backends, flows string
+	flag.StringVar(&backends, "backends", "all", "rows to run, space- or comma-separated: backends of SHOP_LOCK_BACKEND, atomic-sql, atomic-redis, or all")
+	flag.StringVar(&flows, "flows", strings.Join(allFlows, ","), "flows to run (the reference rows run only seckill)")
+	o.bindRun(flag.CommandLine)
+	o.bindProbe(flag.CommandLine)
+	o.bindPaths(flag.CommandLine)
+	flag.Parse()
+	if o.render != "" {
+		return o, nil
+	}
+	if o.capacity && !flagSet("delay") {
+		o.Delay = 0 // the capacity of the service itself, with no artificial work
+	}
+	var err error
+	if o.Rows, err = parseRows(backends, o.capacity); err != nil {
+		return o, err
+	}
+	if o.Flows, err = parseFlows(flows); err != nil {
+		return o, err
+	}
+	return o, o.validate()
+}
+
+func (o *options) bindRun(fs *flag.FlagSet) {
+	fs.IntVar(&o.Instances, "instances", 3, "shop instances per row")
+	fs.DurationVar(&o.Duration, "duration", 15*time.Second, "length of each k6 phase (seckill, then the other flows)")
+	fs.IntVar(&o.Rate, "rate", 0, "seckill purchases per second; the balance and like flows get rate/2, orders rate/5; 0: -fraction of each row's probed capacity")
+	fs.Float64Var(&o.Fraction, "fraction", 0.7, "with -rate 0, the share of each row's probed capacity to offer")
+	fs.DurationVar(&o.Delay, "delay", 10*time.Millisecond, "SHOP_CRITICAL_SECTION_DELAY: business work inside every read-modify-write")
+	fs.IntVar(&o.Stock, "stock", 200, "stock of the hot SKU (keep it well below rate*duration so that it sells out)")
+	fs.IntVar(&o.MaxVUs, "max-vus", 400, "most k6 VUs per scenario (waiting requests hold one each)")
+	fs.IntVar(&o.Users, "users", 500, "users to mint tokens for (the loadtest fixture has 1000)")
+}
+
+func (o *options) bindProbe(fs *flag.FlagSet) {
+	fs.BoolVar(&o.capacity, "capacity", false, "measure each row's capacity (highest rate within -slo) beside its ceiling, instead of the k6 flows")
+	fs.DurationVar(&o.Probe.SLO, "slo", 250*time.Millisecond, "capacity: p99 of a successful purchase must stay within it")
+	fs.Float64Var(&o.Probe.MaxErrors, "max-errors", 0.01, "capacity: fraction of answers other than 201 a step may have")
+	fs.DurationVar(&o.Probe.Step, "step", 3*time.Second, "capacity: length of each rate step")
+	fs.Float64Var(&o.Probe.Start, "start-rate", 20, "capacity: first rate, purchases/s")
+	fs.Float64Var(&o.Probe.Factor, "factor", 1.25, "capacity: each step offers this times the previous rate")
+	fs.IntVar(&o.Probe.Refine, "refine", 2, "capacity: once a step breaks, halve the gap to the last rate held this many times")
+	fs.Float64Var(&o.Probe.Max, "max-rate", 3000, "capacity: highest rate tried")
+}
+
+func (o *options) bindPaths(fs *flag.FlagSet) {
+	fs.StringVar(&o.shop, "shop", "bin/shop", "shop binary (make loadtest builds it)")
+	fs.StringVar(&o.k6, "k6", "bin/k6", "k6 binary (make k6 builds it)")
+	fs.StringVar(&o.script, "script", "loadtest/k6/shop.js", "k6 script")
+	fs.StringVar(&o.out, "out", "loadtest/results", "directory for results, logs and the report (created if missing)")
+	fs.StringVar(&o.record, "record", "", "also keep a dated copy of the Markdown report in this directory (loadtest-<date>.md, capacity-<date>.md)")
+	fs.BoolVar(&o.keep, "keep", false, "keep each row's database (shop_lt_*) for inspection")
+	fs.StringVar(&o.render, "render", "", "run nothing: render report.md and report.html again from this results.json")
+}
+
+// runLoadTest runs every row's k6 flows, writes the report and judges the
+// run: 0 when every row showed what its backend promises.
+func runLoadTest(ctx context.Context, log *slog.Logger, o options, env testEnv, m report.Machine) int {
+	rep := report.Report{Options: o.Options, Machine: m, Command: command(os.Args[1:]), Commit: commit(ctx), At: time.Now().UTC()}
+	for _, name := range o.Rows {
 		spec := rowSpec(name, o.Instances, o.Flows)
 		if len(spec.Flows) == 0 {
 			log.Info("row skipped: none of its flows is in -flows", "row", name)
@@ -146,24 +160,34 @@ func run() int {
 			// others still run: one backend's server being down should
 			// not hide the rest of the comparison.
 			log.Error("row failed", "row", name, "err", err)
-			res = result{Spec: spec, Err: err.Error()}
+			res = report.Result{Spec: spec, Err: err.Error()}
 		}
-		res.judge()
-		results = append(results, res)
+		res.Judge()
+		rep.Results = append(rep.Results, res)
 		if ctx.Err() != nil {
 			break
 		}
 	}
-
-	rep := report{Options: o, Machine: machine, Results: results, Command: command(os.Args[1:]), At: time.Now().UTC()}
-	if err := rep.write(o.out); err != nil {
+	if err := writeReport(o, rep); err != nil {
 		fmt.Fprintf(os.Stderr, "runner: write report: %v\n", err)
 		return 1
 	}
-	fmt.Print(rep.table())
-	fmt.Printf("\nreport: %s and %s\n", filepath.Join(o.out, "report.md"), filepath.Join(o.out, "report.html"))
+	return verdict(ctx, rep)
+}
 
-	if bad := rep.failures(); len(bad) > 0 {
+func writeReport(o options, rep report.Report) error {
+	if err := rep.Write(o.out); err != nil {
+		return err
+	}
+	fmt.Print(rep.Table())
+	fmt.Printf("\nreport: %s and %s\n", filepath.Join(o.out, "report.md"), filepath.Join(o.out, "report.html"))
+	return record(o.record, "loadtest", rep.At, rep.Markdown())
+}
+
+// verdict prints what contradicted its row's promise and says how the run
+// ends.
+func verdict(ctx context.Context, rep report.Report) int {
+	if bad := rep.Failures(); len(bad) > 0 {
 		fmt.Fprintln(os.Stderr, "\nFAIL:")
 		for _, b := range bad {
 			fmt.Fprintln(os.Stderr, "  "+b)
@@ -178,18 +202,34 @@ func run() int {
 	return 0
 }
 
+// record keeps a dated copy of a report in dir, for docs/results: the
+// make targets that measure write their own record.
+func record(dir, kind string, at time.Time, markdown string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, kind+"-"+at.Format("2006-01-02")+".md")
+	fmt.Printf("record: %s\n", path)
+	return os.WriteFile(path, []byte(markdown), 0o644)
+}
+
 // rerender writes the report of an earlier run again, next to its
-// results.json, for when the report's shape changed but the numbers did not.
+// results.json, for when the report's shape changed but the numbers did
+// not. The rows' verdicts and fences are taken again from this code.
 func rerender(path string) int {
 	b, err := os.ReadFile(path)
 	if err == nil {
-		var rep report
+		var rep report.Report
 		if err = json.Unmarshal(b, &rep); err == nil {
 			for i := range rep.Results {
-				rep.Results[i].judge()
+				rep.Results[i].Spec.NoFence = baseSpec(rep.Results[i].Spec.Name, rep.Options.Instances).NoFence
+				rep.Results[i].Judge()
 			}
-			err = rep.write(filepath.Dir(path))
-			fmt.Print(rep.table())
+			err = rep.Write(filepath.Dir(path))
+			fmt.Print(rep.Table())
 		}
 	}
 	if err != nil {
@@ -209,76 +249,6 @@ func command(args []string) string {
 		parts = append(parts, a)
 	}
 	return strings.Join(parts, " ")
-}
-
-func parseRows(s string, capacity bool) ([]string, error) {
-	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })
-	if len(fields) == 0 || (len(fields) == 1 && fields[0] == "all") {
-		if capacity {
-			return capacityRows, nil
-		}
-		return allRows, nil
-	}
-	for _, f := range fields {
-		if !isRow(f) {
-			return nil, fmt.Errorf("-backends has %q; want some of %s, or a lock backend + %q", f, strings.Join(allRows, " "), combinedSuffix)
-		}
-	}
-	return fields, nil
-}
-
-func parseFlows(s string) ([]string, error) {
-	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })
-	for _, f := range fields {
-		if !slices.Contains(allFlows, f) {
-			return nil, fmt.Errorf("-flows has %q; want some of %s", f, strings.Join(allFlows, ","))
-		}
-	}
-	if len(fields) == 0 {
-		return nil, errors.New("-flows is empty")
-	}
-	return fields, nil
-}
-
-func isRow(name string) bool {
-	if base, ok := strings.CutSuffix(name, combinedSuffix); ok {
-		return slices.Contains(capacityRows, base) && baseSpec(base, 1).Strategy == "lock"
-	}
-	return slices.Contains(allRows, name)
-}
-
-func (o options) validate() error {
-	var errs []error
-	if o.Instances < 1 || o.Instances > 8 {
-		errs = append(errs, fmt.Errorf("-instances is %d; want 1 to 8", o.Instances))
-	}
-	// Bounded in time and count: a typo must not turn into an hour of load.
-	if o.Duration < time.Second || o.Duration > 10*time.Minute {
-		errs = append(errs, fmt.Errorf("-duration is %s; want 1s to 10m", o.Duration))
-	}
-	if o.Rate < 0 || o.Rate > 5000 {
-		errs = append(errs, fmt.Errorf("-rate is %d; want 1 to 5000, or 0 for -fraction of the probed capacity", o.Rate))
-	}
-	if o.Fraction <= 0 || o.Fraction > 1 {
-		errs = append(errs, fmt.Errorf("-fraction is %g; want above 0, at most 1", o.Fraction))
-	}
-	p := o.Probe
-	if p.SLO <= 0 || p.Step < 500*time.Millisecond || p.Start < 1 || p.Factor <= 1 || p.Max < p.Start || p.MaxErrors < 0 || p.MaxErrors >= 1 || p.Refine < 0 || p.Refine > 8 {
-		errs = append(errs, fmt.Errorf("capacity search %+v: want -slo > 0, -step >= 500ms, -start-rate >= 1, -factor > 1, -max-rate >= -start-rate, 0 <= -max-errors < 1, 0 <= -refine <= 8", p))
-	}
-	if o.Delay < 0 || o.Delay > 5*time.Second {
-		errs = append(errs, fmt.Errorf("-delay is %s; want 0 to 5s", o.Delay))
-	}
-	if o.Stock < 1 {
-		errs = append(errs, fmt.Errorf("-stock is %d; want at least 1", o.Stock))
-	}
-	if o.MaxVUs < 1 || o.MaxVUs > 2000 {
-		errs = append(errs, fmt.Errorf("-max-vus is %d; want 1 to 2000", o.MaxVUs))
-	}
-	if o.Users < 300 || o.Users > 1000 {
-		errs = append(errs, fmt.Errorf("-users is %d; want 300 to 1000 (the flows use users 1..300, the fixture has 1000)", o.Users))
-	}
-	return errors.Join(errs...)
 }
 
 // flagSet reports whether the flag was given on the command line.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/loadtest/runner/report"
 )
 
 // SKUs the runner puts on sale after the reset. The hot one has the stock
@@ -41,7 +42,7 @@ type rowEnv struct {
 
 // startRow creates the row's database, migrates it, starts the instances
 // and lays down the fixture. The caller defers close.
-func startRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spec) (re *rowEnv, err error) {
+func startRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s report.Row) (re *rowEnv, err error) {
 	re = &rowEnv{}
 	var cleanups []func()
 	re.close = func() {
@@ -117,9 +118,9 @@ func startRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s s
 }
 
 // runRow runs one row from fresh database to stopped instances.
-func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spec) (res result, err error) {
+func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s report.Row) (res report.Result, err error) {
 	started := time.Now()
-	res = result{Spec: s, Stock: int64(o.Stock)}
+	res = report.Result{Spec: s, Stock: int64(o.Stock)}
 	re, err := startRow(ctx, log, o, env, s)
 	if err != nil {
 		return res, err
@@ -135,7 +136,7 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spe
 	if err != nil {
 		return res, err
 	}
-	if err := res.readSummary(summaryPath); err != nil {
+	if err := readSummary(summaryPath, &res); err != nil {
 		return res, err
 	}
 	res.AuditOK, res.Audit, err = re.adm.audit(ctx, filepath.Join(o.out, s.Name+".audit.json"))
@@ -149,7 +150,7 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spe
 		}
 	}
 	log.Info("row done", "row", s.Name, "sold", res.Sold, "orders_per_sec", fmt.Sprintf("%.1f", res.OrdersPerSec),
-		"audit_ok", res.AuditOK, "damage", res.damage(), "k6_exit", res.K6Exit)
+		"audit_ok", res.AuditOK, "damage", res.Damage(), "k6_exit", res.K6Exit)
 	return res, nil
 }
 
@@ -158,7 +159,7 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spe
 // row's settings) and offers -fraction of it, so that every row runs below
 // its own saturation on any machine. The stock is cut to what half the
 // phase sells at that rate, so that a working lock always sells out.
-func offerFraction(ctx context.Context, log *slog.Logger, o options, s spec, re *rowEnv, res *result) (options, error) {
+func offerFraction(ctx context.Context, log *slog.Logger, o options, s report.Row, re *rowEnv, res *report.Result) (options, error) {
 	res.Rate = o.Rate
 	if o.Rate > 0 {
 		return o, nil
@@ -167,17 +168,17 @@ func offerFraction(ctx context.Context, log *slog.Logger, o options, s spec, re 
 		map[string]any{"sku": capacitySKU, "name": "capacity probe", "stock": 100_000_000, "price_cents": 1}, nil); err != nil {
 		return o, err
 	}
-	b, err := newBuyer(re.urls, re.sec, o.Users, capacitySKU)
+	b, err := newBuyer(re, o.Users, capacitySKU)
 	if err != nil {
 		return o, err
 	}
 	probe := o.Probe
-	if s.Expect == expectDamage {
+	if s.Expect == report.ExpectDamage {
 		// An unsafe row's errors are its point (local's fences refuse the
 		// other processes' writes): only the latency bounds its rate.
 		probe.MaxErrors = 1
 	}
-	_, held := b.search(ctx, log, s.Name, probe)
+	_, held := search(ctx, log, b, s.Name, probe)
 	if held == 0 {
 		return o, fmt.Errorf("capacity probe: not even %.0f purchases/s within the %s SLO", o.Probe.Start, o.Probe.SLO)
 	}
@@ -247,7 +248,7 @@ func writeTokens(path string, sec secrets, n int) error {
 // runK6 runs the script and returns k6's exit code: 0, or 99 when a
 // threshold was crossed (expected of the unsafe rows); anything else is an
 // error of the run.
-func runK6(ctx context.Context, o options, s spec, urls []string, tokens, summary string) (int, error) {
+func runK6(ctx context.Context, o options, s report.Row, urls []string, tokens, summary string) (int, error) {
 	secs := int(math.Ceil(o.Duration.Seconds()))
 	// Two phases, the gap between them, and each phase's graceful stop,
 	// plus a minute: past that k6 is stuck, not slow.
@@ -317,7 +318,7 @@ type k6Summary struct {
 	} `json:"metrics"`
 }
 
-func (r *result) readSummary(path string) error {
+func readSummary(path string, r *report.Result) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("k6 summary: %w", err)
@@ -327,8 +328,8 @@ func (r *result) readSummary(path string) error {
 		return fmt.Errorf("k6 summary %s: %w", path, err)
 	}
 	val := func(metric, stat string) float64 { return s.Metrics[metric].Values[stat] }
-	trend := func(metric string) latency {
-		return latency{P50: val(metric, "p(50)"), P95: val(metric, "p(95)"), P99: val(metric, "p(99)"),
+	trend := func(metric string) report.Latency {
+		return report.Latency{P50: val(metric, "p(50)"), P95: val(metric, "p(95)"), P99: val(metric, "p(99)"),
 			Max: val(metric, "max"), N: int64(val(metric, "count"))}
 	}
 	r.Sold = int64(val("seckill_sold", "count"))

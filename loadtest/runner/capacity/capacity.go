@@ -1,0 +1,90 @@
+// Package capacity finds the highest purchase rate one hot SKU holds: it
+// offers rates in open-loop steps, each faster than the last, until a step
+// breaks the latency SLO or the error budget, then narrows the gap between
+// the last rate held and the first one broken.
+package capacity
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Options are the knobs of the search for the highest rate held.
+type Options struct {
+	SLO       time.Duration `json:"slo"`        // p99 of a successful purchase must stay within it
+	MaxErrors float64       `json:"max_errors"` // fraction of answers other than 201 allowed
+	Step      time.Duration `json:"step"`       // length of each rate step
+	Start     float64       `json:"start_rate"` // first rate offered, purchases/s
+	Factor    float64       `json:"factor"`     // each step offers this times the previous rate
+	Refine    int           `json:"refine"`     // halvings of the last step's gap once a step breaks
+	Max       float64       `json:"max_rate"`   // the search stops here
+}
+
+// Step is one rate offered for one step.
+type Step struct {
+	Rate       float64 `json:"rate"`
+	Offered    int     `json:"offered"`
+	Sold       int     `json:"sold"`
+	Busy       int     `json:"busy_503"`
+	Other      int     `json:"other_errors"`
+	ErrorRate  float64 `json:"error_rate"`
+	P50        float64 `json:"p50_ms"`
+	P99        float64 `json:"p99_ms"`
+	SalesPerS  float64 `json:"sales_per_sec"`
+	WithinSLO  bool    `json:"within_slo"`
+	FirstError string  `json:"first_error,omitempty"`
+}
+
+// TurnedAway is the share of the step's purchases answered 503.
+func (s Step) TurnedAway() float64 { return float64(s.Busy) / float64(max(s.Offered, 1)) }
+
+// Ceiling is what one client buying in a loop measured for a row: the
+// window in which the key is not free for others, and 1 / that window.
+type Ceiling struct {
+	Window           string  `json:"window"`
+	SerializedMicros float64 `json:"serialized_us_median"`
+	CeilingPerSec    float64 `json:"ceiling_per_sec"`
+}
+
+// Search raises the rate step by step until a step breaks the SLO or the
+// error budget, then narrows the gap between the last rate held and the
+// first broken one by c.Refine geometric halvings, so that the rate held
+// is known to within Factor^(1/2^Refine) (1.06 with the defaults) rather
+// than to a whole step. offer runs one step. A step that breaks is run once
+// more before it counts as broken: on a shared machine one stall of a
+// neighbour can break a step that the service holds.
+func Search(ctx context.Context, c Options, offer func(rate float64, try int) Step) (steps []Step, held float64) {
+	holds := func(rate float64) bool {
+		for try := range 2 {
+			r := offer(rate, try)
+			steps = append(steps, r)
+			if r.WithinSLO || ctx.Err() != nil {
+				return r.WithinSLO
+			}
+		}
+		return false
+	}
+	broken := 0.0
+	for rate := c.Start; rate <= c.Max && ctx.Err() == nil; rate *= c.Factor {
+		if !holds(rate) {
+			broken = rate
+			break
+		}
+		held = rate
+	}
+	if held == 0 || broken == 0 {
+		return steps, held
+	}
+	for range c.Refine {
+		if ctx.Err() != nil {
+			break
+		}
+		if mid := math.Sqrt(held * broken); holds(mid) {
+			held = mid
+		} else {
+			broken = mid
+		}
+	}
+	return steps, held
+}

@@ -1,0 +1,113 @@
+package report
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/lockbench/shop/loadtest/runner/capacity"
+)
+
+// CapacityRow is one row of the capacity run: its ceiling, every step of
+// the search and the rate held, then a step at twice that rate and a
+// flooded one.
+type CapacityRow struct {
+	Spec    Row              `json:"spec"`
+	Ceiling capacity.Ceiling `json:"ceiling"`
+	Steps   []capacity.Step  `json:"steps"`
+	// Held is the highest rate whose step stayed within the SLO and the
+	// error budget; Overload is the step at twice that rate.
+	Held     float64        `json:"held_rate"`
+	Overload *capacity.Step `json:"overload,omitempty"`
+	// Flood is a step at the row's ceiling (at least 4x held): how many
+	// sales per second the key still makes when offered more than it can
+	// take, the rest turned away.
+	Flood *capacity.Step `json:"flood,omitempty"`
+	// RetriesPerSale is the optimistic strategy's extra attempts per
+	// request that ended (0 for the others).
+	RetriesPerSale float64 `json:"retries_per_sale,omitempty"`
+	Err            string  `json:"error,omitempty"`
+}
+
+// CapacityReport is the capacity run's output.
+type CapacityReport struct {
+	Options Options       `json:"options"`
+	Machine Machine       `json:"machine"`
+	Results []CapacityRow `json:"results"`
+	Command string        `json:"command"`
+	Commit  string        `json:"commit,omitempty"`
+	At      time.Time     `json:"at"`
+}
+
+var capacityColumns = []string{"row", "serialized ms/sale", "ceiling/s", "held/s", "× ceiling", "× atomic-sql", "p99 at held",
+	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "retries/request"}
+
+// Markdown is the capacity report as a dated record.
+func (r CapacityReport) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# shop capacity: one hot SKU, %s\n\n", r.At.Format("2006-01-02 15:04 UTC"))
+	commit := r.Commit
+	if commit == "" {
+		commit = "not recorded"
+	}
+	fmt.Fprintf(&b, "Machine: %s.\n\nCommand: `%s`\n\nCommit: %s\n\n", r.Machine, r.Command, commit)
+	b.WriteString(r.method() + "\n\n")
+	var rows [][]string
+	for _, res := range r.Results {
+		rows = append(rows, res.cells(r.held("atomic-sql")))
+	}
+	b.WriteString(mdTable(capacityColumns, rows))
+	return b.String()
+}
+
+func (r CapacityReport) method() string {
+	o := r.Options
+	return fmt.Sprintf("%d instances per row; critical-section delay %s; lock wait budget %s. The rate offered starts at %.0f/s "+
+		"and grows ×%.2f every %s (open loop) until p99 of a successful purchase passes %s or more than %.1f %% of answers "+
+		"are not 201; then the gap between the last rate within both and the first past them is halved %d times (geometric "+
+		"midpoints). **Held** is the highest rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
+		"client in a loop against the same servers in the same run: for a lock, acquire + the statements inside + release; "+
+		"for the lock-free rows, the whole purchase. **At 2×** is a step at twice the rate held: the p99 of the sales and the "+
+		"share turned away with 503. **Flooded** is a step at the ceiling (at least 4× held): the sales per second the key "+
+		"still makes when offered more than it takes.",
+		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine)
+}
+
+// held is the rate the named row held, 0 if it did not run.
+func (r CapacityReport) held(name string) float64 {
+	for _, res := range r.Results {
+		if res.Spec.Name == name {
+			return res.Held
+		}
+	}
+	return 0
+}
+
+func (res CapacityRow) cells(atomicSQL float64) []string {
+	if res.Err != "" {
+		cells := make([]string, len(capacityColumns))
+		cells[0], cells[1] = res.Spec.Name, "did not run: "+res.Err
+		return cells
+	}
+	p99, over99, away, xs, flood, retries := "—", "—", "—", "—", "—", ""
+	for _, st := range res.Steps {
+		if st.Rate == res.Held && st.WithinSLO {
+			p99 = fmt.Sprintf("%.0f ms", st.P99)
+		}
+	}
+	if ov := res.Overload; ov != nil {
+		over99, away = fmt.Sprintf("%.0f ms", ov.P99), fmt.Sprintf("%.0f %%", 100*ov.TurnedAway())
+	}
+	if atomicSQL > 0 {
+		xs = fmt.Sprintf("%.2f", res.Held/atomicSQL)
+	}
+	if f := res.Flood; f != nil {
+		flood = fmt.Sprintf("%.0f → %.0f (%.0f ms)", f.Rate, f.SalesPerS, f.P99)
+	}
+	if res.Spec.Strategy == "optimistic" {
+		retries = fmt.Sprintf("%.2f", res.RetriesPerSale)
+	}
+	c := res.Ceiling
+	return []string{res.Spec.Name, fmt.Sprintf("%.2f", c.SerializedMicros/1000), fmt.Sprintf("%.0f", c.CeilingPerSec),
+		fmt.Sprintf("%.0f", res.Held), fmt.Sprintf("%.2f", res.Held/c.CeilingPerSec), xs, p99, over99, away, flood, retries}
+}
