@@ -65,7 +65,7 @@ func (r Report) HTML(w *bytes.Buffer, faults string) error {
 		"Cost":    Columns[1:firstDamageColumn],
 		"Damaged": Columns[firstDamageColumn:],
 		"Faults":  faults,
-		"CostChart": hbars("Seckill on one hot SKU: purchases/s the row held (probed), was offered, and sold", "/s",
+		"CostChart": hbars("Seckill on one hot SKU: rate held (probed capacity), offered and sold", "/s",
 			names, cost, 560),
 		"LatencyChart": hbars("Seckill: latency of a successful purchase", "ms", names, latency, 560),
 		"DamageCharts": r.damageCharts(names),

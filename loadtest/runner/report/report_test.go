@@ -1,0 +1,124 @@
+package report
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/lockbench/shop/loadtest/runner/capacity"
+)
+
+func page(t *testing.T, rep Report) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := rep.HTML(&b, "../../docs/faults.md"); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// A lock with no fence shows zeros under a load that never pauses a
+// holder; the page must say what that zero does not prove, and where the
+// fault table shows it.
+func TestHTMLMarksTheUnfencedRowsAndPointsAtTheFaultTable(t *testing.T) {
+	p := page(t, sample())
+	for _, name := range []string{"redlock", "memcached"} {
+		row := rowOf(t, p, name)
+		if !strings.Contains(row, VerdictNoFence) || !strings.Contains(row, `href="../../docs/faults.md"`) {
+			t.Errorf("row %s does not say it has no fence, with a link to the fault table:\n%s", name, row)
+		}
+	}
+	if row := rowOf(t, p, "redis"); strings.Contains(row, "no fence") {
+		t.Errorf("redis fences, yet its row says otherwise:\n%s", row)
+	}
+}
+
+// Each row shows its cost (the capacity probed, the rate offered) beside
+// its damage, and every kind of damage has a chart, the orders' included.
+func TestHTMLShowsCapacityBesideDamageAndChartsTheOrderDamage(t *testing.T) {
+	p := page(t, sample())
+	row := rowOf(t, p, "mysql")
+	if !strings.Contains(row, "<td>65</td><td>45</td><td>45.0</td>") {
+		t.Errorf("mysql's row does not show capacity 65, offered 45, sold 45.0 side by side:\n%s", row)
+	}
+	for _, chart := range []string{"rate held (probed capacity), offered and sold", "oversold units",
+		"order damage: orders both paid and cancelled, stock returned twice", "unreconciled order cents"} {
+		if !strings.Contains(p, chart+`">`) {
+			t.Errorf("no chart %q", chart)
+		}
+	}
+}
+
+// rowOf is the HTML table row whose first cell is name.
+func rowOf(t *testing.T, page, name string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(page, "<tr class=\"")
+	for ok {
+		var row string
+		row, rest, _ = strings.Cut(rest, "</tr>")
+		if strings.Contains(row, "<td>"+name+"</td>") {
+			return row
+		}
+		_, rest, ok = strings.Cut(rest, "<tr class=\"")
+	}
+	t.Fatalf("no row %s", name)
+	return ""
+}
+
+// The dated record says what ran, where, and on which code.
+func TestMarkdownRecordsCommandMachineAndCommit(t *testing.T) {
+	md := sample().Markdown()
+	for _, want := range []string{"# shop load test, 2026-11-23 02:33 UTC", "Commit: 93ddb7d5e1c2-dirty", "AMD EPYC 7B13",
+		"Command: `go run ./loadtest/runner", "| memcached | 76 | 53 | 53.0 |", VerdictNoFence, "## Verdicts", "## Details"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report.md has no %q", want)
+		}
+	}
+}
+
+func TestWriteLinksTheFaultTableFromWhereThePageIs(t *testing.T) {
+	dir := filepath.Join("loadtest", "results", "smoke")
+	if got := faultsLink(dir); got != "../../../docs/faults.md" {
+		t.Errorf("from %s: %q", dir, got)
+	}
+	tmp := t.TempDir()
+	if err := sample().Write(tmp); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"results.json", "report.md", "report.html"} {
+		if _, err := os.Stat(filepath.Join(tmp, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestTableEndsEachRowWithItsVerdict(t *testing.T) {
+	lines := strings.Split(strings.TrimSpace(sample().Table()), "\n")
+	if len(lines) != 2+12 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	if !strings.HasPrefix(lines[0], "row ") || !strings.HasSuffix(strings.TrimSpace(lines[0]), "verdict") {
+		t.Errorf("header %q", lines[0])
+	}
+	if !strings.Contains(lines[5], "redlock") || !strings.HasSuffix(strings.TrimSpace(lines[5]), VerdictNoFence) {
+		t.Errorf("redlock line %q", lines[5])
+	}
+}
+
+func TestCapacityRowsAreComparedWithTheirCeilingAndWithAtomicSQL(t *testing.T) {
+	rep := CapacityReport{Results: []CapacityRow{
+		{Spec: Row{Name: "redis", Strategy: "lock"}, Ceiling: capacity.Ceiling{SerializedMicros: 1730, CeilingPerSec: 578}, Held: 430,
+			Steps:    []capacity.Step{{Rate: 430, P99: 79, WithinSLO: true}},
+			Overload: &capacity.Step{Rate: 860, Offered: 100, Busy: 48, P99: 153}},
+		{Spec: Row{Name: "atomic-sql", Strategy: "atomic-sql"}, Ceiling: capacity.Ceiling{CeilingPerSec: 1121}, Held: 1110},
+		{Spec: Row{Name: "etcd"}, Err: "etcd: no leader"},
+	}}
+	md := rep.Markdown()
+	for _, want := range []string{"| redis | 1.73 | 578 | 430 | 0.74 | 0.39 | 79 ms | 153 ms | 48 % | — |  |", "| etcd | did not run: etcd: no leader |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("capacity.md has no %q:\n%s", want, md)
+		}
+	}
+}
