@@ -8,12 +8,15 @@ WITH_SERVERS ?= scripts/with-testenv.sh
 FUZZTIME ?= 20s
 # Where the fault table is written, besides the test output.
 FAULTS_REPORT ?= /tmp/shop-faults-report.txt
+# Where a passing run keeps its dated record: the table, with the command,
+# the machine and the commit.
+RECORD ?= docs/results
 
 # go test -fuzz takes one target of one package at a time.
 FUZZ_TARGETS := ./internal/problem:FuzzDecodeJSON ./internal/auth:FuzzVerify ./internal/idem:FuzzMiddleware
 
-.PHONY: faults
-faults: ## fault suite, long form (pause, crash, restart, failover, partition, under -race) + $(FUZZTIME) of fuzzing per target; prints the fault × backend table
+.PHONY: faults faults-record
+faults: ## fault suite, long form (pause, crash, restart, failover, partition, under -race) + $(FUZZTIME) of fuzzing per target; prints the fault × backend table and keeps it in docs/results/faults-<date>.md
 	$(WITH_SERVERS) sh -c '\
 	  SHOP_FAULTS=full SHOP_FAULTS_REPORT=$(FAULTS_REPORT) $(GO) test -race -count=1 -timeout 30m ./internal/faults/ >$(FAULTS_REPORT).log 2>&1; st=$$?; \
 	  grep -E "^(---|ok|FAIL|PASS)|^    --- FAIL|_test.go:[0-9]+:" $(FAULTS_REPORT).log | grep -v "^    --- PASS" || true; \
@@ -22,3 +25,15 @@ faults: ## fault suite, long form (pause, crash, restart, failover, partition, u
 	    $(GO) test -run "^$$" -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} || exit 1; \
 	  done; \
 	  echo; cat $(FAULTS_REPORT)'
+	@$(MAKE) --no-print-directory faults-record
+
+# faults-record writes $(RECORD)/faults-<date>.md from $(FAULTS_REPORT).
+faults-record:
+	@mkdir -p $(RECORD)
+	@out=$(RECORD)/faults-$$(date -u +%F).md; { \
+	  printf '# shop fault suite, %s\n\n' "$$(date -u '+%F %H:%M UTC')"; \
+	  printf 'Machine: %s CPUs (%s).\n\n' "$$(nproc)" "$$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"; \
+	  printf 'Command: `make faults FUZZTIME=%s`\n\n' '$(FUZZTIME)'; \
+	  printf 'Commit: %s\n\n' "$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded)"; \
+	  printf '```\n'; cat $(FAULTS_REPORT); printf '```\n'; \
+	} > $$out && echo "record: $$out"

@@ -35,6 +35,11 @@ LOADTEST := $(GO) run ./loadtest/runner -shop $(BIN)/shop -k6 $(K6) -instances $
 SLO ?= 250ms
 STEP ?= 3s
 CAPACITY_ROWS ?= all
+# The command that times one row's serialized window (the ceiling), given
+# the row's SHOP_* environment.
+CEILING ?= $(BIN)/shop ceiling
+# Where make loadtest and make capacity keep their dated reports.
+RECORD ?= docs/results
 
 .PHONY: k6 loadtest loadtest-smoke loadtest-shop capacity
 
@@ -47,11 +52,11 @@ k6: ## Build the pinned k6 (v1.8.1) into bin/ (only if missing or another versio
 loadtest-shop:
 	$(GO) build -o $(BIN)/shop ./cmd/shop
 
-loadtest: k6 loadtest-shop ## k6 against INSTANCES shops per backend (BACKENDS=all), then loadtest/results/report.{md,html}
-	$(WITH_SERVERS) $(LOADTEST) -backends "$(BACKENDS)" -duration $(DURATION)
+loadtest: k6 loadtest-shop ## k6 against INSTANCES shops per backend (BACKENDS=all), then loadtest/results/report.{md,html} and docs/results/loadtest-<date>.md
+	$(WITH_SERVERS) $(LOADTEST) -backends "$(BACKENDS)" -duration $(DURATION) -record $(RECORD)
 
 loadtest-smoke: k6 loadtest-shop ## ~1 min: fails unless `none` shows damage and `redis` shows none
 	$(WITH_SERVERS) $(LOADTEST) -backends "none redis" -duration 5s -stock 200 -step 1s -max-rate 200 -out loadtest/results/smoke
 
-capacity: loadtest-shop ## Highest hot-SKU rate per strategy and backend within SLO, beside its ceiling: loadtest/results/capacity.md
-	$(WITH_SERVERS) $(GO) run ./loadtest/runner -shop $(BIN)/shop -instances $(INSTANCES) -capacity -backends "$(CAPACITY_ROWS)" -slo $(SLO) -step $(STEP)
+capacity: loadtest-shop ## Highest hot-SKU rate per strategy and backend within SLO, beside its ceiling: loadtest/results/capacity.md and docs/results/capacity-<date>.md
+	$(WITH_SERVERS) $(GO) run ./loadtest/runner -shop $(BIN)/shop -ceiling "$(CEILING)" -instances $(INSTANCES) -capacity -backends "$(CAPACITY_ROWS)" -slo $(SLO) -step $(STEP) -record $(RECORD)

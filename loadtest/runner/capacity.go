@@ -68,7 +68,7 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 		map[string]any{"sku": capacitySKU, "name": "capacity", "stock": 100_000_000, "price_cents": 1}, nil); err != nil {
 		return res, err
 	}
-	if res.Ceiling, err = measureCeiling(ctx, o.shop, re.shop); err != nil {
+	if res.Ceiling, err = measureCeiling(ctx, o.ceiling, re.shop); err != nil {
 		return res, err
 	}
 	log.Info("ceiling", "row", s.Name, "serialized_ms", fmt.Sprintf("%.2f", res.Ceiling.SerializedMicros/1000),
@@ -105,22 +105,23 @@ func pastCapacity(ctx context.Context, log *slog.Logger, b *capacity.Buyer, row 
 	return over, flood
 }
 
-// measureCeiling runs `shop ceiling` with the row's environment: the same
-// servers, database and key prefix as its instances.
-func measureCeiling(ctx context.Context, shop string, env []string) (capacity.Ceiling, error) {
+// measureCeiling runs the ceiling command (-ceiling) with the row's
+// environment: the same servers, database and key prefix as its instances.
+func measureCeiling(ctx context.Context, command string, env []string) (capacity.Ceiling, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, shop, "ceiling", "-n", "300")
+	argv := append(strings.Fields(command), "-n", "300")
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = env
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return capacity.Ceiling{}, fmt.Errorf("%s ceiling: %w: %s", shop, err, tail(stderr.Bytes()))
+		return capacity.Ceiling{}, fmt.Errorf("%s: %w: %s", command, err, tail(stderr.Bytes()))
 	}
 	var c capacity.Ceiling
 	if err := json.Unmarshal(bytes.TrimSpace(lastLine(out)), &c); err != nil {
-		return c, fmt.Errorf("%s ceiling printed %q: %w", shop, tail(out), err)
+		return c, fmt.Errorf("%s printed %q: %w", command, tail(out), err)
 	}
 	return c, nil
 }

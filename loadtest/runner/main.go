@@ -40,6 +40,9 @@ type options struct {
 	report.Options
 
 	shop, k6, script, out string
+	// ceiling is the command that times one row's serialized window, run
+	// with the row's environment; its last line of output is JSON.
+	ceiling string
 	// record: a directory where a dated copy of the report is kept
 	// (docs/results for make loadtest and make capacity).
 	record string
@@ -61,7 +64,7 @@ func run() int {
 		return 2
 	}
 	if o.render != "" {
-		return rerender(o.render)
+		return rerender(o.render, o.record)
 	}
 	env, err := loadTestEnv(os.Getenv)
 	if err != nil {
@@ -97,6 +100,9 @@ func parseOptions() (options, error) {
 	flag.Parse()
 	if o.render != "" {
 		return o, nil
+	}
+	if o.ceiling == "" {
+		o.ceiling = o.shop + " ceiling"
 	}
 	if o.capacity && !flagSet("delay") {
 		o.Delay = 0 // the capacity of the service itself, with no artificial work
@@ -136,6 +142,7 @@ func (o *options) bindProbe(fs *flag.FlagSet) {
 func (o *options) bindPaths(fs *flag.FlagSet) {
 	fs.StringVar(&o.shop, "shop", "bin/shop", "shop binary (make loadtest builds it)")
 	fs.StringVar(&o.k6, "k6", "bin/k6", "k6 binary (make k6 builds it)")
+	fs.StringVar(&o.ceiling, "ceiling", "", "capacity: command (binary and its first arguments) that times one row's serialized window with the row's SHOP_* environment; default: -shop's ceiling command")
 	fs.StringVar(&o.script, "script", "loadtest/k6/shop.js", "k6 script")
 	fs.StringVar(&o.out, "out", "loadtest/results", "directory for results, logs and the report (created if missing)")
 	fs.StringVar(&o.record, "record", "", "also keep a dated copy of the Markdown report in this directory (loadtest-<date>.md, capacity-<date>.md)")
@@ -217,9 +224,10 @@ func record(dir, kind string, at time.Time, markdown string) error {
 }
 
 // rerender writes the report of an earlier run again, next to its
-// results.json, for when the report's shape changed but the numbers did
-// not. The rows' verdicts and fences are taken again from this code.
-func rerender(path string) int {
+// results.json (and its dated record, with -record), for when the report's
+// shape changed but the numbers did not. The rows' verdicts and fences
+// are taken again from this code.
+func rerender(path, recordDir string) int {
 	b, err := os.ReadFile(path)
 	if err == nil {
 		var rep report.Report
@@ -228,7 +236,9 @@ func rerender(path string) int {
 				rep.Results[i].Spec.NoFence = baseSpec(rep.Results[i].Spec.Name, rep.Options.Instances).NoFence
 				rep.Results[i].Judge()
 			}
-			err = rep.Write(filepath.Dir(path))
+			if err = rep.Write(filepath.Dir(path)); err == nil {
+				err = record(recordDir, "loadtest", rep.At, rep.Markdown())
+			}
 			fmt.Print(rep.Table())
 		}
 	}
