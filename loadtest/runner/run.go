@@ -32,89 +32,101 @@ const (
 // rowEnv is one row's running world: its database, its instances, the
 // admin client and the users' tokens. close stops and drops it all.
 type rowEnv struct {
-	urls   []string
-	adm    admin
-	sec    secrets
-	tokens string // file of the users' tokens, for k6
-	shop   []string
-	close  func()
+	urls     []string
+	adm      admin
+	sec      secrets
+	tokens   string // file of the users' tokens, for k6
+	shop     []string
+	cleanups []func()
+}
+
+// close undoes what the row set up, last first.
+func (re *rowEnv) close() {
+	for i := len(re.cleanups) - 1; i >= 0; i-- {
+		re.cleanups[i]()
+	}
 }
 
 // startRow creates the row's database, migrates it, starts the instances
 // and lays down the fixture. The caller defers close.
 func startRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s report.Row) (re *rowEnv, err error) {
-	re = &rowEnv{}
-	var cleanups []func()
-	re.close = func() {
-		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
-		}
-	}
+	re = &rowEnv{sec: newSecrets()}
 	defer func() {
 		if err != nil {
 			re.close()
 		}
 	}()
 	runID := strconv.Itoa(os.Getpid())
-	dsn, drop, err := env.database(ctx, dbName(runID, s.Name))
+	dsn, err := re.database(ctx, log, o, env, dbName(runID, s.Name))
 	if err != nil {
 		return re, err
 	}
-	if !o.keep {
-		cleanups = append(cleanups, func() {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			if err := drop(dctx); err != nil {
-				log.Warn("drop database", "row", s.Name, "err", err)
-			}
-		})
-	}
-	re.sec = newSecrets()
 	// A prefix of its own per run and row: lock keys and fence counters of
 	// another run (or another engineer's tests) never meet this one's.
-	prefix := "lt" + runID + "-" + s.Name + ":"
-
-	port0, err := freePort()
-	if err != nil {
+	instanceEnv := func(port int) []string {
+		return shopEnv(o, env, s, re.sec, dsn, "lt"+runID+"-"+s.Name+":", "127.0.0.1:"+strconv.Itoa(port))
+	}
+	if err := re.startInstances(ctx, o, s.Name, instanceEnv); err != nil {
 		return re, err
 	}
-	re.shop = shopEnv(o, env, s, re.sec, dsn, prefix, "127.0.0.1:"+strconv.Itoa(port0))
-	if err := migrate(ctx, o.shop, re.shop, logPath(o.out, s.Name, "migrate")); err != nil {
-		return re, err
-	}
-
-	var instances []*instance
-	cleanups = append(cleanups, func() { stopAll(instances) })
-	for i := range o.Instances {
-		port, err := freePort()
-		if err != nil {
-			return re, err
-		}
-		in, err := startInstance(o.shop, shopEnv(o, env, s, re.sec, dsn, prefix, "127.0.0.1:"+strconv.Itoa(port)),
-			port, logPath(o.out, s.Name, "shop"+strconv.Itoa(i+1)))
-		if err != nil {
-			return re, err
-		}
-		instances = append(instances, in)
-	}
-	re.urls = make([]string, len(instances))
-	for i, in := range instances {
-		if err := in.waitReady(ctx, 60*time.Second); err != nil {
-			return re, err
-		}
-		re.urls[i] = in.url
-	}
-
 	re.adm = admin{url: re.urls[0], token: re.sec.admin}
 	if err := setUp(ctx, re.adm, o); err != nil {
 		return re, err
 	}
 	re.tokens = filepath.Join(o.out, "tokens-"+s.Name+".json")
-	if err := writeTokens(re.tokens, re.sec, o.Users); err != nil {
-		return re, err
+	re.cleanups = append(re.cleanups, func() { os.Remove(re.tokens) })
+	return re, writeTokens(re.tokens, re.sec, o.Users)
+}
+
+// database creates the row's database, dropped again at close unless
+// -keep.
+func (re *rowEnv) database(ctx context.Context, log *slog.Logger, o options, env testEnv, name string) (string, error) {
+	dsn, drop, err := env.database(ctx, name)
+	if err != nil || o.keep {
+		return dsn, err
 	}
-	cleanups = append(cleanups, func() { os.Remove(re.tokens) })
-	return re, nil
+	re.cleanups = append(re.cleanups, func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := drop(dctx); err != nil {
+			log.Warn("drop database", "database", name, "err", err)
+		}
+	})
+	return dsn, nil
+}
+
+// startInstances migrates the database, then starts the row's instances
+// and waits until every one is ready; envAt is an instance's environment
+// when it listens on port.
+func (re *rowEnv) startInstances(ctx context.Context, o options, row string, envAt func(port int) []string) error {
+	port0, err := freePort()
+	if err != nil {
+		return err
+	}
+	re.shop = envAt(port0)
+	if err := migrate(ctx, o.shop, re.shop, logPath(o.out, row, "migrate")); err != nil {
+		return err
+	}
+	var instances []*instance
+	re.cleanups = append(re.cleanups, func() { stopAll(instances) })
+	for i := range o.Instances {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		in, err := startInstance(o.shop, envAt(port), port, logPath(o.out, row, "shop"+strconv.Itoa(i+1)))
+		if err != nil {
+			return err
+		}
+		instances = append(instances, in)
+	}
+	for _, in := range instances {
+		if err := in.waitReady(ctx, 60*time.Second); err != nil {
+			return err
+		}
+		re.urls = append(re.urls, in.url)
+	}
+	return nil
 }
 
 // runRow runs one row from fresh database to stopped instances.
