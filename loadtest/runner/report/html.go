@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"html/template"
 	"math"
+	"strings"
 )
 
 //go:embed report.html.tmpl
@@ -16,16 +17,19 @@ var reportHTML = template.Must(template.New("report").Parse(reportTemplate))
 // so that it is on screen whatever the width of the numbers.
 type htmlRow struct {
 	Name, Class, Verdict string
-	NoFence              bool
-	Cost, Damage         []string
+	// Problems say why a row failed, under its verdict.
+	Problems     string
+	NoFence      bool
+	Cost, Damage []string
 }
 
 func (r Report) htmlRows() []htmlRow {
 	var rows []htmlRow
 	for _, res := range r.Results {
 		cells := res.Cells()
-		row := htmlRow{Name: res.Spec.Name, Verdict: res.Verdict, NoFence: res.Spec.NoFence && len(res.Problems) == 0,
-			Cost: cells[1:firstDamageColumn], Damage: cells[firstDamageColumn:]}
+		row := htmlRow{Name: res.Spec.Name, Verdict: res.Verdict, Problems: strings.Join(res.Problems, "; "),
+			NoFence: res.Spec.NoFence && len(res.Problems) == 0,
+			Cost:    cells[1:firstDamageColumn], Damage: cells[firstDamageColumn:]}
 		switch {
 		case len(res.Problems) > 0:
 			row.Class = "bad"
