@@ -257,6 +257,31 @@ func writeTokens(path string, sec secrets, n int) error {
 	return os.WriteFile(path, b, 0o600)
 }
 
+// k6Env is k6's environment: the runner's own, without its SHOP_* and
+// K6_* settings, then what the script reads.
+func k6Env(o options, s report.Row, urls []string, tokens, summary string, secs int) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SHOP_") && !strings.HasPrefix(kv, "K6_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env,
+		"K6_NO_USAGE_REPORT=true",
+		"SHOP_URLS="+strings.Join(urls, ","),
+		"SHOP_TOKENS="+mustAbs(tokens),
+		"SHOP_SUMMARY="+mustAbs(summary),
+		"SHOP_FLOWS="+strings.Join(s.Flows, ","),
+		"SHOP_RATE="+strconv.Itoa(o.Rate),
+		"SHOP_DURATION="+strconv.Itoa(secs),
+		"SHOP_STOCK="+strconv.Itoa(o.Stock),
+		"SHOP_MAX_VUS="+strconv.Itoa(o.MaxVUs),
+		"SHOP_BUYERS="+strconv.Itoa(o.Users),
+		"SHOP_SKU="+hotSKU,
+		"SHOP_ORDER_SKU="+orderSKU,
+	)
+}
+
 // runK6 runs the script and returns k6's exit code: 0, or 99 when a
 // threshold was crossed (expected of the unsafe rows); anything else is an
 // error of the run.
@@ -277,25 +302,7 @@ func runK6(ctx context.Context, o options, s report.Row, urls []string, tokens, 
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = logFile
 	cmd.WaitDelay = 10 * time.Second
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SHOP_") && !strings.HasPrefix(kv, "K6_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env,
-		"K6_NO_USAGE_REPORT=true",
-		"SHOP_URLS="+strings.Join(urls, ","),
-		"SHOP_TOKENS="+mustAbs(tokens),
-		"SHOP_SUMMARY="+mustAbs(summary),
-		"SHOP_FLOWS="+strings.Join(s.Flows, ","),
-		"SHOP_RATE="+strconv.Itoa(o.Rate),
-		"SHOP_DURATION="+strconv.Itoa(secs),
-		"SHOP_STOCK="+strconv.Itoa(o.Stock),
-		"SHOP_MAX_VUS="+strconv.Itoa(o.MaxVUs),
-		"SHOP_BUYERS="+strconv.Itoa(o.Users),
-		"SHOP_SKU="+hotSKU,
-		"SHOP_ORDER_SKU="+orderSKU,
-	)
+	cmd.Env = k6Env(o, s, urls, tokens, summary, secs)
 	fmt.Printf("--- %s: k6 (%s)\n", s.Name, strings.Join(s.Flows, ", "))
 	err = cmd.Run()
 	var exit *exec.ExitError

@@ -82,6 +82,10 @@ func TestReportFitsA1280PixelWindowWithEveryVerdictVisible(t *testing.T) {
 	chromium := testenv.Require(t, "SHOP_TEST_CHROMIUM")
 	dir := t.TempDir()
 	rep := sample()
+	// A failed row prints its error under the verdict, however long.
+	failed := Result{Spec: Row{Name: "etcd+combined"}, Err: "dial tcp 127.0.0.1:12379: " + strings.Repeat("connection-refused/", 12)}
+	failed.Judge()
+	rep.Results = append(rep.Results, failed)
 	if err := rep.Write(dir); err != nil {
 		t.Fatal(err)
 	}
