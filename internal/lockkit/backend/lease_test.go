@@ -384,3 +384,34 @@ func TestLostFirstAskedAfterTheDeadlineIsClosed(t *testing.T) {
 		t.Fatal("Lost is open after the deadline")
 	}
 }
+
+// Only the store's answer settles a release: one that failed on the way
+// is asked again, and ErrNotHeld comes from the store, never from the
+// lease's own bookkeeping.
+func TestReleaseThatFailedAsksTheStoreAgain(t *testing.T) {
+	var calls atomic.Int32
+	unreachable := errors.New("connection reset")
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute,
+		Extend: func(context.Context, time.Duration) error { return nil },
+		Release: func(context.Context) error {
+			if calls.Add(1) == 1 {
+				return unreachable
+			}
+			return nil
+		}})
+	if err := lease.Release(context.Background()); !errors.Is(err, unreachable) {
+		t.Fatalf("first Release = %v, want the store's failure", err)
+	}
+	if !backend.IsClosed(lease.Lost()) {
+		t.Fatal("Lost open after a Release was sent: the store may have freed the key")
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("second Release = %v, want nil from the store", err)
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("third Release = %v, want ErrNotHeld", err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("store asked %d times, want 2", n)
+	}
+}
