@@ -22,7 +22,11 @@ import (
 // them with errors.Is whatever store is behind the Locker.
 var (
 	// ErrNotAcquired means the key is held by someone else: TryAcquire
-	// returns it at once, Acquire when its wait timeout ran out.
+	// returns it at once, Acquire when its wait timeout ran out. A backend
+	// that can be refused while nobody holds the key says so in an error
+	// of its own that wraps this one (Redlock's ErrSplitVote, when
+	// contenders split the masters' votes); Acquire retries that case
+	// within its wait.
 	ErrNotAcquired = errors.New("lockkit: lock not acquired")
 	// ErrNotHeld means a Release or Extend found that the caller no longer
 	// owns the key (it expired, or was never granted to this owner). Nothing

@@ -17,7 +17,10 @@ import (
 // that has stopped answering, must not still be running afterwards.
 func TestCloseWaitsForRenewalInFlight(t *testing.T) {
 	p := newProxy(t, serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0])
-	l := redislock.New(newClient(t, p.addr), redislock.WithPrefix(testPrefix))
+	l, err := redislock.New(newClient(t, p.addr), redislock.WithPrefix(testPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
 	const ttl = 900 * time.Millisecond
 	lease, err := l.TryAcquire(context.Background(), uniqueKey(t), lockkit.WithAutoRenew(ttl))
 	if err != nil {

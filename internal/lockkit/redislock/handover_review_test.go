@@ -87,7 +87,7 @@ func TestReleaseFreesKeyWhenHandOverToWaiterFails(t *testing.T) {
 // a waiter here and no mark hands over, with a higher token.
 func TestHandOverRunsOnEmbeddedServer(t *testing.T) {
 	m := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
 	defer client.Close()
 	l := newLocker(t, client)
 	ctx := context.Background()

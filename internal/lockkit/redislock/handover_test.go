@@ -103,7 +103,10 @@ func TestCloseDuringHandOverLeaksNothing(t *testing.T) {
 	baseline := goleak.IgnoreCurrent()
 
 	for i := range 40 {
-		l := redislock.New(client, redislock.WithPrefix(testPrefix))
+		l, err := redislock.New(client, redislock.WithPrefix(testPrefix))
+		if err != nil {
+			t.Fatal(err)
+		}
 		holder := hold(t, l, key)
 		waiters := []<-chan acquired{acquireAsync(l, ctx, key), acquireAsync(l, ctx, key)}
 		time.Sleep(20 * time.Millisecond)

@@ -107,13 +107,20 @@ type Locker struct {
 	inflight sync.WaitGroup
 }
 
+// ErrDeadlinesIgnored is returned by New for a go-redis client created
+// without ContextTimeoutEnabled (go-redis's default). Such a client ignores
+// the context's deadline on a connection that stopped answering, so an
+// Acquire against an unreachable Redis would take the client's read
+// timeouts and retries (seconds), whatever its wait timeout says.
+var ErrDeadlinesIgnored = errors.New("redislock: the go-redis client ignores context deadlines: create it with ContextTimeoutEnabled: true")
+
 // New returns a Locker on client. Close it to stop its background work; the
-// client stays open (it belongs to the caller). Create the client with
-// ContextTimeoutEnabled: without it go-redis ignores the context's deadline
-// on a connection that stopped answering, and an Acquire against an
-// unreachable Redis takes its read timeouts and retries (seconds), whatever
-// its context says.
-func New(client redis.UniversalClient, opts ...Option) *Locker {
+// client stays open (it belongs to the caller). It refuses a client that
+// would ignore deadlines (ErrDeadlinesIgnored).
+func New(client redis.UniversalClient, opts ...Option) (*Locker, error) {
+	if ignoresDeadlines(client) {
+		return nil, ErrDeadlinesIgnored
+	}
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	l := &Locker{client: client, waiterTimeout: DefaultWaiterTimeout, id: hex.EncodeToString(id) + ":"}
@@ -122,7 +129,21 @@ func New(client redis.UniversalClient, opts ...Option) *Locker {
 	}
 	l.closing, l.shutdown = context.WithCancel(context.Background())
 	l.room = newWaitRoom(client, l.free)
-	return l
+	return l, nil
+}
+
+// ignoresDeadlines reads the flag on go-redis's own clients; a client of
+// another type is trusted to keep its context's deadline.
+func ignoresDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return !c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // enter registers a call that Close must wait for; false once closed.
@@ -187,14 +208,21 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	owner := l.newOwner()
 	ks := l.keys(key)
 
+	// The wait timeout bounds the first call too: a server that stopped
+	// answering must not hold it for the client's read timeout.
+	bounded := ctx
+	if o.WaitTimeout > 0 {
+		var cancel context.CancelFunc
+		bounded, cancel = backend.WaitContext(ctx, o)
+		defer cancel()
+	}
 	wait := time.Duration(0)
 	// A plain arrival tries at once unless others here wait already (no
 	// barging past them); a fair one always calls, to take its place.
-	// This call runs under the caller's ctx alone: the wait's context
-	// costs a registration with the Locker's, which the uncontended path
-	// does without.
+	// This call does without the Locker's closing signal: registering
+	// with it costs the uncontended path.
 	if o.Fair || !l.room.busy(ks) {
-		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, arriving)
+		lease, pttl, err := l.attempt(bounded, key, ks, owner, o, watchdog, arriving)
 		if lease != nil {
 			return lease, nil
 		}
@@ -202,12 +230,15 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 			if ended(ctx) {
 				return nil, cmp.Or(ctx.Err(), context.DeadlineExceeded)
 			}
+			if ended(bounded) {
+				return nil, lockkit.ErrNotAcquired
+			}
 			return nil, err
 		}
 		wait = pttl
 	}
 
-	waitCtx, cancel := backend.WaitContext(ctx, o)
+	waitCtx, cancel := context.WithCancel(bounded)
 	defer cancel()
 	defer context.AfterFunc(l.closing, cancel)()
 	fail := func(err error) (lockkit.Lease, error) {

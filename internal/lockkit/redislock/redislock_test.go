@@ -43,7 +43,11 @@ func harness(t *testing.T, newClient func(w *locktest.Wire) redis.UniversalClien
 	open := func(t testing.TB, w *locktest.Wire) lockkit.Locker {
 		c := newClient(w)
 		t.Cleanup(func() { _ = c.Close() })
-		return redislock.New(c, redislock.WithPrefix(prefix))
+		l, err := redislock.New(c, redislock.WithPrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
 	}
 	return locktest.Harness{
 		New:   func(t testing.TB) lockkit.Locker { return open(t, nil) },

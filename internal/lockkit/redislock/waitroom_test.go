@@ -31,7 +31,10 @@ func newClient(t *testing.T, addr string) *redis.Client {
 }
 
 func newLocker(t *testing.T, c redis.UniversalClient, opts ...redislock.Option) *redislock.Locker {
-	l := redislock.New(c, append([]redislock.Option{redislock.WithPrefix(testPrefix)}, opts...)...)
+	l, err := redislock.New(c, append([]redislock.Option{redislock.WithPrefix(testPrefix)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { l.Close() })
 	return l
 }
@@ -205,7 +208,10 @@ func TestCloseRacingAcquireLeaksNothing(t *testing.T) {
 	baseline := goleak.IgnoreCurrent()
 
 	for i := range 40 {
-		l := redislock.New(client, redislock.WithPrefix(testPrefix))
+		l, err := redislock.New(client, redislock.WithPrefix(testPrefix))
+		if err != nil {
+			t.Fatal(err)
+		}
 		var opts []lockkit.Option
 		if i%2 == 1 {
 			opts = append(opts, lockkit.WithFair())
