@@ -39,6 +39,10 @@ var (
 	// ErrFenced is returned by fenced stores when a write carries a fencing
 	// token older than one already applied: a stale holder tried to write.
 	ErrFenced = errors.New("lockkit: write refused: stale fencing token")
+	// ErrUnfenced is returned by DoFenced and DoManyFenced, before any lock
+	// is taken, when asked WithoutFence: a store that checks the fence must
+	// not be handed a grant that skipped it.
+	ErrUnfenced = errors.New("lockkit: a fenced store was given an unfenced grant")
 	// ErrUnavailable wraps failures to reach the lock server, so that
 	// callers can answer 503 instead of 500.
 	ErrUnavailable = errors.New("lockkit: lock server unavailable")

@@ -58,11 +58,14 @@ var (
 	abandonLua string
 	//go:embed handover.lua
 	handOverLua string
+	//go:embed unfenced_acquire.lua
+	unfencedAcquireLua string
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
 	// (a restarted or failed-over server has an empty script cache).
 	acquireScript     = redis.NewScript(fenceLua + wantedLua + acquireLua)
 	fairAcquireScript = redis.NewScript(fenceLua + wantedLua + fairAcquireLua)
+	unfencedScript    = redis.NewScript(wantedLua + unfencedAcquireLua)
 	releaseScript     = redis.NewScript(releaseLua)
 	handOverScript    = redis.NewScript(fenceLua + handOverLua)
 	extendScript      = redis.NewScript(extendLua)
@@ -336,6 +339,9 @@ const (
 // once, or when its subscription is confirmed), and so the uncontended
 // call carries no more keys than it must: each costs the server time.
 func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool, st stage) (lockkit.Lease, time.Duration, error) {
+	if o.Unfenced && !o.Fair {
+		return l.attemptUnfenced(ctx, key, ks, owner, o, watchdog, st)
+	}
 	sent := time.Now()
 	var res int64
 	var err error
@@ -361,6 +367,35 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 		return nil, time.Duration(-1-res) * time.Millisecond, nil
 	}
 	return l.newLease(key, ks, owner, o, watchdog, uint64(res), sent), 0, nil
+}
+
+// attemptUnfenced is attempt for a plain lease asked WithoutFence: a plain
+// SET NX PX on arrival, whose refusal makes the caller call again (as a
+// fenced arrival's does, see attempt); a waiter's call also reads the
+// holder's pttl and marks the key as wanted. A fair lease ignores
+// WithoutFence: its queue lives in the same script as its token.
+func (l *Locker) attemptUnfenced(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool, st stage) (lockkit.Lease, time.Duration, error) {
+	sent := time.Now()
+	var granted bool
+	var err error
+	if st == waiting {
+		var res int64
+		res, err = unfencedScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted()}, owner, o.TTL.Milliseconds()).Int64()
+		if err == nil && res < 0 {
+			return nil, time.Duration(-1-res) * time.Millisecond, nil
+		}
+		granted = err == nil
+	} else {
+		granted, err = l.client.SetNX(ctx, ks.lock(), owner, o.TTL).Result()
+	}
+	if err != nil {
+		l.abandonLater(ks, owner) // the SET may have landed although its reply was lost
+		return nil, 0, unavailable(ctx, err)
+	}
+	if !granted {
+		return nil, 0, nil
+	}
+	return l.newLease(key, ks, owner, o, watchdog, 0, sent), 0, nil
 }
 
 // newLease is the lease of a grant to owner, made by a call sent at sent:
