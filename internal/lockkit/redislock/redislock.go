@@ -222,21 +222,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	wait := time.Duration(0)
 	// A plain arrival tries at once unless others here wait already (no
 	// barging past them); a fair one always calls, to take its place.
-	// This call does without the Locker's closing signal: registering
-	// with it costs the uncontended path.
 	if o.Fair || !l.room.busy(ks) {
-		lease, pttl, err := l.attempt(bounded, key, ks, owner, o, watchdog, arriving)
-		if lease != nil {
-			return lease, nil
-		}
-		if err != nil {
-			if ended(ctx) {
-				return nil, cmp.Or(ctx.Err(), context.DeadlineExceeded)
-			}
-			if ended(bounded) {
-				return nil, lockkit.ErrNotAcquired
-			}
-			return nil, err
+		lease, pttl, err := l.arrive(ctx, bounded, key, ks, owner, o, watchdog)
+		if lease != nil || err != nil {
+			return lease, err
 		}
 		wait = pttl
 	}
@@ -320,6 +309,22 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 func ended(ctx context.Context) bool {
 	deadline, ok := ctx.Deadline()
 	return ctx.Err() != nil || ok && !time.Now().Before(deadline)
+}
+
+// arrive is Acquire's first attempt, under bounded: ctx and the wait
+// timeout. It does without the Locker's closing signal: registering with
+// it costs the uncontended path.
+func (l *Locker) arrive(ctx, bounded context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool) (lockkit.Lease, time.Duration, error) {
+	lease, pttl, err := l.attempt(bounded, key, ks, owner, o, watchdog, arriving)
+	switch {
+	case err == nil:
+		return lease, pttl, nil
+	case ended(ctx):
+		return nil, 0, cmp.Or(ctx.Err(), context.DeadlineExceeded)
+	case ended(bounded):
+		return nil, 0, lockkit.ErrNotAcquired
+	}
+	return nil, 0, err
 }
 
 // stage is where an attempt stands in its acquisition.
