@@ -57,6 +57,8 @@ BENCH_UNCONTENDED ?= 300ms
 BENCH_CONTENDED ?= 1s
 BENCH_CYCLES ?= 1000
 BENCH_RESULTS := docs/results/bench-$(shell date -u +%Y-%m-%d).md
+# The commit the benchmark binary is built from, read when make starts.
+BENCH_COMMIT := $(shell git rev-parse --short HEAD)$(shell git diff --quiet HEAD -- . ':!docs/results' || echo ', with uncommitted changes')
 
 bench: ## Every backend beside its peer and its server's raw round trip, interleaved rounds; Redis in callgrind instructions too; writes docs/results/bench-<date>.md
 	@command -v valgrind >/dev/null || { echo "bench: needs valgrind (apt-get install valgrind) for the server instruction counts" >&2; exit 1; }
@@ -70,7 +72,7 @@ bench: ## Every backend beside its peer and its server's raw round trip, interle
 	@{ echo "# make bench, $$(date -u '+%Y-%m-%d %H:%M') UTC"; echo; \
 		echo "- Command: \`make bench BENCH_ROUNDS=$(BENCH_ROUNDS) BENCH_UNCONTENDED=$(BENCH_UNCONTENDED) BENCH_CONTENDED=$(BENCH_CONTENDED) BENCH_CYCLES=$(BENCH_CYCLES)\`"; \
 		echo "- Machine: $$(nproc) cores, $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $$(redis-server --version | cut -d' ' -f1-3)"; \
-		echo "- Commit: $$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- . ':!docs/results' || echo ', with uncommitted changes')"; echo; \
+		echo "- Commit: $(BENCH_COMMIT)"; echo; \
 		echo "## Uncontended Redis cycle, in instruments that repeat"; echo; \
 		echo "Server instructions: callgrind on a private redis-server, the same wall time idle subtracted (its timer); median and range of 3 interleaved runs of $(BENCH_CYCLES) cycles. Calls: counted on the wire (no pipelining: round trips). Allocations: the client's, per cycle."; echo; \
 		cat /tmp/shop-bench-instructions.md; echo; \
