@@ -65,7 +65,7 @@ func measureCeiling(ctx context.Context, cfg config.Config, sku string, n int) (
 	if err := db.Migrate(ctx, models()...); err != nil {
 		return rep, err
 	}
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster})
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	backend, err := openLocker(ctx, cfg, deps{redis: rdb, db: db})
 	if err != nil {

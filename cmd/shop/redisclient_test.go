@@ -42,7 +42,10 @@ func TestRedisClientHonoursContextDuringOutage(t *testing.T) {
 			_ = c()
 		}
 	}()
-	locker := redislock.New(rdb)
+	locker, err := redislock.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer locker.Close()
 
 	const budget, slack = 200 * time.Millisecond, 300 * time.Millisecond

@@ -36,8 +36,11 @@ type instance struct {
 
 func newInstance(t *testing.T, db *storage.DB, redisAddr, prefix string, ttl time.Duration) *instance {
 	t.Helper()
-	client := redis.NewClient(&redis.Options{Addr: redisAddr})
-	locker := redislock.New(client, redislock.WithPrefix(prefix))
+	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	locker, err := redislock.New(client, redislock.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { locker.Close(); client.Close() })
 
 	reg := prometheus.NewRegistry()

@@ -92,9 +92,12 @@ func TestRedisFailover(t *testing.T) {
 	master, replica, sentinels := sentinelSet(t)
 
 	client := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: sentinels,
-		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
-	locker := redislock.New(client, redislock.WithPrefix(shoptest.Prefix("faults")))
+	locker, err := redislock.New(client, redislock.WithPrefix(shoptest.Prefix("faults")))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { locker.Close() })
 
 	db, err := storage.Open(ctx, storage.Options{MySQLDSN: shoptest.MySQL(t), MaxConns: 4})
@@ -260,7 +263,10 @@ func newStaleWriter(t *testing.T, r *rig, url, addr string, id int64) *staleWrit
 	r.account(url, id, opening)
 	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
-	locker := redislock.New(client, redislock.WithPrefix(r.env["SHOP_KEY_PREFIX"]))
+	locker, err := redislock.New(client, redislock.WithPrefix(r.env["SHOP_KEY_PREFIX"]))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { locker.Close() })
 	db, err := storage.Open(ctx, storage.Options{MySQLDSN: r.env["SHOP_MYSQL_DSN"], MaxConns: 2})
 	if err != nil {

@@ -124,9 +124,12 @@ func TestOrderCommitReportedAsFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	client := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
+	client := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR"), ContextTimeoutEnabled: true})
 	defer client.Close()
-	locker := redislock.New(client, redislock.WithPrefix(shoptest.Prefix("faults-orders")))
+	locker, err := redislock.New(client, redislock.WithPrefix(shoptest.Prefix("faults-orders")))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer locker.Close()
 
 	accounts, products := account.NewStore(db), inventory.NewStore(db, nil)

@@ -26,14 +26,14 @@ func serverAddrs(t *testing.T, env string) []string { return testenv.RequireList
 
 func clusterClient(t *testing.T) redis.UniversalClient {
 	addrs := serverAddrs(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
 
 func nodeClient(t *testing.T) redis.UniversalClient {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")
-	c := redis.NewClient(&redis.Options{Addr: addr[0]})
+	c := redis.NewClient(&redis.Options{Addr: addr[0], ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -85,7 +85,10 @@ func (s *Service) clearAll(ctx context.Context) error {
 }
 
 func redisLocker(t *testing.T, client redis.UniversalClient) lockkit.Locker {
-	l := redislock.New(client, redislock.WithPrefix(testPrefix(t)))
+	l, err := redislock.New(client, redislock.WithPrefix(testPrefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { l.Close() })
 	return l
 }
@@ -394,9 +397,12 @@ func BenchmarkLike(b *testing.B) {
 			if addrs == "" {
 				b.Skip("SHOP_TEST_REDIS_CLUSTER_ADDRS not set")
 			}
-			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ","), ContextTimeoutEnabled: true})
 			defer client.Close()
-			locker := redislock.New(client, redislock.WithPrefix("like_bench:"))
+			locker, err := redislock.New(client, redislock.WithPrefix("like_bench:"))
+			if err != nil {
+				b.Fatal(err)
+			}
 			defer locker.Close()
 			s, err := New(client, Options{Strategy: strategy, Locker: locker, Prefix: "like_bench:"})
 			if err != nil {

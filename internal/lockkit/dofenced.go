@@ -9,8 +9,12 @@ import "context"
 // it: DoFenced returns nil when fn did, where Do returns ErrLeaseLost, which
 // a caller would answer as "nothing was changed" about a change that
 // landed. A backend that cannot fence passes 0 and the store writes
-// unchecked; that write landed too, and the same holds.
+// unchecked; that write landed too, and the same holds. Asked WithoutFence,
+// it refuses at once with ErrUnfenced.
 func DoFenced(ctx context.Context, l Locker, key string, fn func(ctx context.Context, fence uint64) error, opts ...Option) error {
+	if unfenced(opts) {
+		return ErrUnfenced
+	}
 	var done bool
 	err := Do(ctx, l, key, func(ctx context.Context, fence uint64) error {
 		err := fn(ctx, fence)
@@ -22,6 +26,9 @@ func DoFenced(ctx context.Context, l Locker, key string, fn func(ctx context.Con
 
 // DoManyFenced is DoMany with DoFenced's answer.
 func DoManyFenced(ctx context.Context, l Locker, keys []string, fn func(ctx context.Context, fences map[string]uint64) error, opts ...Option) error {
+	if unfenced(opts) {
+		return ErrUnfenced
+	}
 	var done bool
 	err := DoMany(ctx, l, keys, func(ctx context.Context, fences map[string]uint64) error {
 		err := fn(ctx, fences)
@@ -36,4 +43,12 @@ func landed(done bool, err error) error {
 		return nil
 	}
 	return err
+}
+
+func unfenced(opts []Option) bool {
+	var o Options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o.Unfenced
 }

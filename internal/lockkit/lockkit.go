@@ -22,7 +22,11 @@ import (
 // them with errors.Is whatever store is behind the Locker.
 var (
 	// ErrNotAcquired means the key is held by someone else: TryAcquire
-	// returns it at once, Acquire when its wait timeout ran out.
+	// returns it at once, Acquire when its wait timeout ran out. A backend
+	// that can be refused while nobody holds the key says so in an error
+	// of its own that wraps this one (Redlock's ErrSplitVote, when
+	// contenders split the masters' votes); Acquire retries that case
+	// within its wait.
 	ErrNotAcquired = errors.New("lockkit: lock not acquired")
 	// ErrNotHeld means a Release or Extend found that the caller no longer
 	// owns the key (it expired, or was never granted to this owner). Nothing
@@ -35,6 +39,10 @@ var (
 	// ErrFenced is returned by fenced stores when a write carries a fencing
 	// token older than one already applied: a stale holder tried to write.
 	ErrFenced = errors.New("lockkit: write refused: stale fencing token")
+	// ErrUnfenced is returned by DoFenced and DoManyFenced, before any lock
+	// is taken, when asked WithoutFence: a store that checks the fence must
+	// not be handed a grant that skipped it.
+	ErrUnfenced = errors.New("lockkit: a fenced store was given an unfenced grant")
 	// ErrUnavailable wraps failures to reach the lock server, so that
 	// callers can answer 503 instead of 500.
 	ErrUnavailable = errors.New("lockkit: lock server unavailable")

@@ -20,6 +20,8 @@ type Options struct {
 	Fair bool
 	// AutoRenew is set by WithAutoRenew: the watchdog renews TTL.
 	AutoRenew bool
+	// Unfenced is set by WithoutFence.
+	Unfenced bool
 }
 
 // WithTTL sets an explicit lease length and turns the watchdog off: the lease
@@ -40,6 +42,12 @@ func WithWaitTimeout(d time.Duration) Option { return func(o *Options) { o.WaitT
 
 // WithFair asks for a first-come first-served grant order.
 func WithFair() Option { return func(o *Options) { o.Fair = true } }
+
+// WithoutFence asks for a grant without a fencing token, for a caller whose
+// store cannot check one: a backend that pays for its token (Redis: a
+// counter and the server clock) may then skip it, and the lease's Fence()
+// is 0. DoFenced, whose store does check, refuses it (ErrUnfenced).
+func WithoutFence() Option { return func(o *Options) { o.Unfenced = true } }
 
 type ownerKey struct{}
 

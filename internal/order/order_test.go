@@ -115,9 +115,12 @@ const (
 // its own that the test deletes at its end.
 func redisLocker(t *testing.T) (lockkit.Locker, redis.UniversalClient, string) {
 	ctx := context.Background()
-	client := redis.NewClient(&redis.Options{Addr: env(t, "SHOP_TEST_REDIS_ADDR")})
+	client := redis.NewClient(&redis.Options{Addr: env(t, "SHOP_TEST_REDIS_ADDR"), ContextTimeoutEnabled: true})
 	prefix := "order_test:" + random() + ":"
-	locker := redislock.New(client, redislock.WithPrefix(prefix))
+	locker, err := redislock.New(client, redislock.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		for _, pattern := range []string{prefix + "*", "{" + prefix + "*"} {
 			it := client.Scan(ctx, 0, pattern, 500).Iterator()

@@ -213,14 +213,15 @@ func (l *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // Release does not wait for a renewal in flight: the store's extend is
 // owner-checked, so a renewal that lands after the release finds nothing
 // of this owner's to extend. Trust ends as the release leaves: the store
-// may free the key at any moment from then on.
+// may free the key at any moment from then on. A release the store did not
+// answer (its ctx ended, the connection failed) may be tried again: only
+// the store's answer, freed or not held, settles it.
 func (l *lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
 		return lockkit.ErrNotHeld
 	}
-	l.released = true
 	if l.renewal != nil {
 		l.renewal.Stop()
 	}
@@ -232,5 +233,11 @@ func (l *lease) Release(ctx context.Context) error {
 	}
 	l.mu.Unlock()
 	l.markLost()
-	return l.g.Release(ctx)
+	err := l.g.Release(ctx)
+	if err == nil || errors.Is(err, lockkit.ErrNotHeld) {
+		l.mu.Lock()
+		l.released = true
+		l.mu.Unlock()
+	}
+	return err
 }

@@ -3,6 +3,7 @@ package backend_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -382,5 +383,75 @@ func TestLostFirstAskedAfterTheDeadlineIsClosed(t *testing.T) {
 	case <-lease.Lost():
 	default:
 		t.Fatal("Lost is open after the deadline")
+	}
+}
+
+// Only the store's answer settles a release: one that failed on the way
+// is asked again, and ErrNotHeld comes from the store, never from the
+// lease's own bookkeeping.
+func TestReleaseThatFailedAsksTheStoreAgain(t *testing.T) {
+	var calls atomic.Int32
+	unreachable := errors.New("connection reset")
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: time.Minute,
+		Extend: func(context.Context, time.Duration) error { return nil },
+		Release: func(context.Context) error {
+			if calls.Add(1) == 1 {
+				return unreachable
+			}
+			return nil
+		}})
+	if err := lease.Release(context.Background()); !errors.Is(err, unreachable) {
+		t.Fatalf("first Release = %v, want the store's failure", err)
+	}
+	if !backend.IsClosed(lease.Lost()) {
+		t.Fatal("Lost open after a Release was sent: the store may have freed the key")
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("second Release = %v, want nil from the store", err)
+	}
+	if err := lease.Release(context.Background()); !errors.Is(err, lockkit.ErrNotHeld) {
+		t.Fatalf("third Release = %v, want ErrNotHeld", err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("store asked %d times, want 2", n)
+	}
+}
+
+// A lease whose TTL has run out reads as lost the first time anyone looks
+// at Lost, even if nobody looked before: callers check it with a select
+// and a default (lockkit.Do after fn, Reentrant before nesting) and must
+// not be told a dead lease is still trusted.
+func TestLostClosedWhenFirstAskedAfterDeadline(t *testing.T) {
+	for range 20 {
+		l := backend.NewLease(backend.Grant{
+			Key: "k", Fence: 1, TTL: 10 * time.Millisecond,
+			Extend:  func(context.Context, time.Duration) error { return nil },
+			Release: func(context.Context) error { return nil },
+		})
+		time.Sleep(30 * time.Millisecond)
+		if !backend.IsClosed(l.Lost()) {
+			t.Fatal("Lost still open 20ms past the lease's deadline")
+		}
+	}
+}
+
+// The goroutine that watches a grant's Gone ends when the lease's TTL runs
+// out, also for a lease nobody releases or watches (a session-long Gone,
+// as zklock and etcdlock pass, would otherwise keep one per lease alive).
+func TestGoneWatcherEndsAtDeadline(t *testing.T) {
+	gone := make(chan struct{})
+	defer close(gone)
+	time.Sleep(10 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	for range 10 {
+		backend.NewLease(backend.Grant{
+			Key: "k", Fence: 1, TTL: 10 * time.Millisecond, Gone: gone,
+			Extend:  func(context.Context, time.Duration) error { return nil },
+			Release: func(context.Context) error { return nil },
+		})
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines 90ms after 10 leases ran out, %d before", n, before)
 	}
 }

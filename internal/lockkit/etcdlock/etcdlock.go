@@ -128,6 +128,9 @@ type held struct {
 	lease   lockkit.Lease
 	session *session
 	orphan  bool // under Locker.mu: its session was lost
+	// unsettled, under Locker.mu: a release was sent and not answered, so
+	// a release called again asks the store once more.
+	unsettled bool
 }
 
 // New connects to etcd at endpoints and opens a session. Close closes the
@@ -434,6 +437,10 @@ func (l *Locker) extend(ctx context.Context, me string, rev int64, h *held, ttl 
 
 func (l *Locker) release(ctx context.Context, me string, rev int64, h *held) error {
 	l.mu.Lock()
+	if h.unsettled {
+		l.mu.Unlock()
+		return l.releaseAgain(ctx, me, rev)
+	}
 	delete(l.held, h)
 	expired := !h.timer.Stop()
 	orphan := h.orphan
@@ -458,11 +465,25 @@ func (l *Locker) release(ctx context.Context, me string, rev int64, h *held) err
 	if err != nil {
 		l.retire(me, h.session.id)
 		l.bury(me, rev)
+		l.mu.Lock()
+		h.unsettled = true
+		l.mu.Unlock()
 		return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 	}
 	l.unclaim(me)
 	if !deleted {
 		return lockkit.ErrNotHeld
+	}
+	return nil
+}
+
+// releaseAgain answers a release called again after one the store did not
+// answer. The burial deletes the key in the background meanwhile, and the
+// first delete may land late, so a key found gone was most likely freed by
+// our own hand: that is not ErrNotHeld, which says another owner was found.
+func (l *Locker) releaseAgain(ctx context.Context, me string, rev int64) error {
+	if _, err := l.remove(ctx, me, rev); err != nil {
+		return fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 	}
 	return nil
 }

@@ -66,13 +66,16 @@ func groups() []group {
 func redisGroup() group {
 	addr := os.Getenv("SHOP_TEST_REDIS_ADDR")
 	newClient := func(b *testing.B) *redis.Client {
-		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
+		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64, ContextTimeoutEnabled: true})
 		b.Cleanup(func() { _ = c.Close() })
 		return c
 	}
 	ours := func(opts ...lockkit.Option) func(b *testing.B) Acquirer {
 		return func(b *testing.B) Acquirer {
-			l := redislock.New(newClient(b), redislock.WithPrefix("bench:"))
+			l, err := redislock.New(newClient(b), redislock.WithPrefix("bench:"))
+			if err != nil {
+				b.Fatal(err)
+			}
 			b.Cleanup(func() { _ = l.Close() })
 			return lockkitAcquirer(l, opts...)
 		}

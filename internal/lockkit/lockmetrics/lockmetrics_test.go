@@ -3,6 +3,7 @@ package lockmetrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -134,5 +135,28 @@ func TestRecords(t *testing.T) {
 	m.Fenced(lockkey.Account)
 	if got := value(t, reg, "shop_fenced_writes_total", acct); got != 1 {
 		t.Errorf("fenced %v, want 1", got)
+	}
+}
+
+// A lease that ran out before its holder released it counts as lost even
+// if the holder never looked at Lost: the wrapper asks Lost at release
+// time, with a select and a default.
+func TestLostCountedWithoutAWatcher(t *testing.T) {
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	m := lockmetrics.New(reg, "local")
+	inner := local.New()
+	defer inner.Close()
+	const leases = 10
+	for i := range leases {
+		lease, err := m.Wrap(inner).For(lockkey.Stock).Acquire(ctx, fmt.Sprintf("lock:stock:%d", i), lockkit.WithTTL(30*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(60 * time.Millisecond) // the TTL runs out; nobody watches
+		_ = lease.Release(ctx)
+	}
+	if got := value(t, reg, "shop_lock_lost_total", map[string]string{"class": "stock"}); got != leases {
+		t.Errorf("lost %v of %d leases released 30ms past their TTL, want all", got, leases)
 	}
 }

@@ -56,6 +56,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("MutualExclusion3Processes", s.crossProcess)
 	t.Run("ExpiryAfterHolderDies", s.expiryAfterCrash)
 	t.Run("OwnerCheckedRelease", s.ownerCheckedRelease)
+	t.Run("ReleaseCanBeRetried", s.releaseRetried)
 	t.Run("Extend", s.extend)
 	t.Run("ExtendAfterTakeover", s.extendAfterTakeover)
 	t.Run("ExtendRacingWatchdog", s.extendRacingWatchdog)

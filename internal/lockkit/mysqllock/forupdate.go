@@ -242,7 +242,7 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 	h.lease = backend.NewLease(backend.Grant{
 		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend:  h.extend,
-		Release: func(ctx context.Context) error { return h.exec(ctx, true, l.releaseSQL, []byte(key)) },
+		Release: func(ctx context.Context) error { return h.release(ctx, l.releaseSQL, []byte(key)) },
 		Gone:    h.gone,
 		Closed:  l.done.Done(),
 	})
@@ -343,6 +343,10 @@ type held struct {
 	lease  lockkit.Lease // nil until the grant is complete
 	gone   chan struct{} // closed to close the lease's Lost
 	kill   func()        // KILLs the connection's session
+	// ended is closed once a connection ended because its caller's ctx
+	// ended is gone, and the row with it: a release called again after
+	// such a release answers nil then.
+	ended chan struct{}
 }
 
 // exec runs query on the lease's connection, and gives the connection back
@@ -369,11 +373,14 @@ func (h *held) exec(ctx context.Context, last bool, query string, args ...any) e
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		h.conn = nil
+		h.conn, h.ended = nil, make(chan struct{})
 		h.end(conn, func() {
 			h.kill()
 			<-done
 		})
+		if last {
+			return context.Cause(ctx) // the row is freed in the background
+		}
 		return fmt.Errorf("%w: %w", lockkit.ErrNotHeld, context.Cause(ctx))
 	}
 	if err != nil {
@@ -399,7 +406,7 @@ func (h *held) end(conn *sql.Conn, stop func()) {
 	default:
 		close(h.gone)
 	}
-	lease := h.lease
+	lease, ended := h.lease, h.ended
 	go func() {
 		if lease != nil {
 			<-lease.Lost()
@@ -408,7 +415,27 @@ func (h *held) end(conn *sql.Conn, stop func()) {
 			stop()
 		}
 		discard(conn)
+		if ended != nil {
+			close(ended)
+		}
 	}()
+}
+
+// release commits the transaction, or, after a release whose ctx ended
+// had the session KILLed, waits for that KILL to free the row.
+func (h *held) release(ctx context.Context, query string, key []byte) error {
+	h.mu.Lock()
+	ended := h.ended
+	h.mu.Unlock()
+	if ended == nil {
+		return h.exec(ctx, true, query, key)
+	}
+	select {
+	case <-ended:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 func (h *held) extend(ctx context.Context, ttl time.Duration) error {

@@ -15,7 +15,7 @@ import (
 // gopher-lua: the scripts must run there too, with exact tokens.
 func TestScriptsRunOnEmbeddedServer(t *testing.T) {
 	m := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
 	defer client.Close()
 	l := newLocker(t, client)
 	ctx := context.Background()

@@ -19,11 +19,15 @@ import (
 // than its waiter timeout: the next waiter passes it.
 func TestFairQueueSkipsDeadWaiter(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")
-	client := redis.NewClient(&redis.Options{Addr: addr[0]})
+	client := redis.NewClient(&redis.Options{Addr: addr[0], ContextTimeoutEnabled: true})
 	defer client.Close()
 	const waiterTimeout = 500 * time.Millisecond
 	newLocker := func() *redislock.Locker {
-		return redislock.New(client, redislock.WithPrefix("redislock-fair-test:"), redislock.WithWaiterTimeout(waiterTimeout))
+		l, err := redislock.New(client, redislock.WithPrefix("redislock-fair-test:"), redislock.WithWaiterTimeout(waiterTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
 	}
 	holder, dead, alive := newLocker(), newLocker(), newLocker()
 	defer holder.Close()
@@ -127,7 +131,10 @@ func TestCloseLeavesFairQueue(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	admin := newClient(t, addr)
 	holder := newLocker(t, admin)
-	l := redislock.New(newClient(t, addr), redislock.WithPrefix(testPrefix))
+	l, err := redislock.New(newClient(t, addr), redislock.WithPrefix(testPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	key := uniqueKey(t)
 

@@ -58,11 +58,14 @@ var (
 	abandonLua string
 	//go:embed handover.lua
 	handOverLua string
+	//go:embed unfenced_acquire.lua
+	unfencedAcquireLua string
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
 	// (a restarted or failed-over server has an empty script cache).
 	acquireScript     = redis.NewScript(fenceLua + wantedLua + acquireLua)
 	fairAcquireScript = redis.NewScript(fenceLua + wantedLua + fairAcquireLua)
+	unfencedScript    = redis.NewScript(wantedLua + unfencedAcquireLua)
 	releaseScript     = redis.NewScript(releaseLua)
 	handOverScript    = redis.NewScript(fenceLua + handOverLua)
 	extendScript      = redis.NewScript(extendLua)
@@ -107,13 +110,20 @@ type Locker struct {
 	inflight sync.WaitGroup
 }
 
+// ErrDeadlinesIgnored is returned by New for a go-redis client created
+// without ContextTimeoutEnabled (go-redis's default). Such a client ignores
+// the context's deadline on a connection that stopped answering, so an
+// Acquire against an unreachable Redis would take the client's read
+// timeouts and retries (seconds), whatever its wait timeout says.
+var ErrDeadlinesIgnored = errors.New("redislock: the go-redis client ignores context deadlines: create it with ContextTimeoutEnabled: true")
+
 // New returns a Locker on client. Close it to stop its background work; the
-// client stays open (it belongs to the caller). Create the client with
-// ContextTimeoutEnabled: without it go-redis ignores the context's deadline
-// on a connection that stopped answering, and an Acquire against an
-// unreachable Redis takes its read timeouts and retries (seconds), whatever
-// its context says.
-func New(client redis.UniversalClient, opts ...Option) *Locker {
+// client stays open (it belongs to the caller). It refuses a client that
+// would ignore deadlines (ErrDeadlinesIgnored).
+func New(client redis.UniversalClient, opts ...Option) (*Locker, error) {
+	if ignoresDeadlines(client) {
+		return nil, ErrDeadlinesIgnored
+	}
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	l := &Locker{client: client, waiterTimeout: DefaultWaiterTimeout, id: hex.EncodeToString(id) + ":"}
@@ -122,7 +132,21 @@ func New(client redis.UniversalClient, opts ...Option) *Locker {
 	}
 	l.closing, l.shutdown = context.WithCancel(context.Background())
 	l.room = newWaitRoom(client, l.free)
-	return l
+	return l, nil
+}
+
+// ignoresDeadlines reads the flag on go-redis's own clients; a client of
+// another type is trusted to keep its context's deadline.
+func ignoresDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return !c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // enter registers a call that Close must wait for; false once closed.
@@ -187,27 +211,26 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	owner := l.newOwner()
 	ks := l.keys(key)
 
+	// The wait timeout bounds the first call too: a server that stopped
+	// answering must not hold it for the client's read timeout.
+	bounded := ctx
+	if o.WaitTimeout > 0 {
+		var cancel context.CancelFunc
+		bounded, cancel = backend.WaitContext(ctx, o)
+		defer cancel()
+	}
 	wait := time.Duration(0)
 	// A plain arrival tries at once unless others here wait already (no
 	// barging past them); a fair one always calls, to take its place.
-	// This call runs under the caller's ctx alone: the wait's context
-	// costs a registration with the Locker's, which the uncontended path
-	// does without.
 	if o.Fair || !l.room.busy(ks) {
-		lease, pttl, err := l.attempt(ctx, key, ks, owner, o, watchdog, arriving)
-		if lease != nil {
-			return lease, nil
-		}
-		if err != nil {
-			if ended(ctx) {
-				return nil, cmp.Or(ctx.Err(), context.DeadlineExceeded)
-			}
-			return nil, err
+		lease, pttl, err := l.arrive(ctx, bounded, key, ks, owner, o, watchdog)
+		if lease != nil || err != nil {
+			return lease, err
 		}
 		wait = pttl
 	}
 
-	waitCtx, cancel := backend.WaitContext(ctx, o)
+	waitCtx, cancel := context.WithCancel(bounded)
 	defer cancel()
 	defer context.AfterFunc(l.closing, cancel)()
 	fail := func(err error) (lockkit.Lease, error) {
@@ -288,6 +311,22 @@ func ended(ctx context.Context) bool {
 	return ctx.Err() != nil || ok && !time.Now().Before(deadline)
 }
 
+// arrive is Acquire's first attempt, under bounded: ctx and the wait
+// timeout. It does without the Locker's closing signal: registering with
+// it costs the uncontended path.
+func (l *Locker) arrive(ctx, bounded context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool) (lockkit.Lease, time.Duration, error) {
+	lease, pttl, err := l.attempt(bounded, key, ks, owner, o, watchdog, arriving)
+	switch {
+	case err == nil:
+		return lease, pttl, nil
+	case ended(ctx):
+		return nil, 0, cmp.Or(ctx.Err(), context.DeadlineExceeded)
+	case ended(bounded):
+		return nil, 0, lockkit.ErrNotAcquired
+	}
+	return nil, 0, err
+}
+
 // stage is where an attempt stands in its acquisition.
 type stage int
 
@@ -305,6 +344,9 @@ const (
 // once, or when its subscription is confirmed), and so the uncontended
 // call carries no more keys than it must: each costs the server time.
 func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool, st stage) (lockkit.Lease, time.Duration, error) {
+	if o.Unfenced && !o.Fair {
+		return l.attemptUnfenced(ctx, key, ks, owner, o, watchdog, st)
+	}
 	sent := time.Now()
 	var res int64
 	var err error
@@ -330,6 +372,35 @@ func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner strin
 		return nil, time.Duration(-1-res) * time.Millisecond, nil
 	}
 	return l.newLease(key, ks, owner, o, watchdog, uint64(res), sent), 0, nil
+}
+
+// attemptUnfenced is attempt for a plain lease asked WithoutFence: a plain
+// SET NX PX on arrival, whose refusal makes the caller call again (as a
+// fenced arrival's does, see attempt); a waiter's call also reads the
+// holder's pttl and marks the key as wanted. A fair lease ignores
+// WithoutFence: its queue lives in the same script as its token.
+func (l *Locker) attemptUnfenced(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool, st stage) (lockkit.Lease, time.Duration, error) {
+	sent := time.Now()
+	var granted bool
+	var err error
+	if st == waiting {
+		var res int64
+		res, err = unfencedScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted()}, owner, o.TTL.Milliseconds()).Int64()
+		if err == nil && res < 0 {
+			return nil, time.Duration(-1-res) * time.Millisecond, nil
+		}
+		granted = err == nil
+	} else {
+		granted, err = l.client.SetNX(ctx, ks.lock(), owner, o.TTL).Result()
+	}
+	if err != nil {
+		l.abandonLater(ks, owner) // the SET may have landed although its reply was lost
+		return nil, 0, unavailable(ctx, err)
+	}
+	if !granted {
+		return nil, 0, nil
+	}
+	return l.newLease(key, ks, owner, o, watchdog, 0, sent), 0, nil
 }
 
 // newLease is the lease of a grant to owner, made by a call sent at sent:

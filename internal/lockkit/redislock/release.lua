@@ -12,13 +12,13 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-local channel = KEYS[1] .. ':released'
 if not KEYS[3] then
   if redis.call('DEL', KEYS[1], KEYS[2]) == 2 then
-    redis.call('PUBLISH', channel, '')
+    redis.call('PUBLISH', KEYS[1] .. ':released', '')
   end
   return ''
 end
+local channel = KEYS[1] .. ':released'
 redis.call('DEL', KEYS[1])
 local head = redis.call('LINDEX', KEYS[3], 0)
 if head then

@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/go-redsync/redsync/v4"
@@ -44,9 +45,21 @@ import (
 // Acquire reports ErrUnavailable instead of waiting on.
 const outage = 3
 
+// splitTries is how many attempts TryAcquire makes while contenders split
+// the masters' votes and nobody holds the key.
+const splitTries = 4
+
+// ErrSplitVote is returned by TryAcquire when, attempt after attempt,
+// contenders split the masters' votes so that none won a majority: nobody
+// holds the key, and nobody got it. It wraps lockkit.ErrNotAcquired, so a
+// caller that treats a busy key as busy goes on doing so; Acquire never
+// returns it, it retries within its wait.
+var ErrSplitVote = fmt.Errorf("redlock: contenders split the masters' votes and none won a majority: %w", lockkit.ErrNotAcquired)
+
 // Locker grants leases held on a majority of independent Redis masters.
 type Locker struct {
 	rs       *redsync.Redsync
+	pools    []redsyncredis.Pool
 	masters  int
 	quorum   int
 	minDelay time.Duration
@@ -89,6 +102,7 @@ func New(clients []redis.UniversalClient, opts ...Option) *Locker {
 	}
 	l := &Locker{
 		rs:       redsync.New(pools...),
+		pools:    pools,
 		masters:  len(clients),
 		quorum:   len(clients)/2 + 1,
 		minDelay: 2 * time.Millisecond,
@@ -120,13 +134,58 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	})
 }
 
-// TryAcquire makes one attempt on every master.
+// TryAcquire makes one attempt on every master. An attempt refused while
+// no single owner holds a majority (the votes split between contenders) is
+// made again after a pause of the retry delay, up to splitTries attempts,
+// and then answered with ErrSplitVote: ErrNotAcquired alone says that
+// another owner holds the key.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	o, watchdog := backend.Resolve(opts)
-	return l.try(ctx, key, o.TTL, watchdog)
+	for tries := 1; ; tries++ {
+		lease, err := l.try(ctx, key, o.TTL, watchdog)
+		if !errors.Is(err, lockkit.ErrNotAcquired) || l.heldByOne(ctx, key, o.TTL) {
+			return lease, err
+		}
+		if tries == splitTries {
+			return nil, ErrSplitVote
+		}
+		pause := time.NewTimer(l.minDelay + rand.N(l.maxDelay-l.minDelay+1))
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// heldByOne reports whether one owner's value is on a majority of the
+// masters. A master that does not answer counts for nobody, so an outage
+// reads as a split vote: the next attempt tells it apart.
+func (l *Locker) heldByOne(ctx context.Context, key string, ttl time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout(ttl))
+	defer cancel()
+	votes := make(map[string]int, len(l.pools))
+	for _, p := range l.pools {
+		conn, err := p.Get(ctx)
+		if err != nil {
+			continue
+		}
+		value, err := conn.Get(key)
+		_ = conn.Close()
+		if err == nil && value != "" {
+			votes[value]++
+		}
+	}
+	for _, n := range votes {
+		if n >= l.quorum {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdog bool) (lockkit.Lease, error) {

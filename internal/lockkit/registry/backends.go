@@ -47,7 +47,11 @@ var backends = []Backend{
 			if s.Redis == nil {
 				return nil, errors.New("lock backend redis needs shop's Redis client")
 			}
-			return redislock.New(s.Redis), nil
+			l, err := redislock.New(s.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return l, nil
 		},
 	},
 	{

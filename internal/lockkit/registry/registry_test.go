@@ -42,7 +42,7 @@ func server(t *testing.T, b registry.Backend) stored {
 		return stored{keys: func(*testing.T, string) []string { return nil }}
 	case registry.Redis:
 		m := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		c := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = c.Close() })
 		return stored{settings: registry.Settings{Redis: c}, keys: func(*testing.T, string) []string { return m.Keys() }}
 	case registry.Redlock:
@@ -192,9 +192,12 @@ func TestOpenEveryBackend(t *testing.T) {
 // key: what the registry's redis backend must write too.
 func redisKeys(t *testing.T, key string, opts ...redislock.Option) []string {
 	m := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
 	defer c.Close()
-	l := redislock.New(c, opts...)
+	l, err := redislock.New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer l.Close()
 	lease, err := l.Acquire(context.Background(), key, lockkit.WithTTL(10*time.Second))
 	if err != nil {
@@ -209,7 +212,7 @@ func redisKeys(t *testing.T, key string, opts ...redislock.Option) []string {
 // mysql's included.
 func TestEmptyPrefixOpensBare(t *testing.T) {
 	m := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
 	defer c.Close()
 	l, err := registry.Open(context.Background(), "redis", registry.Settings{Redis: c})
 	if err != nil {

@@ -117,6 +117,7 @@ type entry struct {
 	// transaction, whose zxid deleted nothing else (inherit).
 	released   chan struct{}
 	releasedOK bool
+	releaseErr error // what release answers once released is closed
 
 	// From the grant on:
 	gone    chan struct{} // closed when the node or the connection is gone
@@ -604,48 +605,50 @@ func (l *Locker) extend(node string, h *entry, ttl time.Duration) error {
 // release deletes the node. Its name holds a GUID and a sequence number
 // that no other client ever gets, so deleting it is owner-checked. The
 // client takes no context, so the deletion runs in a goroutine and release
-// returns when ctx ends; the deletion goes on, retried if it fails.
+// returns when ctx ends; the deletion goes on, retried if it fails. A
+// release called again waits for that same deletion's outcome.
 func (l *Locker) release(ctx context.Context, node string, h *entry) error {
-	defer l.forget(node)
 	l.mu.Lock()
-	expired := !h.timer.Stop()
-	if !expired {
+	started := h.released != nil
+	expired := !started && !h.timer.Stop()
+	if !started && !expired {
 		h.released = make(chan struct{})
 	}
+	done := h.released
 	l.mu.Unlock()
 	if expired {
+		l.forget(node)
 		return lockkit.ErrNotHeld
 	}
-	deleted := make(chan error, 1)
-	confirm := func(err error) error {
-		l.mu.Lock()
-		h.releasedOK = err == nil
-		close(h.released)
-		l.mu.Unlock()
-		return err
-	}
-	if !l.background.Go(func() { deleted <- confirm(l.conn.Delete(node, -1)) }) {
-		_ = confirm(lockkit.ErrClosed)
-		return lockkit.ErrClosed // closing the session deletes the node
-	}
-	settle := func(err error) error {
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, zk.ErrNoNode), l.conn.SessionID() != h.session:
-			return lockkit.ErrNotHeld // its session expired, and the node with it
-		default:
-			l.bury(node)
-			return l.fail(err)
-		}
+	if !started && !l.background.Go(func() { l.settleRelease(node, h, l.conn.Delete(node, -1)) }) {
+		l.settleRelease(node, h, zk.ErrClosing) // closing the session deletes the node
 	}
 	select {
-	case err := <-deleted:
-		return settle(err)
+	case <-done:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return h.releaseErr
 	case <-ctx.Done():
-		l.background.Go(func() { _ = settle(<-deleted) })
 		return context.Cause(ctx)
 	}
+}
+
+// settleRelease records the outcome of the release's Delete of node.
+func (l *Locker) settleRelease(node string, h *entry, err error) {
+	switch {
+	case err == nil:
+	case errors.Is(err, zk.ErrNoNode), l.conn.SessionID() != h.session:
+		err = lockkit.ErrNotHeld // its session expired, and the node with it
+	default:
+		l.bury(node)
+		err = l.fail(err)
+	}
+	l.forget(node)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h.releasedOK = err == nil
+	h.releaseErr = err
+	close(h.released)
 }
 
 // expire gives the node back once its lease ran out. The node outlives the

@@ -133,7 +133,10 @@ func TestRunOfEightThenFreedAndCloseDuringLateWake(t *testing.T) {
 	}
 	msgs := sub.Channel()
 
-	here := redislock.New(client, redislock.WithPrefix(testPrefix))
+	here, err := redislock.New(client, redislock.WithPrefix(testPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
 	elsewhere := newLocker(t, newClient(t, addr))
 	holder := hold(t, here, key)
 	other := acquireAsync(elsewhere, ctx, key, lockkit.WithWaitTimeout(20*time.Second))

@@ -1,4 +1,4 @@
-// Package unsafe holds the Redis lock recipes that the literature warns
+// Package brokenrecipes holds the Redis lock recipes that the literature warns
 // about, each as a lockkit.Locker, so that tests and load tests can run them
 // under the same code as the real backends and show how each one breaks:
 //
@@ -17,7 +17,7 @@
 //
 // UNSAFE: use none of them to protect anything; lockkit/redislock is the
 // safe Redis lock.
-package unsafe
+package brokenrecipes
 
 import (
 	"context"

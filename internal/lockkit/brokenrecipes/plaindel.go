@@ -1,4 +1,4 @@
-package unsafe
+package brokenrecipes
 
 import (
 	"context"

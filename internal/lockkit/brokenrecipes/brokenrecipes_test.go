@@ -1,4 +1,4 @@
-package unsafe
+package brokenrecipes
 
 import (
 	"context"
@@ -258,7 +258,7 @@ func waitGone(t *testing.T, rdb redis.UniversalClient, key string) {
 // testKey is unique per run: the crash test leaves a key that never expires
 // if the run dies before its clean-up.
 func testKey(t *testing.T, rdb redis.UniversalClient) string {
-	key := "unsafe:" + t.Name() + ":" + rand.Text()[:8]
+	key := "brokenrecipes:" + t.Name() + ":" + rand.Text()[:8]
 	t.Cleanup(func() { rdb.Del(context.Background(), key) })
 	return key
 }
