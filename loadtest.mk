@@ -46,6 +46,7 @@ k6: ## Build the pinned k6 (v1.8.1) into bin/ (only if missing or another versio
 
 loadtest-shop:
 	$(GO) build -o $(BIN)/shop ./cmd/shop
+	$(GO) build -o $(BIN)/ceiling ./loadtest/ceiling
 
 loadtest: k6 loadtest-shop ## k6 against INSTANCES shops per backend (BACKENDS=all), then loadtest/results/report.{md,html}
 	$(WITH_SERVERS) $(LOADTEST) -backends "$(BACKENDS)" -duration $(DURATION)

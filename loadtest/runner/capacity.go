@@ -53,7 +53,7 @@ type stepResult struct {
 	FirstError string  `json:"first_error,omitempty"`
 }
 
-// ceilingResult is what `shop ceiling` printed for the row.
+// ceilingResult is what the ceiling tool printed for the row.
 type ceilingResult struct {
 	Window           string  `json:"window"`
 	SerializedMicros float64 `json:"serialized_us_median"`
@@ -258,7 +258,7 @@ func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecon
 // step can sell: the run measures sales, not sold-out answers.
 const capacitySKU = "lt-capacity"
 
-// runCapacityRow measures one row: its ceiling with `shop ceiling`, then
+// runCapacityRow measures one row: its ceiling with the ceiling tool, then
 // the search, then the overload step at twice the rate held.
 func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s spec) (res capacityResult, err error) {
 	res = capacityResult{Spec: s}
@@ -303,22 +303,23 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 	return res, nil
 }
 
-// measureCeiling runs `shop ceiling` with the row's environment: the same
-// servers, database and key prefix as its instances.
+// measureCeiling runs the ceiling tool (loadtest/ceiling, built beside the
+// shop binary) with the row's environment: the same servers, database and
+// key prefix as its instances.
 func measureCeiling(ctx context.Context, shop string, env []string) (ceilingResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, shop, "ceiling", "-n", "300")
+	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(shop), "ceiling"), "-n", "300")
 	cmd.Env = env
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return ceilingResult{}, fmt.Errorf("shop ceiling: %w: %s", err, tail(stderr.Bytes()))
+		return ceilingResult{}, fmt.Errorf("ceiling: %w: %s", err, tail(stderr.Bytes()))
 	}
 	var c ceilingResult
 	if err := json.Unmarshal(bytes.TrimSpace(lastLine(out)), &c); err != nil {
-		return c, fmt.Errorf("shop ceiling printed %q: %w", tail(out), err)
+		return c, fmt.Errorf("ceiling printed %q: %w", tail(out), err)
 	}
 	return c, nil
 }
@@ -416,7 +417,7 @@ func (r capacityReport) markdown() string {
 		"and grows ×%.2f every %s (open loop) until p99 of a successful purchase passes %s or more than %.1f %% of answers "+
 		"are not 201; then the gap between the last rate within both and the first past them is halved %d times (geometric "+
 		"midpoints). **Held** is the highest rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
-		"client in a loop against the same servers in the same run (`shop ceiling`): for a lock, acquire + the statements "+
+		"client in a loop against the same servers in the same run (loadtest/ceiling): for a lock, acquire + the statements "+
 		"inside + release; for the lock-free rows, the whole purchase. **At 2×** is a step at twice the rate held: the p99 of "+
 		"the sales and the share turned away with 503. **Flooded** is a step at the ceiling (at least 4× held): the sales "+
 		"per second the key still makes when offered more than it takes.\n\n",

@@ -1,25 +1,40 @@
+// Command ceiling times the serialized part of one hot-SKU purchase on the
+// servers the SHOP_* variables name (the capacity run's ceiling):
+//
+//	ceiling [-n 300] [-sku lt-ceiling]
+//
+// One client buys -n units of -sku (created or reset first), one at a time,
+// through the configured strategy and lock backend, and prints as JSON the
+// median time other buyers of the same SKU must wait for each sale, and its
+// inverse, the ceiling of that SKU's rate: no number of buyers can beat it.
+// make capacity (loadtest/runner) prints it beside the rate it measured.
+// It is load-test tooling, not part of the service: bin/shop does not carry it.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
-	"io"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/config"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/registry"
+	"github.com/lockbench/shop/internal/order"
 	"github.com/lockbench/shop/internal/storage"
 )
 
-// ceilingReport is what `shop ceiling` prints: how long the serialized
-// part of one purchase takes on these servers, and the rate that allows.
-type ceilingReport struct {
+// report is what ceiling prints: how long the serialized part of one
+// purchase takes on these servers, and the rate that allows.
+type report struct {
 	Strategy string `json:"strategy"`
 	Backend  string `json:"backend"`
 	Sales    int    `json:"sales"`
@@ -32,28 +47,29 @@ type ceilingReport struct {
 	CeilingPerSec    float64 `json:"ceiling_per_sec"`
 }
 
-// ceiling is `shop ceiling [-n 300] [-sku lt-ceiling]`: one client buys n
-// units of a SKU of its own, one at a time, through the configured
-// strategy and lock backend, and times the part of each purchase that
-// other buyers of the same SKU must wait for. Its inverse is the ceiling
-// of that SKU's sales rate: no number of buyers can beat it. The load
-// test's capacity run prints it beside the rate it measured.
-func ceiling(ctx context.Context, cfg config.Config, n int, sku string, stdout, stderr io.Writer) int {
-	if n < 1 || !inventory.ValidSKU(sku) {
-		fmt.Fprintf(stderr, "shop ceiling: -n must be at least 1 and -sku a valid SKU\n")
-		return 2
+func main() {
+	n := flag.Int("n", 300, "sales to time")
+	sku := flag.String("sku", "lt-ceiling", "SKU to create and sell")
+	flag.Parse()
+	if *n < 1 || !inventory.ValidSKU(*sku) || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: ceiling [-n 300] [-sku lt-ceiling]; -n at least 1, -sku a valid SKU")
+		os.Exit(2)
 	}
-	rep, err := measureCeiling(ctx, cfg, sku, n)
+	cfg, err := config.Load(os.Getenv)
 	if err != nil {
-		fmt.Fprintf(stderr, "shop ceiling: %v\n", err)
-		return 1
+		fmt.Fprintf(os.Stderr, "ceiling: invalid configuration:\n%v\n", err)
+		os.Exit(2)
 	}
-	_ = json.NewEncoder(stdout).Encode(rep)
-	return 0
+	rep, err := measureCeiling(context.Background(), cfg, *sku, *n)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ceiling: %v\n", err)
+		os.Exit(1)
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(rep)
 }
 
-func measureCeiling(ctx context.Context, cfg config.Config, sku string, n int) (ceilingReport, error) {
-	rep := ceilingReport{Strategy: cfg.StockStrategy, Backend: cfg.LockBackend, Sales: n}
+func measureCeiling(ctx context.Context, cfg config.Config, sku string, n int) (report, error) {
+	rep := report{Strategy: cfg.StockStrategy, Backend: cfg.LockBackend, Sales: n}
 	if cfg.EmbeddedRedis() {
 		return rep, fmt.Errorf("needs SHOP_REDIS_ADDRS: an embedded Redis would be a server of its own, not the one measured")
 	}
@@ -62,12 +78,15 @@ func measureCeiling(ctx context.Context, cfg config.Config, sku string, n int) (
 		return rep, err
 	}
 	defer db.Close()
-	if err := db.Migrate(ctx, models()...); err != nil {
+	if err := db.Migrate(ctx, slices.Concat(account.Models(), inventory.Models(), order.Models())...); err != nil {
 		return rep, err
 	}
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster})
 	defer rdb.Close()
-	backend, err := openLocker(ctx, cfg, deps{redis: rdb, db: db})
+	backend, err := registry.Open(ctx, cfg.LockBackend, registry.Settings{
+		KeyPrefix: cfg.KeyPrefix, Redis: rdb, DB: db.DB, RedlockAddrs: cfg.RedlockAddrs,
+		ZKAddrs: cfg.ZKAddrs, EtcdEndpoints: cfg.EtcdEndpoints, MemcachedAddrs: cfg.MemcachedAddrs,
+	})
 	if err != nil {
 		return rep, err
 	}
