@@ -9,8 +9,15 @@ WITH_SERVERS := scripts/with-testenv.sh
 
 .PHONY: help run build test test-unit vet fmt bench servers-up servers-down openapi-lint
 
+# Variables a target's description names, shown by make help with their value.
+HELP_VARS := FUZZTIME
+
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; fi; \
+	$(foreach v,$(HELP_VARS),$(v)='$($(v))') on="$$on" off="$$off" awk 'BEGIN {FS = ":.*## "} \
+		/^[a-zA-Z0-9_-]+:.*## / { d = $$2; \
+			while (match(d, /\$$\([A-Z_]+\)/)) { v = substr(d, RSTART + 2, RLENGTH - 3); d = substr(d, 1, RSTART - 1) ENVIRON[v] substr(d, RSTART + RLENGTH) } \
+			printf "  %s%-16s%s %s\n", ENVIRON["on"], $$1, ENVIRON["off"], d }' $(MAKEFILE_LIST)
 
 run: ## Start one instance on :8080, SHOP_ENV=dev (public dev secrets), on SQLite + in-process Redis; needs only Go
 	SHOP_ENV=dev $(GO) run ./cmd/shop serve
