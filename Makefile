@@ -7,7 +7,7 @@ BIN := $(CURDIR)/bin
 # variables to use servers of your own instead).
 WITH_SERVERS := scripts/with-testenv.sh
 
-.PHONY: help run build test test-unit vet fmt bench servers-up servers-down openapi-lint
+.PHONY: help run build image test test-unit vet fmt bench servers-up servers-down openapi-lint
 
 # Variables a target's description names, shown by make help with their value.
 HELP_VARS := FUZZTIME
@@ -20,10 +20,19 @@ help: ## List the targets
 			printf "  %s%-16s%s %s\n", ENVIRON["on"], $$1, ENVIRON["off"], d }' $(MAKEFILE_LIST)
 
 run: ## Start one instance on :8080, SHOP_ENV=dev (public dev secrets), on SQLite + in-process Redis; needs only Go
-	SHOP_ENV=dev $(GO) run ./cmd/shop serve
+	SHOP_ENV=dev $(GO) run -ldflags='$(LDFLAGS)' ./cmd/shop serve
 
-build: ## Build bin/shop, static, as the Docker image does
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/shop ./cmd/shop
+# What shop version prints: git describe of the checkout, and its commit.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+export VERSION REVISION
+LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION)
+
+build: ## Build bin/shop, static, as the Docker image does, stamped with git describe's version
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w $(LDFLAGS)' -o $(BIN)/shop ./cmd/shop
+
+image: ## Build the Docker image lockbench/shop:local, stamped with git describe's version
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t lockbench/shop:local .
 
 test: openapi-lint ## Lint openapi.yaml, install and start the test servers on loopback, then go vet and go test -race ./...
 	$(WITH_SERVERS) bash -c '$(GO) vet ./... && $(GO) test -race -count=1 -timeout 15m ./...'

@@ -45,7 +45,7 @@ k6: ## Build the pinned k6 (v1.8.1) into bin/ (only if missing or another versio
 	fi
 
 loadtest-shop:
-	$(GO) build -o $(BIN)/shop ./cmd/shop
+	$(GO) build -ldflags='$(LDFLAGS)' -o $(BIN)/shop ./cmd/shop
 	$(GO) build -o $(BIN)/ceiling ./loadtest/ceiling
 
 loadtest: k6 loadtest-shop ## k6 against INSTANCES shops per backend (BACKENDS=all), then loadtest/results/report.{md,html}
