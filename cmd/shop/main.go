@@ -221,6 +221,18 @@ func noFlags(run func(call) int) func(*flag.FlagSet) (func([]string) error, func
 func runServe(c call) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	shutdownTracing, err := setupTracing(ctx, c.getenv)
+	if err != nil {
+		c.log.Error("tracing", "err", err)
+		return 1
+	}
+	defer func() {
+		// Flush the spans of the last requests, briefly: an unreachable
+		// collector must not hold the exit.
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = shutdownTracing(fctx)
+	}()
 	if err := serve(ctx, c.cfg, c.log); err != nil {
 		c.log.Error("shop stopped", "err", err)
 		return 1

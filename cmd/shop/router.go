@@ -15,6 +15,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/github.com/gin-gonic/gin/otelgin"
 
 	"github.com/lockbench/shop/internal/apidoc"
 	"github.com/lockbench/shop/internal/audit"
@@ -47,7 +48,12 @@ func newRouter(d routerDeps) http.Handler {
 	r.ContextWithFallback = true
 
 	httpMetrics := newHTTPMetrics(d.reg)
-	r.Use(requestID, accessLog(d.log), httpMetrics.observe, problem.Errors(d.problems), problem.Recover(),
+	// The request's span first, so that every log line of the request
+	// carries its trace id (requestIDHandler). Probes and scrapes are not
+	// traced: they would be most of the traces and none of the interest.
+	r.Use(otelgin.Middleware("shop", otelgin.WithGinFilter(func(c *gin.Context) bool {
+		return c.FullPath() != "/healthz" && c.FullPath() != "/readyz" && c.FullPath() != "/metrics"
+	})), requestID, accessLog(d.log), httpMetrics.observe, problem.Errors(d.problems), problem.Recover(),
 		problem.LimitBody(d.cfg.MaxBodyBytes))
 	r.NoRoute(problem.NoRoute)
 	r.NoMethod(problem.NoMethod)

@@ -395,3 +395,31 @@ func prometheusTargets(t *testing.T, path, job string) []string {
 	}
 	return out
 }
+
+// TestGrafanaTraceSource: the trace data source points at the compose
+// service the shop instances export to.
+func TestGrafanaTraceSource(t *testing.T) {
+	root := repoRoot(t)
+	var ds struct {
+		Datasources []struct {
+			Type string `yaml:"type"`
+			URL  string `yaml:"url"`
+		} `yaml:"datasources"`
+	}
+	unmarshalYAML(t, filepath.Join(root, "deploy/grafana/provisioning/datasources/jaeger.yml"), &ds)
+	if len(ds.Datasources) != 1 || ds.Datasources[0].Type != "jaeger" {
+		t.Fatalf("want one jaeger data source, have %+v", ds.Datasources)
+	}
+	p := loadCompose(t, nil)
+	if _, ok := p.Services["jaeger"]; !ok {
+		t.Fatal("no jaeger service for the data source")
+	}
+	for _, s := range shopServices(p) {
+		if got := envOf(s)["OTEL_EXPORTER_OTLP_ENDPOINT"]; got != "http://jaeger:4318" {
+			t.Errorf("%s exports traces to %q, want Jaeger's OTLP/HTTP http://jaeger:4318", s.Name, got)
+		}
+	}
+	if !strings.HasPrefix(ds.Datasources[0].URL, "http://jaeger:16686") {
+		t.Errorf("data source URL %s, want Jaeger's query port", ds.Datasources[0].URL)
+	}
+}
