@@ -166,7 +166,16 @@ func methodLabel(m string) string {
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	shed     *prometheus.CounterVec
 }
+
+// shedSlugs are the problems that are load shed: contention turned the
+// request away, nothing changed, and a retry in a moment will likely
+// succeed. They are 503s, and counted in shop_http_shed_total as well, so
+// that an alert on errors leaves them out and shedding on a hot key stays
+// visible without paging. outcome-unknown is not one: its change may have
+// landed.
+var shedSlugs = map[string]bool{"lock-busy": true, "conflict": true}
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	m := &httpMetrics{
@@ -179,6 +188,10 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Help:    "Time to answer an HTTP request, by route pattern and method.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"route", "method"}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_http_shed_total",
+			Help: "HTTP requests turned away by contention with nothing changed (503 lock-busy, conflict), by route, method and problem; also counted in shop_http_requests_total.",
+		}, []string{"route", "method", "reason"}),
 	}
 	b := readBuildInfo()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -187,7 +200,7 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
 	})
 	build.Set(1)
-	reg.MustRegister(m.requests, m.duration, build)
+	reg.MustRegister(m.requests, m.duration, m.shed, build)
 	return m
 }
 
@@ -197,4 +210,7 @@ func (m *httpMetrics) observe(c *gin.Context) {
 	rt, method := route(c), methodLabel(c.Request.Method)
 	m.requests.WithLabelValues(rt, method, strconv.Itoa(c.Writer.Status())).Inc()
 	m.duration.WithLabelValues(rt, method).Observe(time.Since(start).Seconds())
+	if slug := problem.SlugOf(c); shedSlugs[slug] {
+		m.shed.WithLabelValues(rt, method, slug).Inc()
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 )
@@ -137,7 +138,15 @@ func (t Table) From(err error) (Details, http.Header) {
 var internal = Mapping{Status: http.StatusInternalServerError, Slug: "internal", Title: "Internal error",
 	Detail: "the server failed to handle this request; the request id identifies it in the logs"}
 
-const tableKey = "problem.table"
+const (
+	tableKey = "problem.table"
+	slugKey  = "problem.slug"
+)
+
+// SlugOf is the slug of the problem c was answered with, "" if none: what
+// the metrics tell apart (a 503 lock-busy is shed load, a 503
+// outcome-unknown an error).
+func SlugOf(c *gin.Context) string { return c.GetString(slugKey) }
 
 // Errors makes t the table by which Write, and so every Handler, answers
 // the request's errors. The router installs it before any handler that
@@ -198,6 +207,7 @@ func Write(c *gin.Context, err error) {
 
 // Render writes d as the response and aborts the handler chain.
 func Render(c *gin.Context, d Details) {
+	c.Set(slugKey, strings.TrimPrefix(d.Type, TypeBase))
 	d.Instance = c.Request.URL.Path
 	d.RequestID = c.Writer.Header().Get(RequestIDHeader)
 	c.Header("Cache-Control", "no-store")
