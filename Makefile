@@ -47,12 +47,13 @@ vet: ## go vet and gofmt check
 fmt: ## gofmt the tree
 	gofmt -w .
 
-# Redocly CLI, pinned by tools/openapi-lint/package-lock.json; needs Node
-# 20.19+ or 22.12+ (Redocly's own requirement) and npm.
+# Redocly CLI and Spectral, pinned by tools/openapi-lint/package-lock.json;
+# needs Node 20.19+ or 22.12+ (Redocly's own requirement) and npm.
 OPENAPI_LINT := tools/openapi-lint
-openapi-lint: $(OPENAPI_LINT)/node_modules/.package-lock.json ## Lint internal/apidoc/openapi.yaml with Redocly's recommended rules, warnings as errors
+openapi-lint: $(OPENAPI_LINT)/node_modules/.package-lock.json ## Lint internal/apidoc/openapi.yaml with Redocly's recommended rules and Spectral's oas rules, warnings as errors
 	cd $(OPENAPI_LINT) && REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true \
 		npx --no-install redocly lint --config redocly.yaml ../../internal/apidoc/openapi.yaml
+	cd $(OPENAPI_LINT) && npx --no-install spectral lint --ruleset .spectral.yaml --fail-severity=hint ../../internal/apidoc/openapi.yaml
 
 $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.json
 	@node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>22||a==22&&b>=12||a==20&&b>=19?0:1)' 2>/dev/null || \
