@@ -44,6 +44,8 @@ type Details struct {
 	// RequestID is an extension member: the id to quote to an operator,
 	// found in the logs of the instance that answered.
 	RequestID string `json:"request_id,omitempty"`
+	// Errors is an extension member: every invalid field of the body.
+	Errors Fields `json:"errors,omitempty"`
 }
 
 // Error is a problem made on the spot, for failures that are not a domain
@@ -58,6 +60,9 @@ type Error struct {
 	RetryAfter int
 	// Header is added to the response (e.g. WWW-Authenticate).
 	Header http.Header
+	// Fields are the invalid members of the body, each in the problem's
+	// errors member.
+	Fields Fields
 }
 
 func (e *Error) Error() string { return e.Detail }
@@ -115,7 +120,9 @@ func (t Table) From(err error) (Details, http.Header) {
 		if pe.RetryAfter > 0 {
 			h.Set("Retry-After", strconv.Itoa(pe.RetryAfter))
 		}
-		return details(pe.Status, pe.Slug, pe.Title, pe.Detail), h
+		d := details(pe.Status, pe.Slug, pe.Title, pe.Detail)
+		d.Errors = pe.Fields
+		return d, h
 	}
 	for _, m := range t {
 		if !m.matches(err) {
