@@ -129,11 +129,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	name, rest := args[0], args[1:]
 	switch name {
 	case "help", "-h", "-help", "--help":
-		if c, ok := lookup(strings.Join(rest, " ")); ok {
-			fmt.Fprint(stdout, c.usage())
-		} else {
-			fmt.Fprint(stdout, usage())
-		}
+		help(rest, stdout)
 		return 0
 	}
 	cmd, ok := lookup(name)
@@ -152,17 +148,34 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 2
 	}
 	if cmd.config {
-		if c.cfg, err = config.Load(getenv); err != nil {
+		if err := c.configure(); err != nil {
 			fmt.Fprintf(stderr, "shop: invalid configuration:\n%v\n", err)
 			return 2
 		}
-		c.log = newLogger(c.cfg, stdout)
-		slog.SetDefault(c.log)
-		// go-redis prints its own plain lines to stderr, which would break a
-		// JSON log stream; route them through slog.
-		redis.SetLogger(redisLogger{c.log})
 	}
 	return exec(c)
+}
+
+// help prints the help of the command args name, or shop's own.
+func help(args []string, stdout io.Writer) {
+	if c, ok := lookup(strings.Join(args, " ")); ok {
+		fmt.Fprint(stdout, c.usage())
+		return
+	}
+	fmt.Fprint(stdout, usage())
+}
+
+// configure reads the configuration and makes the process's logger.
+func (c *call) configure() (err error) {
+	if c.cfg, err = config.Load(c.getenv); err != nil {
+		return err
+	}
+	c.log = newLogger(c.cfg, c.stdout)
+	slog.SetDefault(c.log)
+	// go-redis prints its own plain lines to stderr, which would break a
+	// JSON log stream; route them through slog.
+	redis.SetLogger(redisLogger{c.log})
+	return nil
 }
 
 // parse reads the command's flags and arguments into c, checks them, and

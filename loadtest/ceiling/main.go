@@ -69,49 +69,17 @@ func main() {
 }
 
 func measureCeiling(ctx context.Context, cfg config.Config, sku string, n int) (report, error) {
-	rep := report{Strategy: cfg.StockStrategy, Backend: cfg.LockBackend, Sales: n}
-	if cfg.EmbeddedRedis() {
-		return rep, fmt.Errorf("needs SHOP_REDIS_ADDRS: an embedded Redis would be a server of its own, not the one measured")
-	}
-	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: 4})
-	if err != nil {
-		return rep, err
-	}
-	defer db.Close()
-	if err := db.Migrate(ctx, slices.Concat(account.Models(), inventory.Models(), order.Models())...); err != nil {
-		return rep, err
-	}
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster})
-	defer rdb.Close()
-	backend, err := registry.Open(ctx, cfg.LockBackend, registry.Settings{
-		KeyPrefix: cfg.KeyPrefix, Redis: rdb, DB: db.DB, RedlockAddrs: cfg.RedlockAddrs,
-		ZKAddrs: cfg.ZKAddrs, EtcdEndpoints: cfg.EtcdEndpoints, MemcachedAddrs: cfg.MemcachedAddrs,
-	})
-	if err != nil {
-		return rep, err
-	}
-	defer backend.Close()
-	timed := &windowLocker{Locker: lockkit.Reentrant(backend)}
-
-	var mirror *inventory.Mirror
-	if cfg.StockStrategy == config.StockAtomicRedis {
-		mirror = inventory.NewMirror(rdb, cfg.KeyPrefix)
-	}
-	store := inventory.NewStore(db.DB, mirror)
-	// Combine stays off: the ceiling is one sale's window, one client.
-	svc, err := inventory.NewService(store, inventory.Options{Strategy: cfg.StockStrategy, Locker: timed, Mirror: mirror})
-	if err != nil {
-		return rep, err
-	}
-	const warmup = 20
-	if _, err := store.Put(ctx, inventory.Product{SKU: sku, Name: "ceiling probe", Stock: int64(n + warmup), PriceCents: 1}); err != nil {
-		return rep, err
-	}
+	rep := report{Strategy: cfg.StockStrategy, Backend: cfg.LockBackend, Sales: n, Window: "purchase"}
 	locked := cfg.StockStrategy == config.StockLock
-	rep.Window = "purchase"
 	if locked {
 		rep.Window = "acquire + critical section + release"
 	}
+	const warmup = 20
+	svc, timed, closeAll, err := openSeller(ctx, cfg, sku, n+warmup)
+	if err != nil {
+		return rep, err
+	}
+	defer closeAll()
 	windows := make([]time.Duration, 0, n)
 	for i := range n + warmup {
 		t0 := time.Now()
@@ -131,6 +99,57 @@ func measureCeiling(ctx context.Context, cfg config.Config, sku string, n int) (
 	rep.SerializedMicros = float64(median) / float64(time.Microsecond)
 	rep.CeilingPerSec = float64(time.Second) / float64(median)
 	return rep, nil
+}
+
+// openSeller opens the stores and the lock backend of cfg and puts sku on
+// sale with stock units; one client sells it, so combining stays off.
+func openSeller(ctx context.Context, cfg config.Config, sku string, stock int) (_ inventory.Service, _ *windowLocker, closeAll func(), err error) {
+	if cfg.EmbeddedRedis() {
+		return nil, nil, nil, fmt.Errorf("needs SHOP_REDIS_ADDRS: an embedded Redis would be a server of its own, not the one measured")
+	}
+	var closers []func() error
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			_ = closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: 4})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	closers = append(closers, db.Close)
+	if err := db.Migrate(ctx, slices.Concat(account.Models(), inventory.Models(), order.Models())...); err != nil {
+		return nil, nil, nil, err
+	}
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: cfg.RedisAddrs, MasterName: cfg.RedisSentinelMaster})
+	closers = append(closers, rdb.Close)
+	backend, err := registry.Open(ctx, cfg.LockBackend, registry.Settings{
+		KeyPrefix: cfg.KeyPrefix, Redis: rdb, DB: db.DB, RedlockAddrs: cfg.RedlockAddrs,
+		ZKAddrs: cfg.ZKAddrs, EtcdEndpoints: cfg.EtcdEndpoints, MemcachedAddrs: cfg.MemcachedAddrs,
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	closers = append(closers, backend.Close)
+	timed := &windowLocker{Locker: lockkit.Reentrant(backend)}
+	var mirror *inventory.Mirror
+	if cfg.StockStrategy == config.StockAtomicRedis {
+		mirror = inventory.NewMirror(rdb, cfg.KeyPrefix)
+	}
+	store := inventory.NewStore(db.DB, mirror)
+	svc, err := inventory.NewService(store, inventory.Options{Strategy: cfg.StockStrategy, Locker: timed, Mirror: mirror})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if _, err := store.Put(ctx, inventory.Product{SKU: sku, Name: "ceiling probe", Stock: int64(stock), PriceCents: 1}); err != nil {
+		return nil, nil, nil, err
+	}
+	return svc, timed, closeAll, nil
 }
 
 // windowLocker times each lease from the start of its Acquire to the end
