@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"go.opentelemetry.io/otel"
@@ -134,4 +138,38 @@ func names(spans tracetest.SpanStubs) []string {
 		out[i] = s.Name
 	}
 	return out
+}
+
+// TestTracesExportedOnlyWhenAnEndpointIsSet: with
+// OTEL_EXPORTER_OTLP_ENDPOINT set, spans reach the collector over
+// OTLP/HTTP; without it, nothing is sent anywhere.
+func TestTracesExportedOnlyWhenAnEndpointIsSet(t *testing.T) {
+	var posts atomic.Int32
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/traces" {
+			posts.Add(1)
+		}
+	}))
+	defer collector.Close()
+	oldTP, oldProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	t.Cleanup(func() { otel.SetTracerProvider(oldTP); otel.SetTextMapPropagator(oldProp) })
+	for _, tc := range []struct {
+		endpoint string
+		want     bool
+	}{{"", false}, {collector.URL, true}} {
+		t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", tc.endpoint)
+		posts.Store(0)
+		shutdown, err := setupTracing(context.Background(), os.Getenv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, span := otel.Tracer("test").Start(context.Background(), "work")
+		span.End()
+		if err := shutdown(context.Background()); err != nil { // flushes the batch
+			t.Fatal(err)
+		}
+		if got := posts.Load() > 0; got != tc.want {
+			t.Errorf("endpoint %q: spans exported = %v, want %v", tc.endpoint, got, tc.want)
+		}
+	}
 }
