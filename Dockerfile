@@ -15,12 +15,16 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# The build context has no .git (.dockerignore), so the version comes in
+# as build arguments: make image (and make up) pass git describe's.
+ARG VERSION=dev
+ARG REVISION=
 # CGO_ENABLED=0: the SQLite driver is pure Go, so nothing needs libc, and a
 # static binary runs on an image that has none. -trimpath keeps build paths
 # out of stack traces; -s -w drops the symbol table and DWARF (a third of
-# the size; panics still print function names).
+# the size; panics still print function names); -X stamps the version.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/shop ./cmd/shop
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION} -X main.revision=${REVISION}" -o /out/shop ./cmd/shop
 
 # distroless publishes no version tags, only digests: for a release, pin
 # this line to the digest `docker buildx imagetools inspect` prints.

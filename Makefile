@@ -7,16 +7,32 @@ BIN := $(CURDIR)/bin
 # variables to use servers of your own instead).
 WITH_SERVERS := scripts/with-testenv.sh
 
-.PHONY: help run build test test-unit vet fmt bench servers-up servers-down openapi-lint
+.PHONY: help run build image test test-unit vet fmt bench servers-up servers-down openapi-lint
+
+# Variables a target's description names, shown by make help with their value.
+HELP_VARS := FUZZTIME
 
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; fi; \
+	$(foreach v,$(HELP_VARS),$(v)='$($(v))') on="$$on" off="$$off" awk 'BEGIN {FS = ":.*## "} \
+		/^[a-zA-Z0-9_-]+:.*## / { d = $$2; \
+			while (match(d, /\$$\([A-Z_]+\)/)) { v = substr(d, RSTART + 2, RLENGTH - 3); d = substr(d, 1, RSTART - 1) ENVIRON[v] substr(d, RSTART + RLENGTH) } \
+			printf "  %s%-16s%s %s\n", ENVIRON["on"], $$1, ENVIRON["off"], d }' $(MAKEFILE_LIST)
 
 run: ## Start one instance on :8080, SHOP_ENV=dev (public dev secrets), on SQLite + in-process Redis; needs only Go
-	SHOP_ENV=dev $(GO) run ./cmd/shop serve
+	SHOP_ENV=dev $(GO) run -ldflags='$(LDFLAGS)' ./cmd/shop serve
 
-build: ## Build bin/shop, static, as the Docker image does
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/shop ./cmd/shop
+# What shop version prints: git describe of the checkout, and its commit.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+export VERSION REVISION
+LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION)
+
+build: ## Build bin/shop, static, as the Docker image does, stamped with git describe's version
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w $(LDFLAGS)' -o $(BIN)/shop ./cmd/shop
+
+image: ## Build the Docker image lockbench/shop:local, stamped with git describe's version
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t lockbench/shop:local .
 
 test: openapi-lint ## Lint openapi.yaml, install and start the test servers on loopback, then go vet and go test -race ./...
 	$(WITH_SERVERS) bash -c '$(GO) vet ./... && $(GO) test -race -count=1 -timeout 15m ./...'
@@ -31,12 +47,13 @@ vet: ## go vet and gofmt check
 fmt: ## gofmt the tree
 	gofmt -w .
 
-# Redocly CLI, pinned by tools/openapi-lint/package-lock.json; needs Node
-# 20.19+ or 22.12+ (Redocly's own requirement) and npm.
+# Redocly CLI and Spectral, pinned by tools/openapi-lint/package-lock.json;
+# needs Node 20.19+ or 22.12+ (Redocly's own requirement) and npm.
 OPENAPI_LINT := tools/openapi-lint
-openapi-lint: $(OPENAPI_LINT)/node_modules/.package-lock.json ## Lint internal/apidoc/openapi.yaml with Redocly's recommended rules, warnings as errors
+openapi-lint: $(OPENAPI_LINT)/node_modules/.package-lock.json ## Lint internal/apidoc/openapi.yaml with Redocly's recommended rules and Spectral's oas rules, warnings as errors
 	cd $(OPENAPI_LINT) && REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true \
 		npx --no-install redocly lint --config redocly.yaml ../../internal/apidoc/openapi.yaml
+	cd $(OPENAPI_LINT) && npx --no-install spectral lint --ruleset .spectral.yaml --fail-severity=hint ../../internal/apidoc/openapi.yaml
 
 $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.json
 	@node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>22||a==22&&b>=12||a==20&&b>=19?0:1)' 2>/dev/null || \

@@ -37,7 +37,7 @@ STEP ?= 3s
 CAPACITY_ROWS ?= all
 # The command that times one row's serialized window (the ceiling), given
 # the row's SHOP_* environment.
-CEILING ?= $(BIN)/shop ceiling
+CEILING ?= $(BIN)/ceiling
 # Where make loadtest and make capacity keep their dated reports.
 RECORD ?= docs/results
 
@@ -50,7 +50,8 @@ k6: ## Build the pinned k6 (v1.8.1) into bin/ (only if missing or another versio
 	fi
 
 loadtest-shop:
-	$(GO) build -o $(BIN)/shop ./cmd/shop
+	$(GO) build -ldflags='$(LDFLAGS)' -o $(BIN)/shop ./cmd/shop
+	$(GO) build -o $(BIN)/ceiling ./loadtest/ceiling
 
 loadtest: k6 loadtest-shop ## k6 against INSTANCES shops per backend (BACKENDS=all), then loadtest/results/report.{md,html} and docs/results/loadtest-<date>.md
 	$(WITH_SERVERS) $(LOADTEST) -backends "$(BACKENDS)" -duration $(DURATION) -record $(RECORD)

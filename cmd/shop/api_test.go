@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -513,7 +514,7 @@ func TestTransferDoesNotTellWhichAccountsExist(t *testing.T) {
 		p.Instance, p.RequestID = "", ""
 		answers = append(answers, p)
 	}
-	if answers[0] != answers[1] {
+	if !reflect.DeepEqual(answers[0], answers[1]) {
 		t.Errorf("an existing and a missing recipient answer differently:\n%+v\n%+v", answers[0], answers[1])
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/account"
@@ -139,6 +140,9 @@ func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logge
 	}
 	a.closers = append(a.closers, db.Close)
 	a.ready = append(a.ready, readyCheck{"database", db.Ping})
+	if err := db.DB.Use(sqlTracing{system: dbSystem(cfg)}); err != nil {
+		return nil, nil, fmt.Errorf("sql tracing: %w", err)
+	}
 	if err := db.Migrate(ctx, models()...); err != nil {
 		return nil, nil, fmt.Errorf("migrate: %w", err)
 	}
@@ -181,7 +185,8 @@ func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB
 	l := locking{
 		// Admission sits inside the metrics, so that its refusals count as
 		// lock-busy like a wait timeout does.
-		locker:       lockMetrics.Wrap(admission.Wrap(lockkit.Reentrant(backend), cfg.LockMaxWaiters)),
+		locker: tracedLocker{Locker: lockMetrics.Wrap(admission.Wrap(lockkit.Reentrant(backend), cfg.LockMaxWaiters)),
+			backend: cfg.LockBackend},
 		metrics:      lockMetrics,
 		retry:        optimistic.DefaultPolicy,
 		retryMetrics: optimistic.NewMetrics(reg),
@@ -326,6 +331,11 @@ func openRedis(cfg config.Config, a *app, log *slog.Logger) (redis.UniversalClie
 	}
 	rdb := redis.NewUniversalClient(opts)
 	a.closers = append(a.closers, rdb.Close)
+	// A span per command (and per pipeline), without the command's
+	// arguments: keys name users, values hold stored answers.
+	if err := redisotel.InstrumentTracing(rdb, redisotel.WithDBStatement(false)); err != nil {
+		return nil, fmt.Errorf("redis tracing: %w", err)
+	}
 	return rdb, nil
 }
 

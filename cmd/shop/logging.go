@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"log/slog"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 type requestIDKey struct{}
@@ -12,15 +14,23 @@ func withRequestID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, requestIDKey{}, id)
 }
 
-// requestIDHandler adds request_id to every record logged with a request's
-// context, whichever package logs it (a domain, gorm's slow-query log,
-// go-redis), so that one grep finds everything a request did.
+// requestIDHandler adds request_id and trace_id to every record logged with
+// a request's context, whichever package logs it (a domain, gorm's
+// slow-query log, go-redis), so that one grep finds everything a request
+// did, and the trace id leads from a log line to its trace.
 type requestIDHandler struct{ slog.Handler }
 
 func (h requestIDHandler) Handle(ctx context.Context, r slog.Record) error {
-	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
+	id, ok := ctx.Value(requestIDKey{}).(string)
+	sc := trace.SpanContextFromContext(ctx)
+	if ok || sc.HasTraceID() {
 		r = r.Clone()
+	}
+	if ok {
 		r.AddAttrs(slog.String("request_id", id))
+	}
+	if sc.HasTraceID() {
+		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()))
 	}
 	return h.Handler.Handle(ctx, r)
 }

@@ -5,7 +5,6 @@
 //	shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
 //	shop healthcheck              exit 0 if this host's shop answers /readyz with 200, else 1
 //	shop version                  print the version, VCS revision and Go version
-//	shop ceiling [-n 300]         time the serialized part of one hot-SKU purchase (capacity runs)
 //
 // docs/config.md lists the variables, docs/api.md the routes.
 package main
@@ -24,7 +23,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -35,54 +33,83 @@ import (
 	"github.com/lockbench/shop/internal/storage"
 )
 
-const usage = `usage:
-  shop serve                    run the HTTP service (config: SHOP_* variables, docs/config.md)
-  shop migrate                  create or extend the database tables, then exit
-  shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
-  shop healthcheck              exit 0 if the shop at SHOP_HTTP_ADDR on this host is ready, else 1
-  shop version                  print the version, VCS revision and Go version
-  shop ceiling [-n 300]         time the serialized part of one hot-SKU purchase (capacity runs)
-  shop <command> -help          that command's help
+// command is one row of shop's command table.
+type command struct {
+	name     string
+	synopsis string // its form in shop's usage, after "shop "
+	summary  string // its line in shop's usage
+	help     string // printed by shop <name> -help
+	args     []string
+	// config: run needs the configuration and the logger; they are read
+	// only after the arguments are checked, so that a wrong argument is
+	// reported as such whatever the environment holds.
+	config bool
+	// bind declares the command's flags on fs and returns its check of the
+	// parsed arguments (already counted against args) and its run.
+	bind func(fs *flag.FlagSet) (check func(args []string) error, run func(c call) int)
+}
 
-Development, with the public dev secrets:  SHOP_ENV=dev shop serve
-`
+// call is what a command runs with.
+type call struct {
+	args           []string
+	getenv         func(string) string
+	cfg            config.Config // zero unless the command's config is set
+	log            *slog.Logger
+	stdout, stderr io.Writer
+}
 
-// commands is each command's one-paragraph help, printed by -h/--help.
-var commands = map[string]string{
-	"serve": `usage: shop serve
-
-Runs the HTTP service until SIGTERM or SIGINT. Configuration comes from the
+func commands() []command {
+	return []command{
+		{name: "serve", synopsis: "serve", summary: "run the HTTP service (config: SHOP_* variables, docs/config.md)",
+			config: true, bind: noFlags(runServe),
+			help: `Runs the HTTP service until SIGTERM or SIGINT. Configuration comes from the
 SHOP_* variables (docs/config.md); SHOP_ENV defaults to production, which
 needs SHOP_JWT_SECRET and SHOP_ADMIN_TOKEN of 32 bytes or more. For a
 developer's machine: SHOP_ENV=dev shop serve.
-`,
-	"migrate": `usage: shop migrate
-
-Creates or extends the tables of the database SHOP_MYSQL_DSN or
+`},
+		{name: "migrate", synopsis: "migrate", summary: "create or extend the database tables, then exit",
+			config: true, bind: noFlags(runMigrate),
+			help: `Creates or extends the tables of the database SHOP_MYSQL_DSN or
 SHOP_SQLITE_PATH names (never drops or narrows one), then exits.
-`,
-	"token": `usage: shop token <user id> [-ttl 24h]
-
-Prints a user token for <user id> (a positive integer), signed with
+`},
+		{name: "token", synopsis: "token <user id> [-ttl 24h]", summary: "print a user token signed with SHOP_JWT_SECRET",
+			args: []string{"user id"}, config: true, bind: bindToken,
+			help: `Prints a user token for <user id> (a positive integer), signed with
 SHOP_JWT_SECRET, valid for -ttl.
-`,
-	"healthcheck": `usage: shop healthcheck
-
-GET /readyz of the shop at SHOP_HTTP_ADDR on this host: exit 0 on 200, else
+`},
+		{name: "healthcheck", synopsis: "healthcheck", summary: "exit 0 if the shop at SHOP_HTTP_ADDR on this host is ready, else 1",
+			bind: noFlags(runHealthcheck),
+			help: `GET /readyz of the shop at SHOP_HTTP_ADDR on this host: exit 0 on 200, else
 1 and the reason on stderr. It reads no other variable.
-`,
-	"version": `usage: shop version
+`},
+		{name: "version", synopsis: "version", summary: "print the version, VCS revision and Go version",
+			bind: noFlags(runVersion),
+			help: `Prints the version, VCS revision and Go version of this binary.
+`},
+	}
+}
 
-Prints the version, VCS revision and Go version of this binary.
-`,
-	"ceiling": `usage: shop ceiling [-n 300] [-sku lt-ceiling]
+func (c command) usage() string { return "usage: shop " + c.synopsis + "\n\n" + c.help }
 
-Buys -n units of -sku (created or reset first) one at a time through the
-configured strategy and lock backend, and prints as JSON the median time
-that other buyers of the same SKU must wait for each sale, and its inverse,
-the ceiling of that SKU's rate. make capacity prints it beside the rate it
-measured.
-`,
+// usage is shop's own help, one line per command from the table.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(&b, "  shop %-25s %s\n", c.synopsis, c.summary)
+	}
+	b.WriteString("  shop <command> -help          that command's help\n\n")
+	b.WriteString("Development, with the public dev secrets:  SHOP_ENV=dev shop serve\n")
+	return b.String()
+}
+
+func lookup(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
 }
 
 func main() {
@@ -96,98 +123,186 @@ func main() {
 // starts anything.
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
 	name, rest := args[0], args[1:]
 	switch name {
 	case "help", "-h", "-help", "--help":
-		if len(rest) == 1 && commands[rest[0]] != "" {
-			fmt.Fprint(stdout, commands[rest[0]])
-			return 0
-		}
-		fmt.Fprint(stdout, usage)
+		help(rest, stdout)
 		return 0
 	}
-	help, ok := commands[name]
+	cmd, ok := lookup(name)
 	if !ok {
-		fmt.Fprintf(stderr, "shop: unknown command %q\n%s", name, usage)
+		fmt.Fprintf(stderr, "shop: unknown command %q\n%s", name, usage())
 		return 2
 	}
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid")
-	sales := fs.Int("n", 300, "ceiling: sales to time")
-	sku := fs.String("sku", "lt-ceiling", "ceiling: SKU to create and sell")
-	if name == "token" && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		// The user id may come before the flag: shop token 1 -ttl 1h.
-		rest = append(rest[1:], rest[0])
-	}
-	switch err := fs.Parse(rest); {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, help)
-		return 0
-	case err != nil:
-		fmt.Fprintf(stderr, "shop %s: %v\n%s", name, err, help)
-		return 2
-	case name != "token" && name != "ceiling" && fs.NFlag() > 0:
-		fmt.Fprintf(stderr, "shop %s: takes no flags\n%s", name, help)
-		return 2
-	}
-	wantArgs := 0
-	if name == "token" {
-		wantArgs = 1
-	}
-	if fs.NArg() != wantArgs {
-		fmt.Fprintf(stderr, "shop %s: unexpected arguments %q\n%s", name, fs.Args(), help)
-		return 2
-	}
-
-	switch name {
-	case "version":
-		fmt.Fprintln(stdout, readBuildInfo())
-		return 0
-	case "healthcheck":
-		// The probe needs one variable, and must answer 0 or 1 only (Docker
-		// reserves 2), whatever else the environment holds.
-		if err := healthcheck(getenv("SHOP_HTTP_ADDR"), healthcheckTimeout); err != nil {
-			fmt.Fprintf(stderr, "shop healthcheck: %v\n", err)
-			return 1
-		}
+	c := call{getenv: getenv, stdout: stdout, stderr: stderr}
+	exec, err := cmd.parse(rest, &c)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, cmd.usage())
 		return 0
 	}
-	cfg, err := config.Load(getenv)
 	if err != nil {
-		fmt.Fprintf(stderr, "shop: invalid configuration:\n%v\n", err)
+		fmt.Fprintf(stderr, "shop %s: %v\n%s", name, err, cmd.usage())
 		return 2
 	}
-	log := newLogger(cfg, stdout)
-	slog.SetDefault(log)
+	if cmd.config {
+		if err := c.configure(); err != nil {
+			fmt.Fprintf(stderr, "shop: invalid configuration:\n%v\n", err)
+			return 2
+		}
+	}
+	return exec(c)
+}
+
+// help prints the help of the command args name, or shop's own.
+func help(args []string, stdout io.Writer) {
+	if c, ok := lookup(strings.Join(args, " ")); ok {
+		fmt.Fprint(stdout, c.usage())
+		return
+	}
+	fmt.Fprint(stdout, usage())
+}
+
+// configure reads the configuration and makes the process's logger.
+func (c *call) configure() (err error) {
+	if c.cfg, err = config.Load(c.getenv); err != nil {
+		return err
+	}
+	c.log = newLogger(c.cfg, c.stdout)
+	slog.SetDefault(c.log)
 	// go-redis prints its own plain lines to stderr, which would break a
 	// JSON log stream; route them through slog.
-	redis.SetLogger(redisLogger{log})
+	redis.SetLogger(redisLogger{c.log})
+	return nil
+}
 
-	switch name {
-	case "serve":
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-		defer stop()
-		if err := serve(ctx, cfg, log); err != nil {
-			log.Error("shop stopped", "err", err)
-			return 1
-		}
-		return 0
-	case "migrate":
-		if err := migrate(context.Background(), cfg); err != nil {
-			log.Error("migrate failed", "err", err)
-			return 1
-		}
-		log.Info("migrated")
-		return 0
-	case "ceiling":
-		return ceiling(context.Background(), cfg, *sales, *sku, stdout, stderr)
-	default: // token
-		return token(cfg, fs.Arg(0), *ttl, stdout, stderr)
+// parse reads the command's flags and arguments into c, checks them, and
+// returns the command's run.
+func (cmd command) parse(args []string, c *call) (func(call) int, error) {
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	check, exec := cmd.bind(fs)
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return nil, err
 	}
+	switch want := len(cmd.args); {
+	case len(pos) < want:
+		return nil, fmt.Errorf("missing the %s", strings.Join(cmd.args[len(pos):], ", the "))
+	case len(pos) == want+1:
+		return nil, fmt.Errorf("unexpected argument %q", pos[want])
+	case len(pos) > want:
+		return nil, fmt.Errorf("unexpected arguments %q", pos[want:])
+	}
+	if err := check(pos); err != nil {
+		return nil, err
+	}
+	c.args = pos
+	return exec, nil
+}
+
+// parseInterspersed returns the positional arguments in their order, with
+// flags allowed before, between and after them (shop token 1 -ttl 1h);
+// everything after "--" is positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		left := fs.Args()
+		if len(left) == 0 {
+			return pos, nil
+		}
+		if consumed := len(args) - len(left); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, left...), nil
+		}
+		pos, args = append(pos, left[0]), left[1:]
+	}
+}
+
+// noFlags binds a command that takes no flags and whose arguments need no
+// check beyond their count.
+func noFlags(run func(call) int) func(*flag.FlagSet) (func([]string) error, func(call) int) {
+	return func(*flag.FlagSet) (func([]string) error, func(call) int) {
+		return func([]string) error { return nil }, run
+	}
+}
+
+func runServe(c call) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	shutdownTracing, err := setupTracing(ctx, c.getenv)
+	if err != nil {
+		c.log.Error("tracing", "err", err)
+		return 1
+	}
+	defer func() {
+		// Flush the spans of the last requests, briefly: an unreachable
+		// collector must not hold the exit.
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = shutdownTracing(fctx)
+	}()
+	if err := serve(ctx, c.cfg, c.log); err != nil {
+		c.log.Error("shop stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func runMigrate(c call) int {
+	if err := migrate(context.Background(), c.cfg); err != nil {
+		c.log.Error("migrate failed", "err", err)
+		return 1
+	}
+	c.log.Info("migrated")
+	return 0
+}
+
+func runVersion(c call) int {
+	fmt.Fprintln(c.stdout, readBuildInfo())
+	return 0
+}
+
+// runHealthcheck needs one variable, and must answer 0 or 1 only (Docker
+// reserves 2), whatever else the environment holds.
+func runHealthcheck(c call) int {
+	if err := healthcheck(c.getenv("SHOP_HTTP_ADDR"), healthcheckTimeout); err != nil {
+		fmt.Fprintf(c.stderr, "shop healthcheck: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func bindToken(fs *flag.FlagSet) (func([]string) error, func(call) int) {
+	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid")
+	check := func(args []string) error {
+		if _, err := userID(args[0]); err != nil {
+			return err
+		}
+		if *ttl <= 0 {
+			return fmt.Errorf("-ttl must be positive, not %s", *ttl)
+		}
+		return nil
+	}
+	return check, func(c call) int {
+		id, _ := userID(c.args[0])
+		return token(c.cfg, id, *ttl, c.stdout, c.stderr)
+	}
+}
+
+func userID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("user id %q is not a number", s)
+	case id <= 0:
+		return 0, fmt.Errorf("user id %q is not a positive integer", s)
+	}
+	return id, nil
 }
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
@@ -204,188 +319,6 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
-// cancelGrace is how long cancelled handlers get to return. They stop at
-// their next context check; one still running after this is stuck in I/O
-// with no deadline, and waiting longer would not help.
-const cancelGrace = 5 * time.Second
-
-// serve runs until ctx ends (SIGTERM/SIGINT), then shuts down so that no
-// store is ever closed under a running handler:
-//
-//  1. /readyz answers 503 while requests are still served, for
-//     cfg.DrainDelay, so that a load balancer stops sending new ones;
-//  2. the listener closes and in-flight requests get cfg.ShutdownTimeout
-//     to finish (each releases its locks as its handler returns);
-//  3. those still running then have their contexts cancelled, which rolls
-//     back their transactions, and serve waits for them to return;
-//  4. only then do the locker, Redis and the database close.
-//
-// If a handler ignores its cancellation, serve returns an error with the
-// stores left open: the process exit ends their connections and the
-// database rolls back what was not committed, where closing them would let
-// the handler run on against closed clients.
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	log.Info("starting", "version", readBuildInfo().String(), "config", cfg)
-	a, err := newApp(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	closeStores := true
-	defer func() {
-		if !closeStores {
-			return
-		}
-		if err := a.close(); err != nil {
-			log.Warn("close", "err", err)
-		}
-		log.Info("stores closed")
-	}()
-
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return err
-	}
-	// Requests live on a context of their own: SIGTERM must not cancel
-	// them, only an overrun shutdown timeout does.
-	requests, cancelRequests := context.WithCancelCause(context.Background())
-	defer cancelRequests(nil)
-	var running inflight
-	srv := &http.Server{
-		Handler:           running.track(a.handler),
-		BaseContext:       func(net.Listener) context.Context { return requests },
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "backend", cfg.LockBackend, "stock_strategy", cfg.StockStrategy)
-
-	var metricsSrv *http.Server
-	if cfg.MetricsAddr != "" {
-		mln, err := net.Listen("tcp", cfg.MetricsAddr)
-		if err != nil {
-			_ = srv.Close()
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		metricsSrv = &http.Server{Handler: a.metrics, ReadHeaderTimeout: 5 * time.Second}
-		go func() { serveErr <- metricsSrv.Serve(mln) }()
-		log.Info("metrics listening", "addr", mln.Addr().String())
-	}
-	if cfg.Dev() {
-		log.Warn("dev credentials in use (SHOP_ENV=dev): never expose this instance",
-			"get_a_token", "SHOP_ENV=dev go run ./cmd/shop token 1", "admin_token", config.DevAdminToken)
-	}
-
-	select {
-	case err := <-serveErr:
-		// A listener failed: stop at once, but still never close a store
-		// under a running handler.
-		cancelRequests(errShuttingDown)
-		_ = srv.Close()
-		if metricsSrv != nil {
-			_ = metricsSrv.Close()
-		}
-		gctx, gcancel := context.WithTimeout(context.Background(), cancelGrace)
-		defer gcancel()
-		if running.wait(gctx) != nil {
-			closeStores = false
-		}
-		return err
-	case <-ctx.Done():
-	}
-	log.Info("shutting down: readiness fails, then the listener closes",
-		"drain_delay", cfg.DrainDelay, "timeout", cfg.ShutdownTimeout)
-	a.stopping.Store(true)
-	time.Sleep(cfg.DrainDelay)
-
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	var overrun error
-	if err := srv.Shutdown(sctx); err != nil {
-		overrun = fmt.Errorf("shutdown: in-flight requests outlived %s and were cancelled", cfg.ShutdownTimeout)
-		log.Warn("cancelling the requests still running", "requests", running.count(), "timeout", cfg.ShutdownTimeout)
-		cancelRequests(errShuttingDown)
-		gctx, gcancel := context.WithTimeout(context.Background(), cancelGrace)
-		defer gcancel()
-		if err := running.wait(gctx); err != nil {
-			closeStores = false
-			return fmt.Errorf("shutdown: %d handlers ignored their cancellation for %s; exiting with the stores open",
-				running.count(), cancelGrace)
-		}
-		// Let the cancelled requests' answers reach their clients.
-		if err := srv.Shutdown(gctx); err != nil {
-			_ = srv.Close()
-		}
-	}
-	if metricsSrv != nil {
-		// Last, so that the drain itself can be scraped.
-		mctx, mcancel := context.WithTimeout(context.Background(), time.Second)
-		defer mcancel()
-		if err := metricsSrv.Shutdown(mctx); err != nil {
-			_ = metricsSrv.Close()
-		}
-	}
-	if overrun != nil {
-		return overrun
-	}
-	log.Info("stopped")
-	return nil
-}
-
-// inflight counts running handlers, so that shutdown can wait for the last
-// one to return before it closes the stores they use.
-type inflight struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed when n drops to 0; nil while n is 0
-}
-
-func (f *inflight) track(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.add(1)
-		defer f.add(-1)
-		h.ServeHTTP(w, r)
-	})
-}
-
-func (f *inflight) add(d int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.n == 0 {
-		f.idle = make(chan struct{})
-	}
-	f.n += d
-	if f.n == 0 {
-		close(f.idle)
-		f.idle = nil
-	}
-}
-
-func (f *inflight) count() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.n
-}
-
-// wait returns nil once no handler runs, or ctx's error.
-func (f *inflight) wait(ctx context.Context) error {
-	for {
-		f.mu.Lock()
-		idle := f.idle
-		f.mu.Unlock()
-		if idle == nil {
-			return nil
-		}
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
 func migrate(ctx context.Context, cfg config.Config) error {
 	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: 1})
 	if err != nil {
@@ -395,12 +328,7 @@ func migrate(ctx context.Context, cfg config.Config) error {
 	return db.Migrate(ctx, models()...)
 }
 
-func token(cfg config.Config, user string, ttl time.Duration, stdout, stderr io.Writer) int {
-	id, err := strconv.ParseInt(user, 10, 64)
-	if err != nil || id <= 0 || ttl <= 0 {
-		fmt.Fprint(stderr, commands["token"])
-		return 2
-	}
+func token(cfg config.Config, id int64, ttl time.Duration, stdout, stderr io.Writer) int {
 	tok, err := auth.New([]byte(cfg.JWTSecret), cfg.AdminToken).Token(id, ttl, time.Now())
 	if err != nil {
 		fmt.Fprintln(stderr, err)

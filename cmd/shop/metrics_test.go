@@ -7,37 +7,26 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/problem"
 )
 
 // TestAuditMetricsOnMetrics checks the wiring: the registry the auditor
 // writes to is the one /metrics serves.
 func TestAuditMetricsOnMetrics(t *testing.T) {
 	srv, _ := newTestServer(t, nil)
-	fetch := func(path, token string) string {
-		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		res, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		body, err := io.ReadAll(res.Body)
-		if err != nil || res.StatusCode != http.StatusOK {
-			t.Fatalf("GET %s: %d %s %v", path, res.StatusCode, body, err)
-		}
-		return string(body)
-	}
+	fetch := func(path, token string) string { t.Helper(); return getOK(t, srv, path, token) }
 	if m := fetch("/metrics", ""); strings.Contains(m, "shop_audit_ok") {
 		t.Error("shop_audit_ok exported before any audit")
 	}
@@ -49,6 +38,57 @@ func TestAuditMetricsOnMetrics(t *testing.T) {
 			t.Errorf("/metrics after an audit lacks %q", strings.TrimSpace(want))
 		}
 	}
+}
+
+// TestAuditDriftUnitsFollowTheCheck: a drift in cents is labelled cents
+// and one in units units, so that no dashboard or alert adds money to a
+// count; the checks named neither are counts of rows or likes.
+func TestAuditDriftUnitsFollowTheCheck(t *testing.T) {
+	srv, _ := newTestServer(t, nil)
+	getOK(t, srv, "/admin/v1/audit", testAdmin)
+	series := regexp.MustCompile(`shop_audit_drift\{check="([a-z_]+)",unit="([a-z]+)"\}`).FindAllStringSubmatch(getOK(t, srv, "/metrics", ""), -1)
+	if len(series) == 0 {
+		t.Fatal("no shop_audit_drift series after an audit")
+	}
+	want := map[string]string{"like_drift": "likes"}
+	for _, m := range series {
+		check, unit := m[1], m[2]
+		w, ok := want[check]
+		switch {
+		case ok:
+		case strings.HasSuffix(check, "_cents"), check == "balance_drift":
+			w = "cents"
+		case strings.HasSuffix(check, "_units"), check == "stock_drift":
+			w = "units"
+		default:
+			w = "count"
+		}
+		if unit != w {
+			t.Errorf("shop_audit_drift{check=%q} has unit=%q, want %q", check, unit, w)
+		}
+	}
+}
+
+// getOK is the body of GET path, which must answer 200.
+func getOK(t *testing.T, srv *httptest.Server, path, token string) string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s %v", path, res.StatusCode, body, err)
+	}
+	return string(body)
 }
 
 // TestHTTPMetricsClampMethods: a method no route knows must not mint a
@@ -146,5 +186,36 @@ func TestEveryLogLineOfARequestHasItsRequestID(t *testing.T) {
 	}
 	if lines < 3 {
 		t.Errorf("%d lines of the request, want not ready, request failed and request:\n%s", lines, logs)
+	}
+}
+
+// TestShedRequestsCountedApart: a 503 lock-busy (load shed on a hot key:
+// nothing changed, retry invited) is counted in shop_http_shed_total as
+// well as in the requests, so that an alert on errors can leave it out;
+// a 503 outcome-unknown (a change may have landed) is an error, not
+// shedding.
+func TestShedRequestsCountedApart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newHTTPMetrics(reg)
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.Use(m.observe, problem.Errors(problems()))
+	r.GET("/busy", problem.Handle(func(*gin.Context) error { return lockkit.ErrNotAcquired }))
+	r.GET("/unknown", problem.Handle(func(*gin.Context) error { return mysql.ErrInvalidConn }))
+	for _, path := range []string{"/busy", "/busy", "/unknown"} {
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+		if w.Code != http.StatusServiceUnavailable {
+			t.Fatalf("GET %s: %d, want 503", path, w.Code)
+		}
+	}
+	if got := testutil.ToFloat64(m.shed.WithLabelValues("/busy", "GET", "lock-busy")); got != 2 {
+		t.Errorf("shed lock-busy on /busy = %v, want 2", got)
+	}
+	if n := testutil.CollectAndCount(m.shed); n != 1 {
+		t.Errorf("shop_http_shed_total has %d series, want only lock-busy's: outcome-unknown is an error", n)
+	}
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("/unknown", "GET", "503")); got != 1 {
+		t.Errorf("requests 503 on /unknown = %v, want 1", got)
 	}
 }

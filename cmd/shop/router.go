@@ -15,6 +15,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/github.com/gin-gonic/gin/otelgin"
 
 	"github.com/lockbench/shop/internal/apidoc"
 	"github.com/lockbench/shop/internal/audit"
@@ -47,7 +48,12 @@ func newRouter(d routerDeps) http.Handler {
 	r.ContextWithFallback = true
 
 	httpMetrics := newHTTPMetrics(d.reg)
-	r.Use(requestID, accessLog(d.log), httpMetrics.observe, problem.Errors(d.problems), problem.Recover(),
+	// The request's span first, so that every log line of the request
+	// carries its trace id (requestIDHandler). Probes and scrapes are not
+	// traced: they would be most of the traces and none of the interest.
+	r.Use(otelgin.Middleware("shop", otelgin.WithGinFilter(func(c *gin.Context) bool {
+		return c.FullPath() != "/healthz" && c.FullPath() != "/readyz" && c.FullPath() != "/metrics"
+	})), requestID, accessLog(d.log), httpMetrics.observe, problem.Errors(d.problems), problem.Recover(),
 		problem.LimitBody(d.cfg.MaxBodyBytes))
 	r.NoRoute(problem.NoRoute)
 	r.NoMethod(problem.NoMethod)
@@ -160,7 +166,16 @@ func methodLabel(m string) string {
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	shed     *prometheus.CounterVec
 }
+
+// shedSlugs are the problems that are load shed: contention turned the
+// request away, nothing changed, and a retry in a moment will likely
+// succeed. They are 503s, and counted in shop_http_shed_total as well, so
+// that an alert on errors leaves them out and shedding on a hot key stays
+// visible without paging. outcome-unknown is not one: its change may have
+// landed.
+var shedSlugs = map[string]bool{"lock-busy": true, "conflict": true}
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	m := &httpMetrics{
@@ -173,6 +188,10 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Help:    "Time to answer an HTTP request, by route pattern and method.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"route", "method"}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_http_shed_total",
+			Help: "HTTP requests turned away by contention with nothing changed (503 lock-busy, conflict), by route, method and problem; also counted in shop_http_requests_total.",
+		}, []string{"route", "method", "reason"}),
 	}
 	b := readBuildInfo()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -181,7 +200,7 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
 	})
 	build.Set(1)
-	reg.MustRegister(m.requests, m.duration, build)
+	reg.MustRegister(m.requests, m.duration, m.shed, build)
 	return m
 }
 
@@ -191,4 +210,7 @@ func (m *httpMetrics) observe(c *gin.Context) {
 	rt, method := route(c), methodLabel(c.Request.Method)
 	m.requests.WithLabelValues(rt, method, strconv.Itoa(c.Writer.Status())).Inc()
 	m.duration.WithLabelValues(rt, method).Observe(time.Since(start).Seconds())
+	if slug := problem.SlugOf(c); shedSlugs[slug] {
+		m.shed.WithLabelValues(rt, method, slug).Inc()
+	}
 }

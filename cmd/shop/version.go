@@ -6,15 +6,23 @@ import (
 	"runtime/debug"
 )
 
+// version and revision are stamped by the Makefile and the Docker build
+// (-ldflags "-X main.version=... -X main.revision=...", from git describe):
+// the image is built without .git, so Go's own VCS stamp is not there.
+var version, revision string
+
 // buildInfo is what `shop version` prints and shop_build_info exports.
 type buildInfo struct {
-	Version   string // the module version go build stamped, "(devel)" outside a tagged checkout
-	Revision  string // the VCS commit, with "+dirty" for uncommitted changes; empty when built without VCS
+	Version   string // git describe's, or else the module version go build stamped ("(devel)" outside a tagged checkout)
+	Revision  string // the VCS commit, with "+dirty" for uncommitted changes; empty when built without either
 	GoVersion string
 }
 
 func readBuildInfo() buildInfo {
 	b := buildInfo{Version: "(devel)", GoVersion: runtime.Version()}
+	if version != "" {
+		return buildInfo{Version: version, Revision: revision, GoVersion: b.GoVersion}
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return b

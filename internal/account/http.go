@@ -123,13 +123,17 @@ func (d *Domain) transfer(c *gin.Context) error {
 	if err := problem.DecodeJSON(c, &req); err != nil {
 		return err
 	}
+	var invalid problem.Fields
 	for _, f := range []struct {
 		name string
 		v    *int64
 	}{{"from", req.From}, {"to", req.To}, {"amount_cents", req.Amount}} {
 		if err := positive(f.name, f.v); err != nil {
-			return err
+			invalid.Add("/"+f.name, err.Error())
 		}
+	}
+	if err := invalid.Err(); err != nil {
+		return err
 	}
 	if err := auth.RequireSelf(c, *req.From); err != nil {
 		return err
@@ -147,14 +151,18 @@ func (d *Domain) put(c *gin.Context) error {
 	if err := problem.DecodeJSON(c, &req); err != nil {
 		return err
 	}
+	var invalid problem.Fields
 	if err := positive("id", req.ID); err != nil {
+		invalid.Add("/id", err.Error())
+	}
+	switch {
+	case req.Balance == nil:
+		invalid.Add("/balance_cents", "balance_cents is required: a non-negative integer")
+	case *req.Balance < 0:
+		invalid.Add("/balance_cents", fmt.Sprintf("balance_cents must be a non-negative integer, got %d", *req.Balance))
+	}
+	if err := invalid.Err(); err != nil {
 		return err
-	}
-	if req.Balance == nil {
-		return problem.BadRequest("balance_cents is required: a non-negative integer")
-	}
-	if *req.Balance < 0 {
-		return problem.BadRequest(fmt.Sprintf("balance_cents must be a non-negative integer, got %d", *req.Balance))
 	}
 	created, err := d.Store.Put(c.Request.Context(), *req.ID, *req.Balance)
 	if err != nil {

@@ -159,6 +159,7 @@ var targetLabels = []string{"instance", "job", "le"}
 var (
 	metricRef  = regexp.MustCompile(`\bshop_[a-z0-9_]+\b`)
 	groupLabel = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
+	selector   = regexp.MustCompile(`\b(shop_[a-z0-9_]+)\s*\{([^}]*)\}`)
 	matchLabel = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*"`)
 	labelValue = regexp.MustCompile(`label_values\(\s*[a-zA-Z0-9_:]+\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)`)
 )
@@ -208,11 +209,24 @@ func checkQuery(t *testing.T, q string, registered map[string]metric) []string {
 	// A label no series has makes `sum by` collapse everything into one
 	// line and a matcher select nothing: the panel shows "No data", or the
 	// alert never fires, without any error.
+	// A matcher selects series of its own metric; a grouping label must be
+	// on every metric the query reads.
+	check := func(label, family string) {
+		if !slices.Contains(registered[family].labels, label) && !slices.Contains(targetLabels, label) {
+			t.Errorf("query %q: %s has no label %q (it has %v)", q, family, label, registered[family].labels)
+		}
+	}
+	for _, sel := range selector.FindAllStringSubmatch(q, -1) {
+		family, ok := familyOf(sel[1], registered)
+		for _, m := range matchLabel.FindAllStringSubmatch(sel[2], -1) {
+			if ok {
+				check(m[1], family)
+			}
+		}
+	}
 	for _, label := range queryLabels(q) {
 		for _, family := range families {
-			if !slices.Contains(registered[family].labels, label) && !slices.Contains(targetLabels, label) {
-				t.Errorf("query %q: %s has no label %q (it has %v)", q, family, label, registered[family].labels)
-			}
+			check(label, family)
 		}
 	}
 	return families
@@ -239,6 +253,7 @@ func familyOf(name string, registered map[string]metric) (string, bool) {
 	return "", false
 }
 
+// queryLabels are the labels a query groups by or lists the values of.
 func queryLabels(q string) []string {
 	var out []string
 	for _, m := range groupLabel.FindAllStringSubmatch(q, -1) {
@@ -247,9 +262,6 @@ func queryLabels(q string) []string {
 				out = append(out, l)
 			}
 		}
-	}
-	for _, m := range matchLabel.FindAllStringSubmatch(q, -1) {
-		out = append(out, m[1])
 	}
 	for _, m := range labelValue.FindAllStringSubmatch(q, -1) {
 		out = append(out, m[1])
@@ -394,4 +406,32 @@ func prometheusTargets(t *testing.T, path, job string) []string {
 		}
 	}
 	return out
+}
+
+// TestGrafanaTraceSource: the trace data source points at the compose
+// service the shop instances export to.
+func TestGrafanaTraceSource(t *testing.T) {
+	root := repoRoot(t)
+	var ds struct {
+		Datasources []struct {
+			Type string `yaml:"type"`
+			URL  string `yaml:"url"`
+		} `yaml:"datasources"`
+	}
+	unmarshalYAML(t, filepath.Join(root, "deploy/grafana/provisioning/datasources/jaeger.yml"), &ds)
+	if len(ds.Datasources) != 1 || ds.Datasources[0].Type != "jaeger" {
+		t.Fatalf("want one jaeger data source, have %+v", ds.Datasources)
+	}
+	p := loadCompose(t, nil)
+	if _, ok := p.Services["jaeger"]; !ok {
+		t.Fatal("no jaeger service for the data source")
+	}
+	for _, s := range shopServices(p) {
+		if got := envOf(s)["OTEL_EXPORTER_OTLP_ENDPOINT"]; got != "http://jaeger:4318" {
+			t.Errorf("%s exports traces to %q, want Jaeger's OTLP/HTTP http://jaeger:4318", s.Name, got)
+		}
+	}
+	if !strings.HasPrefix(ds.Datasources[0].URL, "http://jaeger:16686") {
+		t.Errorf("data source URL %s, want Jaeger's query port", ds.Datasources[0].URL)
+	}
 }

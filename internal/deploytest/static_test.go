@@ -6,18 +6,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/lockbench/shop/internal/testenv"
 )
 
-// TestBinaryIsStatic builds cmd/shop with the environment and flags of the
+// TestImageBinary builds cmd/shop with the environment and flags of the
 // Dockerfile's build line, read from the Dockerfile itself so that the two
-// cannot drift, and checks the ELF asks for no dynamic loader and no
-// shared library: the distroless/static image has neither, and a dynamic
-// binary there fails with a baffling "no such file or directory". "go" is
-// the toolchain running the test: go test puts it first in PATH.
-func TestBinaryIsStatic(t *testing.T) {
+// cannot drift, with its build arguments set as docker build --build-arg
+// would. "go" is the toolchain running the test: go test puts it first in
+// PATH.
+func TestImageBinary(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the image is linux; an ELF check elsewhere proves nothing")
 	}
@@ -25,17 +25,40 @@ func TestBinaryIsStatic(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "cmd", "shop")); err != nil {
 		testenv.Missing(t, "cmd/shop is not in the tree yet")
 	}
+	buildArgs := map[string]string{"VERSION": "v0.0.0-test-3-gfeedbee", "REVISION": "feedbeefeedbeefeedbee"}
 	b := dockerfileBuild(t)
 	out := filepath.Join(t.TempDir(), "shop")
 	args := append([]string{"build"}, b.flags...)
 	args = append(args, "-o", out, b.pkg)
+	for i := range args {
+		args[i] = os.Expand(args[i], func(k string) string { return buildArgs[k] })
+	}
 	cmd := exec.CommandContext(t.Context(), "go", args...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), b.env...)
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v %v: %v\n%s", b.env, cmd.Args, err, msg)
 	}
+	t.Run("is-static", func(t *testing.T) { checkStatic(t, out) })
+	t.Run("prints-the-version-of-its-build-args", func(t *testing.T) {
+		// .dockerignore leaves .git out of the build context: only the
+		// build arguments can tell the binary what it is.
+		got, err := exec.CommandContext(t.Context(), out, "version").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range buildArgs {
+			if !strings.Contains(string(got), want) {
+				t.Errorf("shop version in the image prints %q, without the build argument %q", got, want)
+			}
+		}
+	})
+}
 
+// checkStatic: the ELF asks for no dynamic loader and no shared library:
+// the distroless/static image has neither, and a dynamic binary there
+// fails with a baffling "no such file or directory".
+func checkStatic(t *testing.T, out string) {
 	f, err := elf.Open(out)
 	if err != nil {
 		t.Fatal(err)

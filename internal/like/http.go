@@ -45,7 +45,7 @@ func (d *Domain) Reset(ctx context.Context, fixture string) error {
 
 // Checks are the like invariants for the audit: like_drift by owner.
 func (d *Domain) Checks() []audit.Check {
-	return []audit.Check{{Name: "like_drift", By: "by_owner", Run: d.Service.Drift}}
+	return []audit.Check{{Name: "like_drift", By: "by_owner", Unit: "likes", Run: d.Service.Drift}}
 }
 
 func ref(c *gin.Context) Ref { return Ref{Type: c.Param("type"), ID: c.Param("id")} }

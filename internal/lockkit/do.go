@@ -36,7 +36,7 @@ func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, 
 		go release()
 		return ErrLeaseLost
 	}
-	fnCtx, stopWatch := Watch(ctx, lease)
+	fnCtx, stopWatch := Watch(holdContext(ctx, lease), lease)
 	err = fn(fnCtx, lease.Fence())
 	stopWatch()
 

@@ -135,8 +135,8 @@ func (s *Store) checks(stuckAfter time.Duration) []audit.Check {
 		}
 	}
 	return []audit.Check{
-		{Name: "unreconciled_order_cents", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.UnreconciledCents })},
-		{Name: "unreconciled_order_units", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.UnreconciledUnits })},
+		{Name: "unreconciled_order_cents", By: "by_order", Unit: "cents", Run: pick(func(r Reconciliation) map[string]int64 { return r.UnreconciledCents })},
+		{Name: "unreconciled_order_units", By: "by_order", Unit: "units", Run: pick(func(r Reconciliation) map[string]int64 { return r.UnreconciledUnits })},
 		{Name: "miscounted_order_records", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.MiscountedRecords })},
 		{Name: "paid_and_cancelled_orders", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.PaidAndCancelled })},
 		{Name: "stock_returned_twice", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.StockReturnedTwice })},

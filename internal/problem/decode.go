@@ -82,11 +82,15 @@ func decodeError(err error) error {
 		if typ.Field == "" {
 			return BadRequest(fmt.Sprintf("the body must be a JSON object, got %s", typ.Value))
 		}
-		return BadRequest(fmt.Sprintf("%s must be %s, got %s", typ.Field, describe(typ.Type), got(typ.Value)))
+		var f Fields
+		f.Add(pointer(typ.Field), fmt.Sprintf("%s must be %s, got %s", typ.Field, describe(typ.Type), got(typ.Value)))
+		return f.Err()
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		// encoding/json has no type for this one; its message is stable.
 		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
-		return BadRequest(fmt.Sprintf("unknown field %s", name))
+		var f Fields
+		f.Add(pointer(strings.Trim(name, `"`)), fmt.Sprintf("unknown field %s", name))
+		return f.Err()
 	}
 	return BadRequest("the body could not be decoded: " + err.Error())
 }

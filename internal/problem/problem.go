@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 )
@@ -43,6 +44,8 @@ type Details struct {
 	// RequestID is an extension member: the id to quote to an operator,
 	// found in the logs of the instance that answered.
 	RequestID string `json:"request_id,omitempty"`
+	// Errors is an extension member: every invalid field of the body.
+	Errors Fields `json:"errors,omitempty"`
 }
 
 // Error is a problem made on the spot, for failures that are not a domain
@@ -57,6 +60,9 @@ type Error struct {
 	RetryAfter int
 	// Header is added to the response (e.g. WWW-Authenticate).
 	Header http.Header
+	// Fields are the invalid members of the body, each in the problem's
+	// errors member.
+	Fields Fields
 }
 
 func (e *Error) Error() string { return e.Detail }
@@ -114,7 +120,9 @@ func (t Table) From(err error) (Details, http.Header) {
 		if pe.RetryAfter > 0 {
 			h.Set("Retry-After", strconv.Itoa(pe.RetryAfter))
 		}
-		return details(pe.Status, pe.Slug, pe.Title, pe.Detail), h
+		d := details(pe.Status, pe.Slug, pe.Title, pe.Detail)
+		d.Errors = pe.Fields
+		return d, h
 	}
 	for _, m := range t {
 		if !m.matches(err) {
@@ -137,7 +145,15 @@ func (t Table) From(err error) (Details, http.Header) {
 var internal = Mapping{Status: http.StatusInternalServerError, Slug: "internal", Title: "Internal error",
 	Detail: "the server failed to handle this request; the request id identifies it in the logs"}
 
-const tableKey = "problem.table"
+const (
+	tableKey = "problem.table"
+	slugKey  = "problem.slug"
+)
+
+// SlugOf is the slug of the problem c was answered with, "" if none: what
+// the metrics tell apart (a 503 lock-busy is shed load, a 503
+// outcome-unknown an error).
+func SlugOf(c *gin.Context) string { return c.GetString(slugKey) }
 
 // Errors makes t the table by which Write, and so every Handler, answers
 // the request's errors. The router installs it before any handler that
@@ -198,6 +214,7 @@ func Write(c *gin.Context, err error) {
 
 // Render writes d as the response and aborts the handler chain.
 func Render(c *gin.Context, d Details) {
+	c.Set(slugKey, strings.TrimPrefix(d.Type, TypeBase))
 	d.Instance = c.Request.URL.Path
 	d.RequestID = c.Writer.Header().Get(RequestIDHeader)
 	c.Header("Cache-Control", "no-store")

@@ -102,7 +102,7 @@ func parseOptions() (options, error) {
 		return o, nil
 	}
 	if o.ceiling == "" {
-		o.ceiling = o.shop + " ceiling"
+		o.ceiling = filepath.Join(filepath.Dir(o.shop), "ceiling")
 	}
 	if o.capacity && !flagSet("delay") {
 		o.Delay = 0 // the capacity of the service itself, with no artificial work
@@ -142,7 +142,7 @@ func (o *options) bindProbe(fs *flag.FlagSet) {
 func (o *options) bindPaths(fs *flag.FlagSet) {
 	fs.StringVar(&o.shop, "shop", "bin/shop", "shop binary (make loadtest builds it)")
 	fs.StringVar(&o.k6, "k6", "bin/k6", "k6 binary (make k6 builds it)")
-	fs.StringVar(&o.ceiling, "ceiling", "", "capacity: command (binary and its first arguments) that times one row's serialized window with the row's SHOP_* environment; default: -shop's ceiling command")
+	fs.StringVar(&o.ceiling, "ceiling", "", "capacity: command (binary and its first arguments) that times one row's serialized window with the row's SHOP_* environment; default: the ceiling binary beside -shop (make loadtest-shop builds both)")
 	fs.StringVar(&o.script, "script", "loadtest/k6/shop.js", "k6 script")
 	fs.StringVar(&o.out, "out", "loadtest/results", "directory for results, logs and the report (created if missing)")
 	fs.StringVar(&o.record, "record", "", "also keep a dated copy of the Markdown report in this directory (loadtest-<date>.md, capacity-<date>.md)")

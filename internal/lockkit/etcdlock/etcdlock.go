@@ -136,7 +136,7 @@ type held struct {
 // New connects to etcd at endpoints and opens a session. Close closes the
 // client too.
 func New(endpoints []string, opts ...Option) (*Locker, error) {
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: callTimeout})
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: callTimeout, Logger: slogLogger()})
 	if err != nil {
 		return nil, fmt.Errorf("%w: etcd: %w", lockkit.ErrUnavailable, err)
 	}
