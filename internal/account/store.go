@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/optimistic"
 )
@@ -116,7 +117,7 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 				return err
 			}
 		}
-		return nil
+		return idem.Save(ctx, tx)
 	})
 }
 

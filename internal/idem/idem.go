@@ -81,6 +81,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
 )
 
 // Header names.
@@ -167,6 +168,10 @@ type Options struct {
 	MaxTokens int
 	// Prefix namespaces the Redis keys (config SHOP_KEY_PREFIX).
 	Prefix string
+	// DB is the database of the guarded changes, which holds their
+	// records (Save); a request whose key Redis does not know looks there
+	// before it runs. Nil: Redis alone (tests of the Redis part).
+	DB *gorm.DB
 }
 
 // Idem mints tokens and guards routes. It is safe for concurrent use.

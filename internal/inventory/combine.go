@@ -3,12 +3,14 @@ package inventory
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
@@ -157,6 +159,10 @@ func (c *combined) serve(sku string, batch []*order) {
 	defer cancel()
 	purchases := make([]Purchase, len(live))
 	sold := make([]bool, len(live))
+	buyers := make([]context.Context, len(live))
+	for i, o := range live {
+		buyers[i] = o.ctx
+	}
 	// Sales the store accepted under an unbeaten fence stand even if the
 	// lease is found lost after (guard.Do).
 	k := Key(sku)
@@ -164,7 +170,7 @@ func (c *combined) serve(sku string, batch []*order) {
 		for i, o := range live {
 			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: f.Of(k)}
 		}
-		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay)
+		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay, buyers)
 	})
 	// The guard counted the refused batch once; every buyer in it is
 	// answered ErrFenced, and shop_fenced_writes_total counts refused
@@ -200,8 +206,11 @@ var errNotCombinable = errors.New("inventory: product has a per-user limit; not 
 // updateMany is Update for several purchases of one SKU under one fence:
 // it claims the row, reads it, sells to each purchase in order while stock
 // lasts (sold[i]), and writes the stock with one insert of every sold
-// purchase in one transaction. Nothing is written if none is sold.
-func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []Purchase, sold []bool, delay time.Duration) error {
+// purchase in one transaction, with the idempotency record of each keyed
+// buyer (buyers[i] is ps[i]'s request). Nothing is written if none is
+// sold.
+func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []Purchase, sold []bool, delay time.Duration,
+	buyers []context.Context) error {
 	if err := s.claim(ctx, sku, fence); err != nil {
 		return err
 	}
@@ -213,11 +222,13 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 		return errNotCombinable
 	}
 	var rows []Purchase
+	var rowBuyers []context.Context
 	for i := range ps {
 		if prod.Stock >= ps[i].Quantity {
 			prod.Stock -= ps[i].Quantity
 			sold[i] = true
 			rows = append(rows, ps[i])
+			rowBuyers = append(rowBuyers, buyers[i])
 		}
 	}
 	if len(rows) == 0 {
@@ -243,7 +254,10 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 		for i := range rows {
 			rows[i].Sale = sale
 		}
-		return tx.Create(&rows).Error
+		if err := tx.Create(&rows).Error; err != nil {
+			return err
+		}
+		return saveAnswers(tx, rowBuyers, rows)
 	})
 	if err != nil {
 		clear(sold)
@@ -255,6 +269,20 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 		if sold[i] {
 			ps[i] = rows[j]
 			j++
+		}
+	}
+	return nil
+}
+
+// saveAnswers records, in the batch's transaction tx, each keyed buyer's
+// answer: the purchase row it was sold. One buyer whose key another run
+// recorded fails the batch, which rolls back; every buyer in it is then
+// answered that error and none was charged.
+func saveAnswers(tx *gorm.DB, buyers []context.Context, rows []Purchase) error {
+	for i, ctx := range buyers {
+		idem.Answer(ctx, http.StatusCreated, rows[i])
+		if err := idem.Save(ctx, tx); err != nil {
+			return err
 		}
 	}
 	return nil

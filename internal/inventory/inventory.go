@@ -23,10 +23,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"time"
 
 	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
@@ -203,6 +205,7 @@ func (s *locked) Purchase(ctx context.Context, user int64, sku string, quantity 
 	var out Purchase
 	err := s.guard.Do(ctx, []lockkey.Key{k}, func(ctx context.Context, f guard.Fences) error {
 		p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyLock}
+		idem.Answer(ctx, http.StatusCreated, &p)
 		err := s.store.Update(ctx, &p, f.Of(k), func(ctx context.Context, prod *Product) error {
 			if prod.Stock < quantity {
 				return soldOut(prod.Stock, quantity)
@@ -241,6 +244,7 @@ func (s *atomicSQL) Purchase(ctx context.Context, user int64, sku string, quanti
 		return Purchase{}, err
 	}
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicSQL}
+	idem.Answer(ctx, http.StatusCreated, &p)
 	return p, s.store.Decrement(ctx, &p)
 }
 
@@ -266,18 +270,21 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 		return Purchase{}, err
 	}
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicRedis}
+	idem.Answer(ctx, http.StatusCreated, &p)
 	err := s.store.Decrement(ctx, &p)
 	if err != nil {
-		// Give the units back, on a context of their own: the request may
-		// be gone, the mirror must not stay short. When the database says
-		// sold out, the mirror was wrong (it was reloaded while sales were
-		// in flight): drop it, the next sale reloads it from the database.
+		// On a context of their own: the request may be gone, the mirror
+		// must not stay short. A refusal the database decided (a limit,
+		// a key another run recorded) wrote nothing: the units go back.
+		// Anything else may have committed (a lost COMMIT reply) or says
+		// the mirror was wrong (sold out in the database): drop the
+		// mirror, the next sale reloads it from the database.
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
-		if errors.Is(err, ErrSoldOut) {
-			s.mirror.Forget(gctx, sku)
-		} else {
+		if errors.Is(err, ErrLimitExceeded) || errors.Is(err, idem.ErrKeyTaken) {
 			s.mirror.GiveBack(gctx, sku, quantity)
+		} else {
+			s.mirror.Forget(gctx, sku)
 		}
 	}
 	return p, err

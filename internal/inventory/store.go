@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/optimistic"
 )
@@ -91,7 +92,10 @@ func (s *Store) Update(ctx context.Context, p *Purchase, fence uint64, fn func(c
 		if err := writeStock(tx, prod, fence); err != nil {
 			return err
 		}
-		return insertInSale(tx, p)
+		if err := insertInSale(tx, p); err != nil {
+			return err
+		}
+		return idem.Save(ctx, tx)
 	})
 }
 
@@ -187,7 +191,10 @@ func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 				return decrementSoldOut(p.Quantity)
 			}
 		}
-		return insertInSale(tx, p)
+		if err := insertInSale(tx, p); err != nil {
+			return err
+		}
+		return idem.Save(ctx, tx)
 	})
 }
 
