@@ -50,19 +50,20 @@ type combined struct {
 // skuQueue is one SKU's purchases waiting in this process. leading is true
 // while some goroutine serves them.
 type skuQueue struct {
-	pending []*order
+	pending []*queued
 	leading bool
 }
 
-type order struct {
+// queued is one purchase waiting for a batch.
+type queued struct {
 	ctx      context.Context
 	user     int64
 	quantity int64
-	done     chan orderResult // the purchase's outcome
-	lead     chan struct{}    // this order's goroutine must serve the next batch
+	done     chan queuedResult // the purchase's outcome
+	lead     chan struct{}     // this purchase's goroutine must serve the next batch
 }
 
-type orderResult struct {
+type queuedResult struct {
 	p   Purchase
 	err error
 }
@@ -87,7 +88,7 @@ func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantit
 	if prod.PerUserLimit > 0 {
 		return c.single.Purchase(ctx, user, sku, quantity)
 	}
-	o := &order{ctx: ctx, user: user, quantity: quantity, done: make(chan orderResult, 1), lead: make(chan struct{}, 1)}
+	o := &queued{ctx: ctx, user: user, quantity: quantity, done: make(chan queuedResult, 1), lead: make(chan struct{}, 1)}
 	c.mu.Lock()
 	q := c.queues[sku]
 	if q == nil {
@@ -135,11 +136,11 @@ func (c *combined) serveNext(sku string, q *skuQueue) {
 
 // serve sells batch under one grant. Buyers who left while queued are
 // answered with their context's error and take no part.
-func (c *combined) serve(sku string, batch []*order) {
+func (c *combined) serve(sku string, batch []*queued) {
 	live := batch[:0:0]
 	for _, o := range batch {
 		if err := context.Cause(o.ctx); err != nil {
-			o.done <- orderResult{err: err}
+			o.done <- queuedResult{err: err}
 			continue
 		}
 		live = append(live, o)
@@ -150,7 +151,7 @@ func (c *combined) serve(sku string, batch []*order) {
 	if len(live) == 1 {
 		o := live[0]
 		p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
-		o.done <- orderResult{p: p, err: err}
+		o.done <- queuedResult{p: p, err: err}
 		return
 	}
 	// The batch outlives any one buyer's request: it serves them all. The
@@ -183,18 +184,18 @@ func (c *combined) serve(sku string, batch []*order) {
 	if errors.Is(err, errNotCombinable) {
 		for _, o := range live {
 			p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
-			o.done <- orderResult{p: p, err: err}
+			o.done <- queuedResult{p: p, err: err}
 		}
 		return
 	}
 	for i, o := range live {
 		switch {
 		case err != nil:
-			o.done <- orderResult{err: err}
+			o.done <- queuedResult{err: err}
 		case sold[i]:
-			o.done <- orderResult{p: purchases[i]}
+			o.done <- queuedResult{p: purchases[i]}
 		default:
-			o.done <- orderResult{err: soldOut(0, o.quantity)}
+			o.done <- queuedResult{err: soldOut(0, o.quantity)}
 		}
 	}
 }

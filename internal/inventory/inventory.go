@@ -2,7 +2,7 @@
 // /api/v1/seckill/{sku}/purchase decrements a product's stock and records
 // one insert-only purchase row per sale.
 //
-// Three strategies, chosen by config, do the decrement:
+// Four strategies, chosen by config, do the decrement:
 //   - lock: read, check and write in Go under lock:stock:<sku>, the write
 //     fenced in the store. With the none backend this is the unsafe baseline
 //     that oversells.
