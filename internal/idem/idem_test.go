@@ -500,7 +500,6 @@ func TestPanic(t *testing.T) {
 	want(t, f.do("POST", rerun, 1, key, `{"a":2}`), http.StatusCreated, `"got":{"a":2}`)
 }
 
-
 // TestPanicAfterWriteIsNotRunAgain: a handler that moved the money, sent
 // its answer and then panicked (or aborted with http.ErrAbortHandler) may
 // have changed state, like any other 500: a retry with the same key must

@@ -123,7 +123,6 @@ func TestSlowHandlerIsStored(t *testing.T) {
 	wantReplay(t, first, f.do("POST", optional, 1, key, `{"a":1}`))
 }
 
-
 // renewFaults delays or fails the renewals of the key's lease, on a real
 // connection: every other call passes untouched.
 type renewFaults struct {
