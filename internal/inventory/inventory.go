@@ -266,13 +266,18 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 	if err := guard.Work(ctx, s.delay); err != nil {
 		return Purchase{}, err
 	}
-	if err := s.mirror.Take(ctx, sku, quantity, s.store.Get); err != nil {
+	// A mirror that a change dropped while this sale loaded it takes no
+	// units: the database's guard decides alone, as it always has the last
+	// word.
+	err := s.mirror.Take(ctx, sku, quantity, s.store.Get)
+	taken := err == nil
+	if err != nil && !errors.Is(err, errUnsettled) {
 		return Purchase{}, err
 	}
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicRedis}
 	idem.Answer(ctx, http.StatusCreated, &p)
-	err := s.store.Decrement(ctx, &p)
-	if err != nil {
+	err = s.store.Decrement(ctx, &p)
+	if err != nil && taken {
 		// On a context of their own: the request may be gone, the mirror
 		// must not stay short. A refusal the database decided (a limit,
 		// a key another run recorded) wrote nothing: the units go back.
