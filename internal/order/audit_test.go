@@ -10,11 +10,10 @@ import (
 	"github.com/lockbench/shop/internal/inventory"
 )
 
-// leftover is a state the saga of the previous version left behind, laid
+// leftover is a state a multi-step order flow (a saga) can leave, laid
 // down row by row: the order as it stayed, the ledger rows and purchase
 // rows its steps committed, with the balance and stock moved to match (so
-// the per-row audits, balance_drift and stock_drift, see nothing wrong:
-// that was the old audit's blind spot).
+// the per-row audits, balance_drift and stock_drift, see nothing wrong).
 type leftover struct {
 	status        string // "" leaves no order row: it was forgotten
 	debit, refund bool
@@ -58,11 +57,11 @@ func (s *shop) leave(l leftover) int64 {
 	return o.ID
 }
 
-// Each state the old order flow was found to leave, as the issue describes
-// it: the old checks (balance, stock, duplicates) call it clean, the order
+// Each state a multi-step order flow can leave: the per-row checks
+// (balance, stock, duplicates) call it clean, the order
 // reconciliation does not.
-func TestAuditCatchesWhatTheOldFlowLeft(t *testing.T) {
-	oldView := []string{"balance_drift", "stock_drift", "oversold_units", "duplicate_orders"}
+func TestAuditCatchesWhatASagaLeaves(t *testing.T) {
+	perRow := []string{"balance_drift", "stock_drift", "oversold_units", "duplicate_orders"}
 	for _, tc := range []struct {
 		name string
 		leftover
@@ -97,9 +96,9 @@ func TestAuditCatchesWhatTheOldFlowLeft(t *testing.T) {
 			id := s.leave(tc.leftover)
 			r := s.audit()
 			b, _ := json.Marshal(r)
-			for _, name := range oldView {
+			for _, name := range perRow {
 				if r.Drifts[name].Total != 0 {
-					t.Fatalf("the old checks already saw it (%s): %s", name, b)
+					t.Fatalf("the per-row checks already saw it (%s): %s", name, b)
 				}
 			}
 			if r.OK {
