@@ -340,7 +340,9 @@ func cutPay(t *testing.T) {
 // queue behind it and are then served together. Both are told 503; each
 // retry with its key (one after Redis forgot it) answers its sale.
 func cutBatch(t *testing.T) {
-	const delay = 500 * time.Millisecond
+	// A long section, so that the others surely arrive while the first
+	// buyer is in it, however slow the machine.
+	const delay = time.Second
 	r := newCommitRig(t, map[string]string{"SHOP_STOCK_COMBINE": "8", "SHOP_CRITICAL_SECTION_DELAY": delay.String()})
 	const sku, stock, path = "cut-batch", 10, "/api/v1/seckill/cut-batch/purchase"
 	r.product(r.url, sku, stock)
