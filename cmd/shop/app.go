@@ -49,7 +49,7 @@ type domain interface {
 
 // models are every table, for migrations. Add a domain's here.
 func models() []any {
-	return slices.Concat(account.Models(), inventory.Models(), order.Models())
+	return slices.Concat(account.Models(), inventory.Models(), order.Models(), idem.Models())
 }
 
 // app is one shop process's wiring: open it, serve its handler, close it.
@@ -91,9 +91,10 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err != nil {
 		return nil, err
 	}
-	// Idempotency records live in Redis whatever the lock backend: each is
-	// fenced by its own run number, not by a lock.
-	tokens, err := idem.New(rdb, idem.Options{TTL: cfg.IdemTTL, MaxTokens: cfg.IdemMaxTokens, Prefix: cfg.KeyPrefix})
+	// Idempotency leases and answers live in Redis whatever the lock
+	// backend, each fenced by its own run number, not by a lock; the
+	// record of a keyed change commits with the change, in the database.
+	tokens, err := idem.New(rdb, idem.Options{TTL: cfg.IdemTTL, MaxTokens: cfg.IdemMaxTokens, Prefix: cfg.KeyPrefix, DB: db.DB})
 	if err != nil {
 		return nil, err
 	}

@@ -81,7 +81,9 @@ func dependencyProblems() []problem.Mapping {
 		// changed" nor a bug; and no Retry-After, which would invite a
 		// blind retry of a change that may have been applied.
 		{Target: mysql.ErrInvalidConn, Status: unavailable, Slug: "outcome-unknown", Title: "Outcome unknown",
-			Detail: "the database connection broke before it confirmed this request's change, which may or may not have been applied; read the resource before retrying, or retry with the same Idempotency-Key"},
+			Detail: "the database connection broke before it confirmed this request's change, which may or may not have been applied. " +
+				"Sent with an Idempotency-Key: send it again with the same key; the retry answers the first outcome and applies nothing twice. " +
+				"Sent without one: read the resource first (GET the account, product or order) and send it again only if the change is not there"},
 		{Match: unreachable, Status: unavailable, Slug: "unavailable", Title: "Dependency unavailable", RetryAfter: 1,
 			Detail: "a server this request needs is unreachable; nothing was changed"},
 		{Target: context.DeadlineExceeded, Status: unavailable, Slug: "timeout", Title: "Timed out", RetryAfter: 1,

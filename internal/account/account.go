@@ -15,10 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
@@ -180,6 +182,7 @@ func (s *service) Deposit(ctx context.Context, id, amount int64) (Account, error
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
 	var out Account
+	idem.Answer(ctx, http.StatusOK, &out)
 	err := s.update(ctx, "deposit", []int64{id}, func(ctx context.Context, accts []*Account) error {
 		a := accts[0]
 		if a.Balance > math.MaxInt64-amount {
@@ -197,6 +200,7 @@ func (s *service) Withdraw(ctx context.Context, id, amount int64) (Account, erro
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
 	var out Account
+	idem.Answer(ctx, http.StatusOK, &out)
 	err := s.update(ctx, "withdraw", []int64{id}, func(ctx context.Context, accts []*Account) error {
 		a := accts[0]
 		if a.Balance < amount {
@@ -220,6 +224,7 @@ func (s *service) Transfer(ctx context.Context, from, to, amount int64) (Transfe
 		return Transfer{}, err
 	}
 	out := Transfer{From: from, To: to, Amount: amount}
+	idem.Answer(ctx, http.StatusOK, &out)
 	err := s.update(ctx, "transfer", []int64{from, to}, func(ctx context.Context, accts []*Account) error {
 		src, dst := accts[0], accts[1]
 		if src.Balance < amount {

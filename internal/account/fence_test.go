@@ -19,6 +19,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/problem"
 	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/storage"
@@ -304,5 +305,47 @@ func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPutBetweenALockedReadAndItsWriteFencesTheWrite: a holder (token 5)
+// reads the balance and decides a deposit; before its write lands an
+// admin PUT replaces the account. The PUT raises the row's version in its
+// own statement, so the holder's write from the old balance is refused and the PUT's balance stands: the deposit was decided
+// on an account that no longer exists.
+func TestPutBetweenALockedReadAndItsWriteFencesTheWrite(t *testing.T) {
+	for dbName, open := range databases() {
+		t.Run(dbName, func(t *testing.T) {
+			ctx := context.Background()
+			db := open(t)
+			s := NewStore(db.DB)
+			if _, err := s.Put(ctx, 1, 100); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.DB.Exec("UPDATE accounts SET fence = 4").Error; err != nil {
+				t.Fatal(err)
+			}
+			g := pauseBeforeWrite(t, s)
+			var seen []int64
+			done := update{"deposit", []int64{1}, map[int64]uint64{1: 5}, []int64{10}}.start(ctx, s, &seen)
+			select {
+			case <-g.paused:
+			case err := <-done:
+				t.Fatalf("the deposit ended before its write: %v", err)
+			}
+			if _, err := NewStore(db.DB).Put(ctx, 1, 600); err != nil {
+				t.Fatal(err)
+			}
+			g.release()
+			if err := <-done; !errors.Is(err, optimistic.ErrConflict) {
+				t.Errorf("the deposit read before the PUT: %v, want optimistic.ErrConflict", err)
+			}
+			if a, err := s.Get(ctx, 1); err != nil || a.Balance != 600 {
+				t.Errorf("balance %d (%v), want 600: the PUT's", a.Balance, err)
+			}
+			if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+				t.Errorf("drift %v (%v), want none", drift, err)
+			}
+		})
 	}
 }

@@ -191,7 +191,7 @@ func TestAnOlderLedgerMigratesIntoHistoryZero(t *testing.T) {
 				t.Fatalf("drift after a put: %v (%v)", d, err)
 			}
 			debits, err := OrderLedger(db.DB)
-			if err != nil || debits[3] != (OrderDebits{Rows: 1, Cents: -1_000}) {
+			if err != nil || debits[3].Rows != 1 || debits[3].Cents != -1_000 {
 				t.Fatalf("order 3's debit: %+v (%v), want the old row kept", debits[3], err)
 			}
 		})

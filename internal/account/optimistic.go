@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -86,6 +87,6 @@ func (s *Store) UpdateVersioned(ctx context.Context, kind string, ids []int64, f
 				return err
 			}
 		}
-		return nil
+		return idem.Save(ctx, tx)
 	})
 }

@@ -62,6 +62,9 @@ func Debit(tx *gorm.DB, id, amount int64, fence uint64, order int64) error {
 type OrderDebits struct {
 	Rows  int64
 	Cents int64 // the sum of their amounts: negative for a debit
+	// MinAccount and MaxAccount bound the accounts the rows moved: both
+	// the order's user when every row is its.
+	MinAccount, MaxAccount int64
 }
 
 // OrderLedger returns the order rows of the ledger by order id, whatever
@@ -69,15 +72,17 @@ type OrderDebits struct {
 // tx so that the caller can read them in the same snapshot as the orders.
 func OrderLedger(tx *gorm.DB) (map[int64]OrderDebits, error) {
 	var rows []struct {
-		OrderID int64
-		N       int64
-		Cents   int64
+		OrderID        int64
+		N              int64
+		Cents          int64
+		MinAcc, MaxAcc int64
 	}
-	err := tx.Raw(`SELECT order_id, COUNT(*) AS n, COALESCE(SUM(amount), 0) AS cents
+	err := tx.Raw(`SELECT order_id, COUNT(*) AS n, COALESCE(SUM(amount), 0) AS cents,
+		MIN(account_id) AS min_acc, MAX(account_id) AS max_acc
 		FROM ledger_entries WHERE order_id <> 0 GROUP BY order_id`).Scan(&rows).Error
 	out := make(map[int64]OrderDebits, len(rows))
 	for _, r := range rows {
-		out[r.OrderID] = OrderDebits{Rows: r.N, Cents: r.Cents}
+		out[r.OrderID] = OrderDebits{Rows: r.N, Cents: r.Cents, MinAccount: r.MinAcc, MaxAccount: r.MaxAcc}
 	}
 	return out, err
 }

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/optimistic"
 )
@@ -116,7 +117,7 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 				return err
 			}
 		}
-		return nil
+		return idem.Save(ctx, tx)
 	})
 }
 
@@ -214,14 +215,18 @@ func insertInHistory(tx *gorm.DB, e *LedgerEntry) error {
 // Put creates account id with an opening balance, or replaces an existing
 // one's balance and opening. Replacing starts a new history: the ledger
 // rows stay, as the old history's (the orders they paid still reconcile
-// against them), but no longer count in the balance audit. The row's fence
-// is kept, never lowered, so that a holder of a lock taken before still
-// cannot write. It reports whether the account was created.
+// against them), but no longer count in the balance audit. The same
+// statement raises the row's version, so that a holder that read the
+// balance before the put (under a lock or optimistically) is refused when
+// it writes (optimistic.ErrConflict: its write checks the version it
+// read). The fence is kept, not raised: a backend whose tokens count by
+// one would otherwise see its next grant refused. It reports whether the
+// account was created.
 func (s *Store) Put(ctx context.Context, id, balance int64) (created bool, err error) {
 	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// One statement both tells a replacement and starts its history,
-		// so that two puts at once start two histories, not one.
-		res := tx.Exec("UPDATE accounts SET history = history + 1 WHERE id = ?", id)
+		// One statement tells a replacement, starts its history (two puts
+		// at once start two) and refuses every earlier reader's write.
+		res := tx.Exec("UPDATE accounts SET history = history + 1, version = version + 1 WHERE id = ?", id)
 		if res.Error != nil {
 			return res.Error
 		}

@@ -37,13 +37,23 @@
 // with another fingerprint is 422 idempotency-key-reused; the same key
 // while its first request runs is 409 idempotency-key-in-use.
 //
-// Which responses are stored: every response of a request that ran, errors
-// included (sold out, insufficient funds), 500 included (as Stripe does: a
-// 500 may come after a write that landed, and running the request again
-// could move money twice), except
-//   - 503: this service answers 503 only when nothing was changed (a busy
-//     or lost lock, a fenced write, a dependency down, shutting down), and
-//     asks for the retry that a stored 503 would refuse;
+// The proof that a keyed change happened is in the database, not in Redis:
+// the store that writes a change calls Save in the change's transaction,
+// with the answer the service gave Answer, and a Record (user and key as
+// primary key, fingerprint, status, body) commits with the change or not
+// at all. A request that Redis lets run looks for that record first and
+// replays it (a commit whose reply was lost, a record Redis lost); a
+// second run of one key cannot commit, its record colliding on the key.
+//
+// Which responses are stored in Redis: every response of a request that
+// ran, errors included (sold out, insufficient funds), 500 included (as
+// Stripe does: a 500 may come after a write that landed, and running the
+// request again could move money twice), except
+//   - 503: this service answers 503 when nothing was changed (a busy or
+//     lost lock, a fenced write, a dependency down, shutting down) and asks
+//     for the retry that a stored 503 would refuse, or when the database's
+//     reply to a COMMIT was lost (outcome-unknown): then the change's
+//     Record answers the retry;
 //   - 400, 408, 413, 415, 429: refused before it ran, so the client may fix
 //     the request and send it again with the same key;
 //   - with Policy{RerunServerErrors: true}, every 5xx: for handlers whose own
@@ -81,6 +91,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
 )
 
 // Header names.
@@ -167,6 +178,10 @@ type Options struct {
 	MaxTokens int
 	// Prefix namespaces the Redis keys (config SHOP_KEY_PREFIX).
 	Prefix string
+	// DB is the database of the guarded changes, which holds their
+	// records (Save); a request whose key Redis does not know looks there
+	// before it runs. Nil: Redis alone (tests of the Redis part).
+	DB *gorm.DB
 }
 
 // Idem mints tokens and guards routes. It is safe for concurrent use.

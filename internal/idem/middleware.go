@@ -125,8 +125,37 @@ func (m *Idem) Guard(p Policy) gin.HandlerFunc {
 			problem.Write(c, reused())
 		default:
 			c.Set(tokenKey, key)
-			m.run(c, p, user, key, run, fp, claimed)
+			m.runOrReplay(c, p, user, key, run, fp, claimed)
 		}
+	}
+}
+
+// runOrReplay runs a request whose key Redis let it claim, unless the
+// database holds the key's record: the first run's change committed and
+// Redis lost its answer (a restart, a failover, a store that failed) or
+// never had it (the commit's reply was lost, answered 503). Then the
+// record answers, and Redis keeps it again.
+func (m *Idem) runOrReplay(c *gin.Context, p Policy, user int64, key, run, fp string, claimed time.Time) {
+	rec, found, err := m.lookup(c.Request.Context(), user, key)
+	if err == nil && !found {
+		m.run(c, p, user, key, run, fp, claimed)
+		return
+	}
+	recKey, leaseKey := m.keys(user, key)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), finishTimeout)
+	defer cancel()
+	switch {
+	case err != nil:
+		_ = releaseScript.Run(ctx, m.client, []string{recKey, leaseKey}, run).Err()
+		problem.Write(c, err)
+	case rec.fp != fp:
+		_ = releaseScript.Run(ctx, m.client, []string{recKey, leaseKey}, run).Err()
+		problem.Write(c, reused())
+	default:
+		if err := storeScript.Run(ctx, m.client, []string{recKey, leaseKey}, run, rec.fp, rec.status, rec.header, rec.body, rec.rid).Err(); err != nil {
+			slog.WarnContext(ctx, "idem: copy the database's record to Redis", "key", recKey, "err", err)
+		}
+		replay(c, rec)
 	}
 }
 
@@ -215,7 +244,8 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, cl
 
 	w := &capture{ResponseWriter: c.Writer}
 	c.Writer = w
-	c.Request = c.Request.WithContext(ctx)
+	a := &attempt{user: user, key: key, fp: fp, rid: w.Header().Get(problem.RequestIDHeader)}
+	c.Request = c.Request.WithContext(withAttempt(ctx, a))
 	panicked, stack := next(c)
 	logLost()
 	stop()
@@ -245,7 +275,9 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, cl
 	c.Writer = w.ResponseWriter
 
 	status := w.Status()
-	if !p.stores(c, status) || w.overflow {
+	// a.taken: another run of this key recorded its change first; this
+	// one's 409 sends the client back for that run's answer.
+	if !p.stores(c, status) || w.overflow || a.taken {
 		release()
 		return
 	}

@@ -3,12 +3,14 @@ package inventory
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
@@ -48,19 +50,20 @@ type combined struct {
 // skuQueue is one SKU's purchases waiting in this process. leading is true
 // while some goroutine serves them.
 type skuQueue struct {
-	pending []*order
+	pending []*queued
 	leading bool
 }
 
-type order struct {
+// queued is one purchase waiting for a batch.
+type queued struct {
 	ctx      context.Context
 	user     int64
 	quantity int64
-	done     chan orderResult // the purchase's outcome
-	lead     chan struct{}    // this order's goroutine must serve the next batch
+	done     chan queuedResult // the purchase's outcome
+	lead     chan struct{}     // this purchase's goroutine must serve the next batch
 }
 
-type orderResult struct {
+type queuedResult struct {
 	p   Purchase
 	err error
 }
@@ -85,7 +88,7 @@ func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantit
 	if prod.PerUserLimit > 0 {
 		return c.single.Purchase(ctx, user, sku, quantity)
 	}
-	o := &order{ctx: ctx, user: user, quantity: quantity, done: make(chan orderResult, 1), lead: make(chan struct{}, 1)}
+	o := &queued{ctx: ctx, user: user, quantity: quantity, done: make(chan queuedResult, 1), lead: make(chan struct{}, 1)}
 	c.mu.Lock()
 	q := c.queues[sku]
 	if q == nil {
@@ -133,11 +136,11 @@ func (c *combined) serveNext(sku string, q *skuQueue) {
 
 // serve sells batch under one grant. Buyers who left while queued are
 // answered with their context's error and take no part.
-func (c *combined) serve(sku string, batch []*order) {
+func (c *combined) serve(sku string, batch []*queued) {
 	live := batch[:0:0]
 	for _, o := range batch {
 		if err := context.Cause(o.ctx); err != nil {
-			o.done <- orderResult{err: err}
+			o.done <- queuedResult{err: err}
 			continue
 		}
 		live = append(live, o)
@@ -148,7 +151,7 @@ func (c *combined) serve(sku string, batch []*order) {
 	if len(live) == 1 {
 		o := live[0]
 		p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
-		o.done <- orderResult{p: p, err: err}
+		o.done <- queuedResult{p: p, err: err}
 		return
 	}
 	// The batch outlives any one buyer's request: it serves them all. The
@@ -157,6 +160,10 @@ func (c *combined) serve(sku string, batch []*order) {
 	defer cancel()
 	purchases := make([]Purchase, len(live))
 	sold := make([]bool, len(live))
+	buyers := make([]context.Context, len(live))
+	for i, o := range live {
+		buyers[i] = o.ctx
+	}
 	// Sales the store accepted under an unbeaten fence stand even if the
 	// lease is found lost after (guard.Do).
 	k := Key(sku)
@@ -164,7 +171,7 @@ func (c *combined) serve(sku string, batch []*order) {
 		for i, o := range live {
 			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: f.Of(k)}
 		}
-		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay)
+		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay, buyers)
 	})
 	// The guard counted the refused batch once; every buyer in it is
 	// answered ErrFenced, and shop_fenced_writes_total counts refused
@@ -177,18 +184,18 @@ func (c *combined) serve(sku string, batch []*order) {
 	if errors.Is(err, errNotCombinable) {
 		for _, o := range live {
 			p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
-			o.done <- orderResult{p: p, err: err}
+			o.done <- queuedResult{p: p, err: err}
 		}
 		return
 	}
 	for i, o := range live {
 		switch {
 		case err != nil:
-			o.done <- orderResult{err: err}
+			o.done <- queuedResult{err: err}
 		case sold[i]:
-			o.done <- orderResult{p: purchases[i]}
+			o.done <- queuedResult{p: purchases[i]}
 		default:
-			o.done <- orderResult{err: soldOut(0, o.quantity)}
+			o.done <- queuedResult{err: soldOut(0, o.quantity)}
 		}
 	}
 }
@@ -200,8 +207,11 @@ var errNotCombinable = errors.New("inventory: product has a per-user limit; not 
 // updateMany is Update for several purchases of one SKU under one fence:
 // it claims the row, reads it, sells to each purchase in order while stock
 // lasts (sold[i]), and writes the stock with one insert of every sold
-// purchase in one transaction. Nothing is written if none is sold.
-func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []Purchase, sold []bool, delay time.Duration) error {
+// purchase in one transaction, with the idempotency record of each keyed
+// buyer (buyers[i] is ps[i]'s request). Nothing is written if none is
+// sold.
+func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []Purchase, sold []bool, delay time.Duration,
+	buyers []context.Context) error {
 	if err := s.claim(ctx, sku, fence); err != nil {
 		return err
 	}
@@ -213,11 +223,13 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 		return errNotCombinable
 	}
 	var rows []Purchase
+	var rowBuyers []context.Context
 	for i := range ps {
 		if prod.Stock >= ps[i].Quantity {
 			prod.Stock -= ps[i].Quantity
 			sold[i] = true
 			rows = append(rows, ps[i])
+			rowBuyers = append(rowBuyers, buyers[i])
 		}
 	}
 	if len(rows) == 0 {
@@ -243,7 +255,10 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 		for i := range rows {
 			rows[i].Sale = sale
 		}
-		return tx.Create(&rows).Error
+		if err := tx.Create(&rows).Error; err != nil {
+			return err
+		}
+		return saveAnswers(tx, rowBuyers, rows)
 	})
 	if err != nil {
 		clear(sold)
@@ -255,6 +270,20 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 		if sold[i] {
 			ps[i] = rows[j]
 			j++
+		}
+	}
+	return nil
+}
+
+// saveAnswers records, in the batch's transaction tx, each keyed buyer's
+// answer: the purchase row it was sold. One buyer whose key another run
+// recorded fails the batch, which rolls back; every buyer in it is then
+// answered that error and none was charged.
+func saveAnswers(tx *gorm.DB, buyers []context.Context, rows []Purchase) error {
+	for i, ctx := range buyers {
+		idem.Answer(ctx, http.StatusCreated, rows[i])
+		if err := idem.Save(ctx, tx); err != nil {
+			return err
 		}
 	}
 	return nil

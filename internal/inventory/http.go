@@ -56,10 +56,14 @@ func (d *Domain) ForgetFences(ctx context.Context) error {
 
 // Checks are the inventory invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
-	return []audit.Check{
+	checks := []audit.Check{
 		{Name: "oversold_units", By: "by_sku", Unit: "units", Run: d.Store.Oversold},
 		{Name: "stock_drift", By: "by_sku", Unit: "units", Run: d.Store.StockDrift},
 	}
+	if d.Store.mirror != nil {
+		checks = append(checks, audit.Check{Name: "mirror_drift", By: "by_sku", Unit: "units", Run: d.Store.MirrorDrift})
+	}
+	return checks
 }
 
 type purchaseRequest struct {

@@ -2,7 +2,7 @@
 // /api/v1/seckill/{sku}/purchase decrements a product's stock and records
 // one insert-only purchase row per sale.
 //
-// Three strategies, chosen by config, do the decrement:
+// Four strategies, chosen by config, do the decrement:
 //   - lock: read, check and write in Go under lock:stock:<sku>, the write
 //     fenced in the store. With the none backend this is the unsafe baseline
 //     that oversells.
@@ -23,10 +23,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"time"
 
 	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
@@ -203,6 +205,7 @@ func (s *locked) Purchase(ctx context.Context, user int64, sku string, quantity 
 	var out Purchase
 	err := s.guard.Do(ctx, []lockkey.Key{k}, func(ctx context.Context, f guard.Fences) error {
 		p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyLock}
+		idem.Answer(ctx, http.StatusCreated, &p)
 		err := s.store.Update(ctx, &p, f.Of(k), func(ctx context.Context, prod *Product) error {
 			if prod.Stock < quantity {
 				return soldOut(prod.Stock, quantity)
@@ -241,6 +244,7 @@ func (s *atomicSQL) Purchase(ctx context.Context, user int64, sku string, quanti
 		return Purchase{}, err
 	}
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicSQL}
+	idem.Answer(ctx, http.StatusCreated, &p)
 	return p, s.store.Decrement(ctx, &p)
 }
 
@@ -262,22 +266,30 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 	if err := guard.Work(ctx, s.delay); err != nil {
 		return Purchase{}, err
 	}
-	if err := s.mirror.Take(ctx, sku, quantity, s.store.Get); err != nil {
+	// A mirror that a change dropped while this sale loaded it takes no
+	// units: the database's guard decides alone, as it always has the last
+	// word.
+	err := s.mirror.Take(ctx, sku, quantity, s.store.Get)
+	taken := err == nil
+	if err != nil && !errors.Is(err, errUnsettled) {
 		return Purchase{}, err
 	}
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicRedis}
-	err := s.store.Decrement(ctx, &p)
-	if err != nil {
-		// Give the units back, on a context of their own: the request may
-		// be gone, the mirror must not stay short. When the database says
-		// sold out, the mirror was wrong (it was reloaded while sales were
-		// in flight): drop it, the next sale reloads it from the database.
+	idem.Answer(ctx, http.StatusCreated, &p)
+	err = s.store.Decrement(ctx, &p)
+	if err != nil && taken {
+		// On a context of their own: the request may be gone, the mirror
+		// must not stay short. A refusal the database decided (a limit,
+		// a key another run recorded) wrote nothing: the units go back.
+		// Anything else may have committed (a lost COMMIT reply) or says
+		// the mirror was wrong (sold out in the database): drop the
+		// mirror, the next sale reloads it from the database.
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
-		if errors.Is(err, ErrSoldOut) {
-			s.mirror.Forget(gctx, sku)
-		} else {
+		if errors.Is(err, ErrLimitExceeded) || errors.Is(err, idem.ErrKeyTaken) {
 			s.mirror.GiveBack(gctx, sku, quantity)
+		} else {
+			s.mirror.Forget(gctx, sku)
 		}
 	}
 	return p, err

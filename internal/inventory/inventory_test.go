@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
+	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/storage"
 )
@@ -340,5 +341,52 @@ func TestANewSaleCountsOnlyItsOwnPurchases(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPutBetweenALockedReadAndItsWriteFencesTheWrite: a holder (token 5)
+// reads the stock and decides a sale; before its write lands an admin PUT
+// restocks the product. The PUT raises the row's version in its own
+// statement, so the holder's write from the old stock is refused and
+// the restock stands.
+func TestPutBetweenALockedReadAndItsWriteFencesTheWrite(t *testing.T) {
+	for dbName, newDB := range databases(t) {
+		t.Run(dbName, func(t *testing.T) {
+			ctx := context.Background()
+			db := newDB(t)
+			s := NewStore(db.DB, nil)
+			if _, err := s.Put(ctx, Product{SKU: "put", Name: "put", Stock: 10, PriceCents: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.DB.Exec("UPDATE products SET fence = 4").Error; err != nil {
+				t.Fatal(err)
+			}
+			paused, wake := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			release := func() { once.Do(func() { close(wake) }) }
+			t.Cleanup(release)
+			s.beforeWrite = func(context.Context) { close(paused); <-wake }
+			done := make(chan error, 1)
+			go func() {
+				p := Purchase{SKU: "put", UserID: 1, Quantity: 1, Strategy: StrategyLock}
+				done <- s.Update(ctx, &p, 5, func(_ context.Context, prod *Product) error { prod.Stock--; return nil })
+			}()
+			select {
+			case <-paused:
+			case err := <-done:
+				t.Fatalf("the sale ended before its write: %v", err)
+			}
+			if _, err := NewStore(db.DB, nil).Put(ctx, Product{SKU: "put", Name: "put", Stock: 100, PriceCents: 1}); err != nil {
+				t.Fatal(err)
+			}
+			release()
+			if err := <-done; !errors.Is(err, optimistic.ErrConflict) {
+				t.Errorf("the sale read before the PUT: %v, want optimistic.ErrConflict", err)
+			}
+			if p, err := s.Get(ctx, "put"); err != nil || p.Stock != 100 {
+				t.Errorf("stock %d (%v), want 100: the PUT's", p.Stock, err)
+			}
+			assertNoDrift(t, s)
+		})
 	}
 }

@@ -3,11 +3,13 @@ package inventory
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -50,6 +52,7 @@ func (s *optimisticPurchase) Purchase(ctx context.Context, user int64, sku strin
 			return err
 		}
 		p = Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyOptimistic}
+		idem.Answer(ctx, http.StatusCreated, &p)
 		return s.store.writeVersioned(ctx, &p, prod, prod.Stock-quantity)
 	})
 	return p, err
@@ -82,6 +85,9 @@ func (s *Store) writeVersioned(ctx context.Context, p *Purchase, read Product, s
 		if err := countLimit(tx, read, *p); err != nil {
 			return err
 		}
-		return insertInSale(tx, p)
+		if err := insertInSale(tx, p); err != nil {
+			return err
+		}
+		return idem.Save(ctx, tx)
 	})
 }

@@ -154,27 +154,53 @@ func moveStock(tx *gorm.DB, sku string, delta int64, fence uint64, sale *int64) 
 type OrderUnits struct {
 	Reserved, ReservedRows int64 // units and rows taken (quantity > 0)
 	Returned, ReturnedRows int64 // units and rows given back (quantity < 0), units positive
+	// Reservations and Returns bound the SKUs and sales the rows moved
+	// stock in: one SKU and one sale each when every row is the order's.
+	Reservations, Returns Span
 }
+
+// Span is the least and the greatest (SKU, sale) of some purchase rows.
+type Span struct {
+	MinSKU, MaxSKU   string
+	MinSale, MaxSale int64
+}
+
+// Single reports whether the rows all moved stock of one SKU in one sale.
+func (s Span) Single() bool { return s.MinSKU == s.MaxSKU && s.MinSale == s.MaxSale }
 
 // OrderStock returns the purchase rows of orders by order id, read with tx
 // so that the caller can read them in the same snapshot as the orders.
 func OrderStock(tx *gorm.DB) (map[int64]OrderUnits, error) {
 	var rows []struct {
-		OrderID  int64
-		Reserved int64
-		ResRows  int64
-		Returned int64
-		RetRows  int64
+		OrderID                int64
+		Reserved, ResRows      int64
+		Returned, RetRows      int64
+		ResMinSKU, ResMaxSKU   string
+		ResMinSale, ResMaxSale int64
+		RetMinSKU, RetMaxSKU   string
+		RetMinSale, RetMaxSale int64
 	}
+	// MIN and MAX skip the NULLs of the other kind's rows; COALESCE makes
+	// "no row of this kind" read as an empty span.
 	err := tx.Raw(`SELECT order_id,
 		COALESCE(SUM(CASE WHEN quantity > 0 THEN quantity ELSE 0 END), 0) AS reserved,
 		COALESCE(SUM(CASE WHEN quantity > 0 THEN 1 ELSE 0 END), 0) AS res_rows,
 		COALESCE(SUM(CASE WHEN quantity < 0 THEN -quantity ELSE 0 END), 0) AS returned,
-		COALESCE(SUM(CASE WHEN quantity < 0 THEN 1 ELSE 0 END), 0) AS ret_rows
+		COALESCE(SUM(CASE WHEN quantity < 0 THEN 1 ELSE 0 END), 0) AS ret_rows,
+		COALESCE(MIN(CASE WHEN quantity > 0 THEN sku END), '') AS res_min_sku,
+		COALESCE(MAX(CASE WHEN quantity > 0 THEN sku END), '') AS res_max_sku,
+		COALESCE(MIN(CASE WHEN quantity > 0 THEN sale END), 0) AS res_min_sale,
+		COALESCE(MAX(CASE WHEN quantity > 0 THEN sale END), 0) AS res_max_sale,
+		COALESCE(MIN(CASE WHEN quantity < 0 THEN sku END), '') AS ret_min_sku,
+		COALESCE(MAX(CASE WHEN quantity < 0 THEN sku END), '') AS ret_max_sku,
+		COALESCE(MIN(CASE WHEN quantity < 0 THEN sale END), 0) AS ret_min_sale,
+		COALESCE(MAX(CASE WHEN quantity < 0 THEN sale END), 0) AS ret_max_sale
 		FROM purchases WHERE order_id <> 0 GROUP BY order_id`).Scan(&rows).Error
 	out := make(map[int64]OrderUnits, len(rows))
 	for _, r := range rows {
-		out[r.OrderID] = OrderUnits{Reserved: r.Reserved, ReservedRows: r.ResRows, Returned: r.Returned, ReturnedRows: r.RetRows}
+		out[r.OrderID] = OrderUnits{Reserved: r.Reserved, ReservedRows: r.ResRows, Returned: r.Returned, ReturnedRows: r.RetRows,
+			Reservations: Span{MinSKU: r.ResMinSKU, MaxSKU: r.ResMaxSKU, MinSale: r.ResMinSale, MaxSale: r.ResMaxSale},
+			Returns:      Span{MinSKU: r.RetMinSKU, MaxSKU: r.RetMaxSKU, MinSale: r.RetMinSale, MaxSale: r.RetMaxSale}}
 	}
 	return out, err
 }

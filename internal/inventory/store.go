@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/optimistic"
 )
@@ -91,7 +92,10 @@ func (s *Store) Update(ctx context.Context, p *Purchase, fence uint64, fn func(c
 		if err := writeStock(tx, prod, fence); err != nil {
 			return err
 		}
-		return insertInSale(tx, p)
+		if err := insertInSale(tx, p); err != nil {
+			return err
+		}
+		return idem.Save(ctx, tx)
 	})
 }
 
@@ -187,7 +191,10 @@ func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 				return decrementSoldOut(p.Quantity)
 			}
 		}
-		return insertInSale(tx, p)
+		if err := insertInSale(tx, p); err != nil {
+			return err
+		}
+		return idem.Save(ctx, tx)
 	})
 }
 
@@ -290,13 +297,17 @@ func countLimit(tx *gorm.DB, prod Product, p Purchase) error {
 // initial stock. Replacing starts a new sale: the per-user totals are
 // deleted, and the purchase rows stay, as the old sale's (the orders that
 // reserved them still reconcile against them) but no longer count in the
-// stock audit. The row's fence is kept, never lowered.
+// stock audit. The same statement raises the row's version, so that a
+// holder that read the stock before the put is refused when it writes
+// (optimistic.ErrConflict: its write checks the version it read). The
+// fence is kept, not raised: a backend whose tokens count by one would
+// otherwise see its next grant refused.
 func (s *Store) Put(ctx context.Context, p Product) (created bool, err error) {
 	p.InitialStock = p.Stock
 	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// One statement both tells a replacement and starts its sale, so
-		// that two puts at once start two sales, not one.
-		res := tx.Exec("UPDATE products SET sale = sale + 1 WHERE sku = ?", p.SKU)
+		// One statement tells a replacement, starts its sale (two puts at
+		// once start two) and refuses every earlier reader's write.
+		res := tx.Exec("UPDATE products SET sale = sale + 1, version = version + 1 WHERE sku = ?", p.SKU)
 		if res.Error != nil {
 			return res.Error
 		}

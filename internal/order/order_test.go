@@ -256,7 +256,8 @@ func (s *shop) auditOK() {
 		s.t.Fatalf("audit: %s", b)
 	}
 	for _, name := range []string{"duplicate_orders", "unreconciled_order_cents", "unreconciled_order_units",
-		"miscounted_order_records", "paid_and_cancelled_orders", "stock_returned_twice", "stuck_orders"} {
+		"miscounted_order_records", "paid_and_cancelled_orders", "stock_returned_twice", "stuck_orders",
+		"misattributed_order_records"} {
 		if _, ok := r.Drifts[name]; !ok {
 			s.t.Fatalf("the audit has no %s check", name)
 		}

@@ -34,6 +34,13 @@ type Reconciliation struct {
 	PaidAndCancelled map[string]int64
 	// StockReturnedTwice: per order, the returns beyond the first.
 	StockReturnedTwice map[string]int64
+	// Misattributed: per order, how many of these are wrong, each a sum
+	// the other members cannot see: a debit from an account that is not
+	// the order's user's; a reservation of another SKU than the order's,
+	// or spread over several; a return into another SKU or sale than the
+	// reservation's (it would give the units to a sale that never sold
+	// them, which could then oversell by as many).
+	Misattributed map[string]int64
 	// Stuck: orders awaiting payment for longer than the bound (the closer
 	// is not running or not keeping up), or with a status no version of
 	// shop writes now (rows from before the lifecycle; reset them).
@@ -48,7 +55,7 @@ func (s *Store) Reconcile(ctx context.Context, stuckBefore time.Time) (Reconcili
 	r := Reconciliation{
 		UnreconciledCents: map[string]int64{}, UnreconciledUnits: map[string]int64{},
 		MiscountedRecords: map[string]int64{}, PaidAndCancelled: map[string]int64{},
-		StockReturnedTwice: map[string]int64{}, Stuck: map[string]int64{},
+		StockReturnedTwice: map[string]int64{}, Stuck: map[string]int64{}, Misattributed: map[string]int64{},
 	}
 	var (
 		orders []Order
@@ -56,7 +63,7 @@ func (s *Store) Reconcile(ctx context.Context, stuckBefore time.Time) (Reconcili
 		units  map[int64]inventory.OrderUnits
 	)
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Select("id", "status", "quantity", "amount_cents", "created_at").Find(&orders).Error; err != nil {
+		if err := tx.Select("id", "user_id", "sku", "status", "quantity", "amount_cents", "created_at").Find(&orders).Error; err != nil {
 			return err
 		}
 		var err error
@@ -100,6 +107,9 @@ func (s *Store) Reconcile(ctx context.Context, stuckBefore time.Time) (Reconcili
 		if u.ReturnedRows > 1 {
 			r.StockReturnedTwice[key] = u.ReturnedRows - 1
 		}
+		if n := misattributed(o, m, u); n > 0 {
+			r.Misattributed[key] = n
+		}
 	}
 	for id, m := range money {
 		if !seen[id] {
@@ -116,6 +126,23 @@ func (s *Store) Reconcile(ctx context.Context, stuckBefore time.Time) (Reconcili
 		}
 	}
 	return r, nil
+}
+
+// misattributed counts what o's rows moved for someone or something else:
+// see Reconciliation.Misattributed.
+func misattributed(o Order, m account.OrderDebits, u inventory.OrderUnits) int64 {
+	var n int64
+	if m.Rows > 0 && (m.MinAccount != o.UserID || m.MaxAccount != o.UserID) {
+		n++
+	}
+	res := u.Reservations
+	if u.ReservedRows > 0 && (!res.Single() || res.MinSKU != o.SKU) {
+		n++
+	}
+	if u.ReturnedRows > 0 && u.ReservedRows > 0 && u.Returns != res {
+		n++
+	}
+	return n
 }
 
 func abs(v int64) int64 {
@@ -141,5 +168,6 @@ func (s *Store) checks(stuckAfter time.Duration) []audit.Check {
 		{Name: "paid_and_cancelled_orders", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.PaidAndCancelled })},
 		{Name: "stock_returned_twice", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.StockReturnedTwice })},
 		{Name: "stuck_orders", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.Stuck })},
+		{Name: "misattributed_order_records", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.Misattributed })},
 	}
 }

@@ -1,0 +1,56 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+
+	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/storage"
+)
+
+// TestASecondRunOfOneKeyCannotCommitItsChange: two runs of one key (the
+// first's Redis lease lapsed while it ran) both reach their transaction.
+// The first commits its change with the key's record; the second's record
+// collides on the primary key, so its transaction, change included, rolls
+// back, and it is told ErrKeyTaken (answered 409, whose retry replays).
+func TestASecondRunOfOneKeyCannotCommitItsChange(t *testing.T) {
+	ctx := context.Background()
+	db, err := storage.Open(ctx, storage.Options{SQLitePath: t.TempDir() + "/idem.db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Migrate(ctx, Models()...); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec("CREATE TABLE moves (id INTEGER PRIMARY KEY AUTOINCREMENT, amount INTEGER)").Error; err != nil {
+		t.Fatal(err)
+	}
+	move := func() error {
+		run := withAttempt(ctx, &attempt{user: 1, key: "k", fp: "fp"})
+		Answer(run, http.StatusOK, map[string]int{"moved": 250})
+		return db.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec("INSERT INTO moves (amount) VALUES (250)").Error; err != nil {
+				return err
+			}
+			return Save(run, tx)
+		})
+	}
+	if err := move(); err != nil {
+		t.Fatal(err)
+	}
+	if err := move(); !errors.Is(err, ErrKeyTaken) {
+		t.Fatalf("the second run: %v, want ErrKeyTaken", err)
+	}
+	var moves int64
+	if err := db.Raw("SELECT COUNT(*) FROM moves").Scan(&moves).Error; err != nil || moves != 1 {
+		t.Fatalf("%d moves (%v), want 1: the second run's change must roll back", moves, err)
+	}
+	rec, found, err := (&Idem{o: Options{DB: db.DB}}).lookup(ctx, 1, "k")
+	if err != nil || !found || rec.status != http.StatusOK || rec.body != `{"moved":250}` {
+		t.Fatalf("record %+v found %v (%v); want the first run's answer", rec, found, err)
+	}
+}
