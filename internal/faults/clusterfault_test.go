@@ -573,6 +573,7 @@ func quorumLoss(t *testing.T, c *cluster, r *clusterRow) {
 		if err == nil {
 			_ = lease.Release(context.Background())
 		}
+		time.Sleep(100 * time.Millisecond) // a client backing off, not spinning
 	}
 	r.mark()
 	back := r.markedAt()
