@@ -111,6 +111,9 @@ type cluster struct {
 	members []*server
 	// isolated is the member a partition cut off, nil when none is.
 	isolated *int
+	// session is the clients' session of the row that runs, 0 for the
+	// shortest (clusterEtcdTTL, clusterZKSession).
+	session time.Duration
 }
 
 // newCluster starts the members together and returns once each answers as

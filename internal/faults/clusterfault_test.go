@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,6 +61,14 @@ type clusterFault struct {
 	clients func(t *testing.T, c *cluster, r *clusterRow) (holder lockkit.Locker, waiters []int)
 	inject  func(t *testing.T, c *cluster, r *clusterRow)
 	heal    func(t *testing.T, c *cluster)
+	// suspends: the fault closes the holder's ZooKeeper connection at
+	// once (a member it talks to dies, or gives up on a lost quorum), and
+	// the holder must count its lease lost then (SUSPENDED is lost, as
+	// Curator's Tech Note 10 says), not when its session expires.
+	suspends bool
+	// session, if set, is the session TTL (etcd) or timeout (ZooKeeper)
+	// of the row's clients in place of the shortest.
+	session time.Duration
 }
 
 var clusterFaults = []clusterFault{
@@ -70,7 +79,21 @@ var clusterFaults = []clusterFault{
 			r.mark()
 			c.members[r.target].stop(syscall.SIGKILL)
 		},
-		heal: restartStopped,
+		heal:     restartStopped,
+		suspends: true,
+	},
+	{
+		// The same with the sessions etcdlock and zklock default to: an
+		// election no longer outlasts an etcd session.
+		name: "8 cluster: leader killed, 10s sessions",
+		inject: func(t *testing.T, c *cluster, r *clusterRow) {
+			r.target = c.leader(t)
+			r.mark()
+			c.members[r.target].stop(syscall.SIGKILL)
+		},
+		heal:     restartStopped,
+		suspends: true,
+		session:  10 * time.Second,
 	},
 	{
 		// The holder talks to the leader alone, so it is on the wrong side
@@ -93,12 +116,14 @@ var clusterFaults = []clusterFault{
 			r.mark()
 			c.members[r.target].stop(syscall.SIGKILL)
 		},
-		heal: restartStopped,
+		heal:     restartStopped,
+		suspends: true,
 	},
 	{
-		name:   "8 cluster: quorum lost, restored",
-		inject: quorumLoss,
-		heal:   restartStopped,
+		name:     "8 cluster: quorum lost, restored",
+		inject:   quorumLoss,
+		heal:     restartStopped,
+		suspends: true,
 	},
 }
 
@@ -171,7 +196,8 @@ func (c *cluster) heal() {
 	}
 }
 
-// locker opens a Locker of the cluster's backend on the given members.
+// locker opens a Locker of the cluster's backend on the given members,
+// with the row's session (c.session, or the shortest).
 func (c *cluster) locker(t *testing.T, members []int) lockkit.Locker {
 	t.Helper()
 	var (
@@ -180,9 +206,10 @@ func (c *cluster) locker(t *testing.T, members []int) lockkit.Locker {
 	)
 	switch c.kind {
 	case "etcd":
-		l, err = etcdlock.New(c.addrs(members...), etcdlock.WithPrefix("/shop/faults/"), etcdlock.WithSessionTTL(clusterEtcdTTL))
+		l, err = etcdlock.New(c.addrs(members...), etcdlock.WithPrefix("/shop/faults/"),
+			etcdlock.WithSessionTTL(cmp.Or(c.session, clusterEtcdTTL)))
 	case "zookeeper":
-		l, err = zklock.New(c.addrs(members...), clusterZKSession, zklock.WithRoot("/shop/faults"))
+		l, err = zklock.New(c.addrs(members...), cmp.Or(c.session, clusterZKSession), zklock.WithRoot("/shop/faults"))
 	}
 	if err != nil {
 		t.Fatalf("open a %s locker on %v: %v", c.kind, c.addrs(members...), err)
@@ -238,6 +265,7 @@ func (r *clusterRow) run(f clusterFault) {
 	t, c := r.t, r.c
 	ctx := context.Background()
 	key := account.Key(r.id).String()
+	c.session = f.session
 	if _, err := r.store.Put(ctx, r.id, opening); err != nil {
 		t.Fatal(err)
 	}
@@ -283,6 +311,15 @@ func (r *clusterRow) run(f clusterFault) {
 		t.Errorf("a free key was granted %v before the fault's end", from.Sub(r.usable))
 	}
 
+	if c.kind == "zookeeper" && f.suspends {
+		// go-zookeeper sees a closed connection at once, and a silent one
+		// after 2/3 of the session: either way before the session can
+		// expire on the servers.
+		if h.lostAt.IsZero() || h.lostAt.Sub(faultAt) > cmp.Or(f.session, clusterZKSession)*2/3 {
+			t.Errorf("the holder's connection was closed, yet its lease was not lost within 2/3 of the session (lost at %v)",
+				h.lostAt.Sub(faultAt))
+		}
+	}
 	firstGrant := firstAfter(r.grants, faultAt)
 	stale := fmt.Sprintf("lease kept, its write %s; a waiter granted %v after the fault, at its release",
 		errText(h.write), firstGrant.Sub(faultAt).Round(10*time.Millisecond))
