@@ -262,19 +262,25 @@ type attempt struct {
 }
 
 func (r *clusterRow) run(f clusterFault) {
+	r.c.session = f.session
+	waitersOn, waiters := r.setUp(f)
+	faultAt, h := r.fault(f, waitersOn)
+	waiters.Wait()
+	fenced, stale := r.verdict(f, faultAt, h)
+	r.report(f, r.markedAt(), fenced, stale)
+}
+
+// setUp opens the row's account, grants the holder its key and queues two
+// waiters behind it.
+func (r *clusterRow) setUp(f clusterFault) (waitersOn []int, waiters *sync.WaitGroup) {
 	t, c := r.t, r.c
 	ctx := context.Background()
 	key := account.Key(r.id).String()
-	c.session = f.session
 	if _, err := r.store.Put(ctx, r.id, opening); err != nil {
 		t.Fatal(err)
 	}
 	r.hist.open(r.id, opening)
-
-	var (
-		holder    lockkit.Locker
-		waitersOn []int
-	)
+	var holder lockkit.Locker
 	if f.clients != nil {
 		holder, waitersOn = f.clients(t, c, r)
 	} else {
@@ -285,7 +291,7 @@ func (r *clusterRow) run(f clusterFault) {
 		t.Fatalf("the holder's grant: %v", err)
 	}
 	r.lease = lease
-	var waiters sync.WaitGroup
+	waiters = new(sync.WaitGroup)
 	for range 2 {
 		l := c.locker(t, waitersOn)
 		waiters.Add(1)
@@ -295,23 +301,32 @@ func (r *clusterRow) run(f clusterFault) {
 	if r.grantCount() != 0 {
 		t.Fatalf("a waiter was granted while the holder held the key")
 	}
+	return waitersOn, waiters
+}
 
-	prober := c.locker(t, waitersOn)
-	faultAt := time.Now()
+// fault injects f while the holder holds and a probe tries a free key on
+// the waiters' members, and returns when the holder is done.
+func (r *clusterRow) fault(f clusterFault, waitersOn []int) (faultAt time.Time, h holdResult) {
+	prober := r.c.locker(r.t, waitersOn)
+	faultAt = time.Now()
 	held := make(chan holdResult, 1)
 	go func() { held <- r.hold(faultAt) }()
 	usable := make(chan time.Time, 1)
 	go func() { usable <- r.probe(prober, faultAt) }()
-	f.inject(t, c, r)
-	from := r.markedAt()
-	h := <-held
-	waiters.Wait()
-	r.usable = <-usable
-	if !r.usable.After(from) {
-		t.Errorf("a free key was granted %v before the fault's end", from.Sub(r.usable))
-	}
+	f.inject(r.t, r.c, r)
+	h = <-held
+	at := <-usable
+	r.mu.Lock()
+	r.usable = at
+	r.mu.Unlock()
+	return faultAt, h
+}
 
-	if c.kind == "zookeeper" && f.suspends {
+// verdict checks how the holder's lease ended and, if it was lost, sends
+// the holder's late write, which the fence must refuse.
+func (r *clusterRow) verdict(f clusterFault, faultAt time.Time, h holdResult) (fenced int, stale string) {
+	t := r.t
+	if r.c.kind == "zookeeper" && f.suspends {
 		// go-zookeeper sees a closed connection at once, and a silent one
 		// after 2/3 of the session: either way before the session can
 		// expire on the servers.
@@ -320,25 +335,23 @@ func (r *clusterRow) run(f clusterFault) {
 				h.lostAt.Sub(faultAt))
 		}
 	}
-	firstGrant := firstAfter(r.grants, faultAt)
-	stale := fmt.Sprintf("lease kept, its write %s; a waiter granted %v after the fault, at its release",
-		errText(h.write), firstGrant.Sub(faultAt).Round(10*time.Millisecond))
-	fenced := 0
-	if !h.lostAt.IsZero() {
-		// A holder that lost its lease but wrote anyway, late: a pause
-		// between its last check and its write, which no lock prevents.
-		late := r.deposit(lease.Fence(), 1000)
-		stale = fmt.Sprintf("Lost %v after the fault, a waiter granted %v after it; late write %s",
-			h.lostAt.Sub(faultAt).Round(10*time.Millisecond), firstGrant.Sub(faultAt).Round(10*time.Millisecond), errText(late))
-		if errors.Is(late, lockkit.ErrFenced) {
-			fenced = 1
-		} else {
-			t.Errorf("the late write of a holder whose lease was lost, after a new holder's write: %v, want ErrFenced", late)
+	granted := firstAfter(r.grants, faultAt).Sub(faultAt).Round(10 * time.Millisecond)
+	if h.lostAt.IsZero() {
+		if h.write != nil {
+			t.Errorf("the holder kept its lease, but its write was refused: %v", h.write)
 		}
-	} else if h.write != nil {
-		t.Errorf("the holder kept its lease, but its write was refused: %v", h.write)
+		return 0, fmt.Sprintf("lease kept, its write %s; a waiter granted at +%v, at its release", errText(h.write), granted)
 	}
-	r.report(f, from, fenced, stale)
+	// A holder that lost its lease but writes anyway, late: a pause
+	// between its last check and its write, which no lock prevents.
+	late := r.deposit(r.lease.Fence(), 1000)
+	if errors.Is(late, lockkit.ErrFenced) {
+		fenced = 1
+	} else {
+		t.Errorf("the late write of a holder whose lease was lost, after a new holder's write: %v, want ErrFenced", late)
+	}
+	return fenced, fmt.Sprintf("Lost at +%v, a waiter granted at +%v; late write %s",
+		h.lostAt.Sub(faultAt).Round(10*time.Millisecond), granted, errText(late))
 }
 
 // probe is a client beside the holder and the waiters: from the fault on,
