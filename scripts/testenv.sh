@@ -538,7 +538,10 @@ ensure_zookeeper() {
 # and of the etcd cluster come up together: a member is ready only once a
 # quorum is), each line NAME ADDR PIDFILE DATADIR MARKER PROBE PORT LOGFILE,
 # waited for and recorded by await_pending.
+# UNREADY lists members reused while still unready (NAME PROBE PORT): they
+# are waited for too.
 PENDING=()
+UNREADY=()
 await_pending() {
 	local line name addr pidf data marker probe p logf
 	for line in "${PENDING[@]}"; do
@@ -546,7 +549,12 @@ await_pending() {
 		wait_for "$name $addr" "$logf" "$probe" "$p"
 		record "$name" "$addr" "$pidf" "$data" "$marker"
 	done
-	PENDING=()
+	for line in "${UNREADY[@]}"; do
+		read -r name probe p <<<"$line"
+		logf=$(find "$DIR/$name" -maxdepth 1 -name '*.log' | head -n 1)
+		wait_for "$name $H:$p" "$logf" "$probe" "$p"
+	done
+	PENDING=() UNREADY=()
 }
 
 # cluster_start KIND FIRSTPORT NAMEPREFIX HEALTHY-PROBE STARTER: for each of
@@ -561,8 +569,14 @@ cluster_start() {
 	for i in 0 1 2; do
 		p=$((p0 + i))
 		name=$prefix-$p
-		if "$probe" "$p" || owned "$name"; then
+		if "$probe" "$p"; then
 			note_reused "$name" "$H:$p"
+			continue
+		fi
+		if owned "$name"; then
+			# ours and running, but without a quorum yet: rejoining
+			note_reused "$name" "$H:$p"
+			UNREADY+=("$name $probe $p")
 			continue
 		fi
 		port_busy "$p" && die "$H:$p is in use but is not a healthy $kind member; free the port or set SHOP_TESTENV_PORT_OFFSET"
