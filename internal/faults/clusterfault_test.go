@@ -43,9 +43,9 @@ const (
 	quorumDown = 8 * time.Second
 	// quorumNoticed is how long the member left may take to know it has
 	// no quorum: etcd's election timeout (1 s), ZooKeeper's syncLimit
-	// (2.5 s), and some slack. An Acquire begun later must say the lock
-	// server is unavailable.
-	quorumNoticed = 3 * time.Second
+	// (2.5 s), and slack for a loaded machine. An Acquire begun later must
+	// say the lock server is unavailable.
+	quorumNoticed = 4 * time.Second
 )
 
 // clusterFault is one way a cluster fails. inject breaks the cluster
@@ -571,7 +571,7 @@ func firstAfter(ts []time.Time, from time.Time) time.Time {
 	return first
 }
 
-// failedAttempts counts the waiters' failed Acquires by error.
+// failedAttempts counts failed Acquires by error.
 func failedAttempts(as []attempt) string {
 	n := map[string]int{}
 	for _, a := range as {
