@@ -197,25 +197,24 @@ func (c *cluster) heal() {
 }
 
 // locker opens a Locker of the cluster's backend on the given members,
-// with the row's session (c.session, or the shortest).
+// closed when t ends.
 func (c *cluster) locker(t *testing.T, members []int) lockkit.Locker {
 	t.Helper()
-	var (
-		l   lockkit.Locker
-		err error
-	)
-	switch c.kind {
-	case "etcd":
-		l, err = etcdlock.New(c.addrs(members...), etcdlock.WithPrefix("/shop/faults/"),
-			etcdlock.WithSessionTTL(cmp.Or(c.session, clusterEtcdTTL)))
-	case "zookeeper":
-		l, err = zklock.New(c.addrs(members...), cmp.Or(c.session, clusterZKSession), zklock.WithRoot("/shop/faults"))
-	}
+	l, err := c.open(members)
 	if err != nil {
 		t.Fatalf("open a %s locker on %v: %v", c.kind, c.addrs(members...), err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	return l
+}
+
+// open opens a Locker with the row's session (c.session, or the shortest).
+func (c *cluster) open(members []int) (lockkit.Locker, error) {
+	if c.kind == "etcd" {
+		return etcdlock.New(c.addrs(members...), etcdlock.WithPrefix("/shop/faults/"),
+			etcdlock.WithSessionTTL(cmp.Or(c.session, clusterEtcdTTL)))
+	}
+	return zklock.New(c.addrs(members...), cmp.Or(c.session, clusterZKSession), zklock.WithRoot("/shop/faults"))
 }
 
 // clusterRow is one fault on one cluster: the account it writes to, its
@@ -307,12 +306,11 @@ func (r *clusterRow) setUp(f clusterFault) (waitersOn []int, waiters *sync.WaitG
 // fault injects f while the holder holds and a probe tries a free key on
 // the waiters' members, and returns when the holder is done.
 func (r *clusterRow) fault(f clusterFault, waitersOn []int) (faultAt time.Time, h holdResult) {
-	prober := r.c.locker(r.t, waitersOn)
 	faultAt = time.Now()
 	held := make(chan holdResult, 1)
 	go func() { held <- r.hold(faultAt) }()
 	usable := make(chan time.Time, 1)
-	go func() { usable <- r.probe(prober, faultAt) }()
+	go func() { usable <- r.probe(waitersOn, faultAt) }()
 	f.inject(r.t, r.c, r)
 	h = <-held
 	at := <-usable
@@ -355,19 +353,18 @@ func (r *clusterRow) verdict(f clusterFault, faultAt time.Time, h holdResult) (f
 }
 
 // probe is a client beside the holder and the waiters: from the fault on,
-// it tries a free key with a 1 s wait until an Acquire begun after the
-// mark is granted: the instant the cluster's locks are usable again. (The waiters' grants come later than
-// that by design: after the holder's lease is lost or released.)
-func (r *clusterRow) probe(l lockkit.Locker, faultAt time.Time) time.Time {
+// it opens a new client on members and tries a free key with a 1 s wait,
+// until an Acquire begun after the mark is granted: the instant the
+// cluster's locks are usable again. (The waiters' grants come later than
+// that by design: after the holder's lease is lost or released.) A new
+// client each time, so that none reconnects with a watch set and a
+// request in flight, which trips go-zookeeper's data race on its last
+// zxid (go-zookeeper/zk#35) in this -race test process.
+func (r *clusterRow) probe(members []int, faultAt time.Time) time.Time {
 	key := fmt.Sprintf("usable-probe-%d", r.id)
 	for time.Since(faultAt) < 90*time.Second {
 		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		lease, err := l.Acquire(ctx, key)
-		cancel()
-		if err == nil {
-			at := time.Now()
-			_ = lease.Release(context.Background())
+		if at, ok := r.probeOnce(members, key); ok {
 			if from := r.markedAt(); !from.IsZero() && start.After(from) {
 				return at
 			}
@@ -376,6 +373,23 @@ func (r *clusterRow) probe(l lockkit.Locker, faultAt time.Time) time.Time {
 	}
 	r.t.Errorf("no free key was granted within 90s of the fault")
 	return time.Time{}
+}
+
+func (r *clusterRow) probeOnce(members []int, key string) (time.Time, bool) {
+	l, err := r.c.open(members)
+	if err != nil {
+		return time.Time{}, false
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, key)
+	if err != nil {
+		return time.Time{}, false
+	}
+	at := time.Now()
+	_ = lease.Release(ctx)
+	return at, true
 }
 
 // onFollower opens the holder's client so that it talks to a follower,
