@@ -75,9 +75,9 @@ var clusterFaults = []clusterFault{
 	{
 		name: "8 cluster: leader killed (SIGKILL)",
 		inject: func(t *testing.T, c *cluster, r *clusterRow) {
-			r.target = c.leader(t)
+			r.setTarget(c.leader(t))
 			r.mark()
-			c.members[r.target].stop(syscall.SIGKILL)
+			c.members[r.targetNow()].stop(syscall.SIGKILL)
 		},
 		heal:     restartStopped,
 		suspends: true,
@@ -87,9 +87,9 @@ var clusterFaults = []clusterFault{
 		// election no longer outlasts an etcd session.
 		name: "8 cluster: leader killed, 10s sessions",
 		inject: func(t *testing.T, c *cluster, r *clusterRow) {
-			r.target = c.leader(t)
+			r.setTarget(c.leader(t))
 			r.mark()
-			c.members[r.target].stop(syscall.SIGKILL)
+			c.members[r.targetNow()].stop(syscall.SIGKILL)
 		},
 		heal:     restartStopped,
 		suspends: true,
@@ -114,7 +114,7 @@ var clusterFaults = []clusterFault{
 		clients: onFollower,
 		inject: func(t *testing.T, c *cluster, r *clusterRow) {
 			r.mark()
-			c.members[r.target].stop(syscall.SIGKILL)
+			c.members[r.targetNow()].stop(syscall.SIGKILL)
 		},
 		heal:     restartStopped,
 		suspends: true,
@@ -241,6 +241,18 @@ type clusterRow struct {
 	usable time.Time
 }
 
+func (r *clusterRow) setTarget(i int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.target = i
+}
+
+func (r *clusterRow) targetNow() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.target
+}
+
 // mark sets from to now.
 func (r *clusterRow) mark() {
 	r.mu.Lock()
@@ -306,11 +318,15 @@ func (r *clusterRow) setUp(f clusterFault) (waitersOn []int, waiters *sync.WaitG
 // fault injects f while the holder holds and a probe tries a free key on
 // the waiters' members, and returns when the holder is done.
 func (r *clusterRow) fault(f clusterFault, waitersOn []int) (faultAt time.Time, h holdResult) {
+	var prober lockkit.Locker
+	if r.c.kind == "etcd" {
+		prober = r.c.locker(r.t, waitersOn)
+	}
 	faultAt = time.Now()
 	held := make(chan holdResult, 1)
 	go func() { held <- r.hold(faultAt) }()
 	usable := make(chan time.Time, 1)
-	go func() { usable <- r.probe(waitersOn, faultAt) }()
+	go func() { usable <- r.probe(prober, faultAt) }()
 	f.inject(r.t, r.c, r)
 	h = <-held
 	at := <-usable
@@ -353,18 +369,20 @@ func (r *clusterRow) verdict(f clusterFault, faultAt time.Time, h holdResult) (f
 }
 
 // probe is a client beside the holder and the waiters: from the fault on,
-// it opens a new client on members and tries a free key with a 1 s wait,
-// until an Acquire begun after the mark is granted: the instant the
-// cluster's locks are usable again. (The waiters' grants come later than
-// that by design: after the holder's lease is lost or released.) A new
-// client each time, so that none reconnects with a watch set and a
-// request in flight, which trips go-zookeeper's data race on its last
-// zxid (go-zookeeper/zk#35) in this -race test process.
-func (r *clusterRow) probe(members []int, faultAt time.Time) time.Time {
+// it tries a free key with a 1 s wait, until an Acquire begun after the
+// mark is granted: the instant the cluster's locks are usable again. (The
+// waiters' grants come later than that by design: after the holder's
+// lease is lost or released.) On etcd it is one client, opened before the
+// fault (a new client, whose session is granted during the election, took
+// 5-12 s more). On ZooKeeper it opens a new client for each try on the
+// members the fault spared: a client that reconnects with a watch set and
+// a request in flight trips go-zookeeper's data race on its last zxid
+// (go-zookeeper/zk#35), which fails this -race test process.
+func (r *clusterRow) probe(l lockkit.Locker, faultAt time.Time) time.Time {
 	key := fmt.Sprintf("usable-probe-%d", r.id)
 	for time.Since(faultAt) < 90*time.Second {
 		start := time.Now()
-		if at, ok := r.probeOnce(members, key); ok {
+		if at, ok := r.probeOnce(l, key); ok {
 			if from := r.markedAt(); !from.IsZero() && start.After(from) {
 				return at
 			}
@@ -375,12 +393,16 @@ func (r *clusterRow) probe(members []int, faultAt time.Time) time.Time {
 	return time.Time{}
 }
 
-func (r *clusterRow) probeOnce(members []int, key string) (time.Time, bool) {
-	l, err := r.c.open(members)
-	if err != nil {
-		return time.Time{}, false
+// probeOnce locks key with l, or with a new client if l is nil.
+func (r *clusterRow) probeOnce(l lockkit.Locker, key string) (time.Time, bool) {
+	if l == nil {
+		fresh, err := r.c.open(others(r.targetNow()))
+		if err != nil {
+			return time.Time{}, false
+		}
+		defer fresh.Close()
+		l = fresh
 	}
-	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	lease, err := l.Acquire(ctx, key)
