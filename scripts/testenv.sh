@@ -18,6 +18,9 @@
 #   Redlock Redis  17101-17103   3 independent masters
 #   ZooKeeper      12181         standalone, minSessionTimeout=1000, 4lw commands enabled
 #   etcd           12379/12380   client/peer
+#   ZooKeeper ensemble 12281-12283  3 members (quorum 2), peer ports 12291-12293,
+#                                election ports 12294-12296, minSessionTimeout=1000
+#   etcd cluster   12471-12473   3 members (quorum 2), peer ports 12481-12483
 #   memcached      11311
 #   with --with-sentinel:
 #   Redis master   17201, replica 17202 (replicaof 17201)
@@ -29,6 +32,8 @@
 #   SHOP_TEST_REDIS_ADDR SHOP_TEST_REDIS_CLUSTER_ADDRS SHOP_TEST_REDLOCK_ADDRS
 #   SHOP_TEST_MYSQL_DSN SHOP_TEST_ZK_ADDRS SHOP_TEST_ETCD_ENDPOINTS
 #   SHOP_TEST_MEMCACHED_ADDR SHOP_TEST_PROMTOOL (a path)
+#   SHOP_TEST_ZK_ENSEMBLE_ADDRS SHOP_TEST_ETCD_CLUSTER_ENDPOINTS (every member,
+#   comma-separated)
 #   and with sentinel: SHOP_TEST_SENTINEL_ADDRS SHOP_TEST_SENTINEL_MASTER
 #   SHOP_TEST_SENTINEL_MASTER_ADDR SHOP_TEST_SENTINEL_REPLICA_ADDR
 #
@@ -46,7 +51,10 @@
 #   SHOP_TESTENV_CLUSTER_PORT (first of six), SHOP_TESTENV_REDLOCK_PORT (first of three),
 #   SHOP_TESTENV_SENTINEL_REDIS_PORT (master; replica is +1),
 #   SHOP_TESTENV_SENTINEL_PORT (first of three), SHOP_TESTENV_ZK_PORT,
-#   SHOP_TESTENV_ETCD_PORT, SHOP_TESTENV_ETCD_PEER_PORT, SHOP_TESTENV_MEMCACHED_PORT
+#   SHOP_TESTENV_ETCD_PORT, SHOP_TESTENV_ETCD_PEER_PORT, SHOP_TESTENV_MEMCACHED_PORT,
+#   SHOP_TESTENV_ZK_ENSEMBLE_PORT (first client port of three; peer ports +10..+12,
+#   election ports +13..+15), SHOP_TESTENV_ETCD_CLUSTER_PORT (first client port of
+#   three; peer ports +10..+12)
 #                             per-server port overrides
 #   SHOP_TESTENV_TIMEOUT      seconds to wait for each server (default 60)
 #   SHOP_TESTENV_RUN_FILE     if set, `up` also writes there what this very
@@ -80,6 +88,8 @@ ZK_PORT=${SHOP_TESTENV_ZK_PORT:-$((12181 + OFF))}
 ETCD_PORT=${SHOP_TESTENV_ETCD_PORT:-$((12379 + OFF))}
 ETCD_PEER_PORT=${SHOP_TESTENV_ETCD_PEER_PORT:-$((ETCD_PORT + 1))}
 MEMCACHED_PORT=${SHOP_TESTENV_MEMCACHED_PORT:-$((11311 + OFF))}
+ZKE_PORT=${SHOP_TESTENV_ZK_ENSEMBLE_PORT:-$((12281 + OFF))}
+ETCDC_PORT=${SHOP_TESTENV_ETCD_CLUSTER_PORT:-$((12471 + OFF))}
 SENTINEL_MASTER_NAME=shopmaster
 
 H=127.0.0.1
@@ -93,6 +103,8 @@ DEF_MYSQL_DSN="root:@tcp($H:3306)/?parseTime=true&loc=UTC&multiStatements=true"
 DEF_ZK_ADDRS=$H:$ZK_PORT
 DEF_ETCD_ENDPOINTS=$H:$ETCD_PORT
 DEF_MEMCACHED_ADDR=$H:$MEMCACHED_PORT
+DEF_ZK_ENSEMBLE_ADDRS=$(list3 "$ZKE_PORT")
+DEF_ETCD_CLUSTER_ENDPOINTS=$(list3 "$ETCDC_PORT")
 DEF_SENTINEL_ADDRS=$(list3 "$SENTINEL_PORT")
 REDIS_PKGS=redis-server:/usr/bin/redis-server,redis-tools:redis-cli,redis-sentinel:/usr/bin/redis-sentinel
 
@@ -111,6 +123,8 @@ SERVERS=(
 	"SHOP_TEST_ZK_ADDRS DEF_ZK_ADDRS zookeeper:/usr/share/java/zookeeper.jar,zookeeper:/usr/share/zookeeper/bin/zkServer.sh ensure_zookeeper"
 	"SHOP_TEST_ETCD_ENDPOINTS DEF_ETCD_ENDPOINTS etcd-server:etcd,etcd-client:etcdctl ensure_etcd"
 	"SHOP_TEST_MEMCACHED_ADDR DEF_MEMCACHED_ADDR memcached:memcached ensure_memcached"
+	"SHOP_TEST_ZK_ENSEMBLE_ADDRS DEF_ZK_ENSEMBLE_ADDRS zookeeper:/usr/share/java/zookeeper.jar ensure_zk_ensemble"
+	"SHOP_TEST_ETCD_CLUSTER_ENDPOINTS DEF_ETCD_CLUSTER_ENDPOINTS etcd-server:etcd,etcd-client:etcdctl ensure_etcd_cluster"
 )
 DEF_SENTINEL_MASTER_ADDR=$H:$SENT_REDIS_PORT
 DEF_SENTINEL_REPLICA_ADDR=$H:$((SENT_REDIS_PORT + 1))
@@ -141,6 +155,8 @@ tcp_say() {
 	timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf "%b" "$2" >&3 && cat <&3' _ "$1" "$2" 2>/dev/null
 }
 zk_ok() { [[ $(tcp_say "$1" ruok) == imok ]]; }
+# zk_serving PORT: a member of an ensemble that has a leader (ruok answers imok without one).
+zk_serving() { tcp_say "$1" srvr | grep -Eq '^Mode: (leader|follower)'; }
 memcached_ok() { [[ $(tcp_say "$1" 'version\r\nquit\r\n') == VERSION* ]]; }
 etcd_ok() {
 	ETCDCTL_API=3 timeout 10 etcdctl --endpoints="$H:$1" --dial-timeout=2s \
@@ -456,22 +472,13 @@ ensure_cluster() {
 	done
 }
 
-ensure_zookeeper() {
-	local p=$ZK_PORT name=zookeeper-$ZK_PORT
-	local d=$DIR/$name
-	if zk_ok "$p"; then
-		note_reused "$name" "$H:$p"
-		return 0
-	fi
-	port_busy "$p" && die "$H:$p is in use but does not answer ZooKeeper ruok; free the port or set SHOP_TESTENV_PORT_OFFSET"
-	local java
-	java=$(command -v java || true)
-	[[ -n $java ]] || java=/usr/lib/jvm/default-java/bin/java
-	[[ -x $java ]] || die "no java found (the zookeeper package should have pulled in a JRE)"
-	rm -rf "$d"
+# zk_files DIR CLIENTPORT [EXTRA-LINES]: zoo.cfg and log4j.properties of a
+# ZooKeeper server whose state lives in DIR.
+zk_files() {
+	local d=$1 p=$2
 	mkdir -p "$d/conf" "$d/data"
 	cat >"$d/conf/zoo.cfg" <<-EOF
-		tickTime=2000
+		tickTime=${ZK_TICK:-2000}
 		initLimit=10
 		syncLimit=5
 		dataDir=$d/data
@@ -482,6 +489,7 @@ ensure_zookeeper() {
 		maxClientCnxns=0
 		admin.enableServer=false
 		4lw.commands.whitelist=*
+		${3:-}
 	EOF
 	cat >"$d/conf/log4j.properties" <<-EOF
 		log4j.rootLogger=INFO, FILE
@@ -490,6 +498,14 @@ ensure_zookeeper() {
 		log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
 		log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t:%C{1}@%L] - %m%n
 	EOF
+}
+
+# zk_spawn NAME DIR HEAP: start the ZooKeeper server of DIR, without waiting.
+zk_spawn() {
+	local name=$1 d=$2 heap=$3 java
+	java=$(command -v java || true)
+	[[ -n $java ]] || java=/usr/lib/jvm/default-java/bin/java
+	[[ -x $java ]] || die "no java found (the zookeeper package should have pulled in a JRE)"
 	# Debian's zkEnv.sh uses CLASSPATH=/etc/zookeeper/conf:/usr/share/java/zookeeper.jar;
 	# zookeeper.jar's manifest Class-Path pulls in its dependencies. We put our
 	# own conf dir first and add the slf4j->log4j binding so logs land in $d.
@@ -497,12 +513,95 @@ ensure_zookeeper() {
 	for jar in /usr/share/java/slf4j-log4j12.jar /usr/share/java/log4j-1.2.jar; do
 		[[ -f $jar ]] && cp+=:$jar
 	done
-	log "$H:$p ($name): starting ZooKeeper"
-	spawn "$d/zookeeper.out" "$d/zookeeper.pid" "$java" -Xms64m -Xmx256m \
+	log "$name: starting ZooKeeper"
+	spawn "$d/zookeeper.out" "$d/zookeeper.pid" "$java" -Xms32m -Xmx"$heap" \
 		-Dzookeeper.log.dir="$d" -Dlog4j.configuration="file:$d/conf/log4j.properties" \
 		-cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$d/conf/zoo.cfg"
+}
+
+ensure_zookeeper() {
+	local p=$ZK_PORT name=zookeeper-$ZK_PORT
+	local d=$DIR/$name
+	if zk_ok "$p"; then
+		note_reused "$name" "$H:$p"
+		return 0
+	fi
+	port_busy "$p" && die "$H:$p is in use but does not answer ZooKeeper ruok; free the port or set SHOP_TESTENV_PORT_OFFSET"
+	rm -rf "$d"
+	zk_files "$d" "$p"
+	zk_spawn "$name" "$d" 256m
 	wait_for "zookeeper $H:$p" "$d/zookeeper.out" zk_ok "$p"
 	record "$name" "$H:$p" "$d/zookeeper.pid" "$d" "$d/conf/zoo.cfg"
+}
+
+# Servers started without waiting (the members of the ZooKeeper ensemble
+# and of the etcd cluster come up together: a member is ready only once a
+# quorum is), each line NAME ADDR PIDFILE DATADIR MARKER PROBE PORT LOGFILE,
+# waited for and recorded by await_pending.
+# UNREADY lists members reused while still unready (NAME PROBE PORT): they
+# are waited for too.
+PENDING=()
+UNREADY=()
+await_pending() {
+	local line name addr pidf data marker probe p logf
+	for line in "${PENDING[@]}"; do
+		IFS=$'\t' read -r name addr pidf data marker probe p logf <<<"$line"
+		wait_for "$name $addr" "$logf" "$probe" "$p"
+		record "$name" "$addr" "$pidf" "$data" "$marker"
+	done
+	for line in "${UNREADY[@]}"; do
+		read -r name probe p <<<"$line"
+		logf=$(find "$DIR/$name" -maxdepth 1 -name '*.log' | head -n 1)
+		wait_for "$name $H:$p" "$logf" "$probe" "$p"
+	done
+	PENDING=() UNREADY=()
+}
+
+# cluster_start KIND FIRSTPORT NAMEPREFIX HEALTHY-PROBE STARTER: for each of
+# three members (client port FIRSTPORT+i), reuse it if it is healthy or
+# still ours, otherwise start it with STARTER I PORT DIR FRESH. A member
+# rejoins with its data when another member is still ours; when none is,
+# every member starts afresh.
+cluster_start() {
+	local kind=$1 p0=$2 prefix=$3 probe=$4 starter=$5 i p name ours=0 fresh
+	for i in 0 1 2; do owned "$prefix-$((p0 + i))" && ours=$((ours + 1)); done
+	fresh=$((ours == 0))
+	for i in 0 1 2; do
+		p=$((p0 + i))
+		name=$prefix-$p
+		if "$probe" "$p"; then
+			note_reused "$name" "$H:$p"
+			continue
+		fi
+		if owned "$name"; then
+			# ours and running, but without a quorum yet: rejoining
+			note_reused "$name" "$H:$p"
+			UNREADY+=("$name $probe $p")
+			continue
+		fi
+		port_busy "$p" && die "$H:$p is in use but is not a healthy $kind member; free the port or set SHOP_TESTENV_PORT_OFFSET"
+		"$starter" "$i" "$p" "$DIR/$name" "$fresh"
+	done
+}
+
+ensure_zk_ensemble() {
+	cluster_start ZooKeeper "$ZKE_PORT" zookeeper-ensemble zk_serving zk_member
+}
+
+# zk_member I PORT DIR FRESH: member I+1 of the ensemble; peer and election
+# ports are the client port + 10 and + 13. A short tick (500 ms) so that a
+# leader's loss is noticed, and a new one elected, within seconds.
+zk_member() {
+	local i=$1 p=$2 d=$3 fresh=$4 j servers=""
+	for j in 0 1 2; do
+		servers+="server.$((j + 1))=$H:$((ZKE_PORT + 10 + j)):$((ZKE_PORT + 13 + j))"$'\n'
+	done
+	port_busy $((ZKE_PORT + 10 + i)) && die "ZooKeeper peer port $H:$((ZKE_PORT + 10 + i)) is in use; set SHOP_TESTENV_ZK_ENSEMBLE_PORT"
+	((fresh)) && rm -rf "$d"
+	ZK_TICK=500 zk_files "$d" "$p" "$servers"
+	echo $((i + 1)) >"$d/data/myid"
+	zk_spawn "zookeeper-ensemble-$p" "$d" 128m
+	PENDING+=("zookeeper-ensemble-$p"$'\t'"$H:$p"$'\t'"$d/zookeeper.pid"$'\t'"$d"$'\t'"$d/conf/zoo.cfg"$'\t'zk_serving$'\t'"$p"$'\t'"$d/zookeeper.out")
 }
 
 ensure_etcd() {
@@ -524,6 +623,30 @@ ensure_etcd() {
 		--initial-cluster-token "shop-testenv-$p" --logger zap --log-outputs stderr
 	wait_for "etcd $H:$p" "$d/etcd.log" etcd_ok "$p"
 	record "$name" "$H:$p" "$d/etcd.pid" "$d" "$d/data"
+}
+
+ensure_etcd_cluster() {
+	cluster_start etcd "$ETCDC_PORT" etcd-cluster etcd_ok etcd_member
+}
+
+# etcd_member I PORT DIR FRESH: member I of the cluster; its peer port is the
+# client port + 10.
+etcd_member() {
+	local i=$1 p=$2 d=$3 fresh=$4 j cluster=""
+	for j in 0 1 2; do
+		cluster+="${cluster:+,}shop-etcd-$j=http://$H:$((ETCDC_PORT + 10 + j))"
+	done
+	local pp=$((p + 10))
+	port_busy "$pp" && die "etcd peer port $H:$pp is in use; set SHOP_TESTENV_ETCD_CLUSTER_PORT"
+	((fresh)) && rm -rf "$d"
+	mkdir -p "$d"
+	log "$H:$p (etcd-cluster-$p): starting etcd"
+	spawn "$d/etcd.log" "$d/etcd.pid" etcd --name "shop-etcd-$i" --data-dir "$d/data" \
+		--listen-client-urls "http://$H:$p" --advertise-client-urls "http://$H:$p" \
+		--listen-peer-urls "http://$H:$pp" --initial-advertise-peer-urls "http://$H:$pp" \
+		--initial-cluster "$cluster" --initial-cluster-state new \
+		--initial-cluster-token "shop-testenv-cluster-$ETCDC_PORT" --logger zap --log-outputs stderr
+	PENDING+=("etcd-cluster-$p"$'\t'"$H:$p"$'\t'"$d/etcd.pid"$'\t'"$d"$'\t'"$d/data"$'\t'etcd_ok$'\t'"$p"$'\t'"$d/etcd.log")
 }
 
 ensure_memcached() {
@@ -609,6 +732,7 @@ cmd_up() {
 	for start in "${run[@]}"; do
 		"$start"
 	done
+	await_pending
 	((use_sent)) && ensure_sentinel_group
 
 	local q="'"
@@ -729,6 +853,12 @@ cmd_status() {
 	status_line "zookeeper-$ZK_PORT" "$H:$ZK_PORT" zk_ok "$ZK_PORT"
 	status_line "etcd-$ETCD_PORT" "$H:$ETCD_PORT" etcd_ok "$ETCD_PORT"
 	status_line "memcached-$MEMCACHED_PORT" "$H:$MEMCACHED_PORT" memcached_ok "$MEMCACHED_PORT"
+	for p in "$ZKE_PORT" $((ZKE_PORT + 1)) $((ZKE_PORT + 2)); do
+		status_line "zookeeper-ensemble-$p" "$H:$p" zk_serving "$p"
+	done
+	for p in "$ETCDC_PORT" $((ETCDC_PORT + 1)) $((ETCDC_PORT + 2)); do
+		status_line "etcd-cluster-$p" "$H:$p" etcd_ok "$p"
+	done
 	for p in "$SENT_REDIS_PORT" $((SENT_REDIS_PORT + 1)); do
 		status_line "sentinel-redis-$p" "$H:$p" redis_ok "$p"
 	done

@@ -277,7 +277,7 @@ func cutAccounts(t *testing.T) {
 		}
 	}
 	a := r.mustAuditOK(r.url)
-	report(row{Fault: "8 commit reply lost", Backend: "redis", LostCents: a.Totals["balance_drift"],
+	report(row{Fault: "9 commit reply lost", Backend: "redis", LostCents: a.Totals["balance_drift"],
 		Stale: "deposit, withdraw, transfer: each keyed retry replayed, moved once"})
 }
 
@@ -299,7 +299,7 @@ func cutPurchase(t *testing.T, env map[string]string) {
 	if env["SHOP_STOCK_COMBINE"] != "" {
 		strategy = "lock, combined"
 	}
-	report(row{Fault: "8 commit reply lost", Backend: "redis", Oversold: a.Totals["oversold_units"],
+	report(row{Fault: "9 commit reply lost", Backend: "redis", Oversold: a.Totals["oversold_units"],
 		Stale: "purchase (" + shoptestOr(strategy, "lock") + "): each keyed retry replayed, one unit"})
 }
 
@@ -331,7 +331,7 @@ func cutPay(t *testing.T) {
 		t.Fatalf("balance %d, want %d: each order paid once", got, want)
 	}
 	a := r.mustAuditOK(r.url)
-	report(row{Fault: "8 commit reply lost", Backend: "redis", LostCents: a.Totals["unreconciled_order_cents"],
+	report(row{Fault: "9 commit reply lost", Backend: "redis", LostCents: a.Totals["unreconciled_order_cents"],
 		Stale: "pay: each keyed retry found the order paid"})
 }
 
@@ -380,6 +380,6 @@ func cutBatch(t *testing.T) {
 		t.Fatalf("stock %d, want %d: one unit per buyer", got, stock-3)
 	}
 	a := r.mustAuditOK(r.url)
-	report(row{Fault: "8 commit reply lost", Backend: "redis", Oversold: a.Totals["oversold_units"],
+	report(row{Fault: "9 commit reply lost", Backend: "redis", Oversold: a.Totals["oversold_units"],
 		Stale: "purchase (lock, combined batch of 2): both buyers' keyed retries replayed, one unit each"})
 }

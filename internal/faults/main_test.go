@@ -114,8 +114,11 @@ func printTable(w io.Writer) {
 	}
 	rows := append([]row(nil), table.rows...)
 	sort.SliceStable(rows, func(i, j int) bool {
+		if ri, rj := faultRank(rows[i].Fault), faultRank(rows[j].Fault); ri != rj {
+			return ri < rj
+		}
 		if rows[i].Fault != rows[j].Fault {
-			return faultRank(rows[i].Fault) < faultRank(rows[j].Fault)
+			return rows[i].Fault < rows[j].Fault
 		}
 		return rows[i].Backend < rows[j].Backend
 	})

@@ -50,6 +50,14 @@ func freePort(t testing.TB) int {
 
 func (s *server) start() {
 	s.t.Helper()
+	s.launch()
+	s.awaitReady()
+}
+
+// launch starts the server's process without waiting for it to be ready:
+// the members of a cluster are ready only once a quorum of them runs.
+func (s *server) launch() {
+	s.t.Helper()
 	args := s.args
 	if s.ns != "" {
 		args = append([]string{"ip", "netns", "exec", s.ns}, args...)
@@ -67,7 +75,12 @@ func (s *server) start() {
 	}
 	s.cmd, s.done = cmd, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(s.done) }()
+}
 
+// awaitReady polls ready for up to 90 s, failing the test if the server
+// exits or stays unready.
+func (s *server) awaitReady() {
+	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	for {

@@ -213,7 +213,10 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		// previous value tells whether our own name was there, and the
 		// two newest keys, read after the put, are ours and the one just
 		// ahead of it: the waiter need not read the queue before waiting.
-		resp, err := l.client.Txn(waitCtx).If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).Then(
+		// WithRequireLeader: a member that knows it has no quorum says
+		// so at once (ErrUnavailable), where the put would otherwise wait
+		// out the caller's deadline as if the key were held.
+		resp, err := l.client.Txn(clientv3.WithRequireLeader(waitCtx)).If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).Then(
 			clientv3.OpPut(me, "", clientv3.WithLease(s.id)),
 		).Else(
 			clientv3.OpPut(me, "", clientv3.WithLease(s.id), clientv3.WithPrevKV()),
@@ -707,7 +710,7 @@ func (l *Locker) currentSession(ctx context.Context) (*session, error) {
 		return s, nil // another caller opened it while we waited
 	}
 	sent := time.Now()
-	resp, err := l.client.Grant(ctx, int64(l.sessionTTL.Seconds()))
+	resp, err := l.client.Grant(clientv3.WithRequireLeader(ctx), int64(l.sessionTTL.Seconds()))
 	if err != nil {
 		return nil, err
 	}

@@ -31,7 +31,8 @@ import (
 )
 
 func init() {
-	extraGroups = []func() group{redlockGroup, zookeeperGroup, etcdGroup, mysqlGroup, memcachedGroup}
+	extraGroups = []func() group{redlockGroup, zookeeperGroup, zookeeperEnsembleGroup, etcdGroup, etcdClusterGroup,
+		mysqlGroup, memcachedGroup}
 }
 
 var long = lockkit.WithTTL(10 * time.Second)

@@ -1,0 +1,68 @@
+package lockbench
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lockbench/shop/internal/lockkit/etcdlock"
+	"github.com/lockbench/shop/internal/lockkit/zklock"
+)
+
+// etcdClusterGroup and zookeeperEnsembleGroup measure shop's Lockers on
+// the 3-member cluster and ensemble of scripts/testenv.sh, beside the
+// standalone servers' groups: the same round trips per cycle, but every
+// write a grant or a release makes is replicated (the leader answers once
+// a follower has it on disk), which is what a quorum costs per grant.
+func etcdClusterGroup() group {
+	endpoints := strings.Split(os.Getenv("SHOP_TEST_ETCD_CLUSTER_ENDPOINTS"), ",")
+	client := func(b *testing.B) *clientv3.Client {
+		c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	return group{
+		name: "etcd-3-members",
+		env:  "SHOP_TEST_ETCD_CLUSTER_ENDPOINTS",
+		roundTrip: func(b *testing.B) func(context.Context) error {
+			c := client(b)
+			return func(ctx context.Context) error { _, err := c.Get(ctx, "/bench/ping"); return err }
+		},
+		subjects: []subject{
+			{name: "shop-etcd", backend: "etcd", newAcquirer: func(b *testing.B) Acquirer {
+				l, err := etcdlock.FromClient(client(b), etcdlock.WithPrefix("/bench/shop/"))
+				return lockkitAcquirer(closeWith(b, l, err), long)
+			}},
+		},
+	}
+}
+
+func zookeeperEnsembleGroup() group {
+	addrs := strings.Split(os.Getenv("SHOP_TEST_ZK_ENSEMBLE_ADDRS"), ",")
+	return group{
+		name: "zookeeper-3-members",
+		env:  "SHOP_TEST_ZK_ENSEMBLE_ADDRS",
+		roundTrip: func(b *testing.B) func(context.Context) error {
+			c, _, err := zk.Connect(addrs, 10*time.Second, zk.WithLogInfo(false))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(c.Close)
+			return func(context.Context) error { _, _, err := c.Exists("/"); return err }
+		},
+		subjects: []subject{
+			{name: "shop-zookeeper", backend: "zookeeper", newAcquirer: func(b *testing.B) Acquirer {
+				l, err := zklock.New(addrs, 10*time.Second, zklock.WithRoot("/bench/shop"))
+				return lockkitAcquirer(closeWith(b, l, err), long)
+			}},
+		},
+	}
+}
