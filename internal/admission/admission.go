@@ -77,7 +77,10 @@ func (a *Admission) Handler() gin.HandlerFunc {
 		a.admitted.WithLabelValues(route).Inc()
 		start := time.Now()
 		defer func() {
-			if l.Release(time.Since(start)) {
+			// A 503 after admission is work that sold nothing (a lost
+			// optimistic race, a busy lock): fewer at once means fewer.
+			dropped := c.Writer.Status() == http.StatusServiceUnavailable
+			if l.Release(time.Since(start), dropped) {
 				a.limit.WithLabelValues(route).Set(float64(l.Limit()))
 			}
 		}()

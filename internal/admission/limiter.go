@@ -19,7 +19,7 @@ type Options struct {
 }
 
 // Defaults are the options when SHOP_ADMISSION_* are unset.
-var Defaults = Options{Target: 50 * time.Millisecond, Initial: 32, Min: 4, Max: 1024, Window: 20}
+var Defaults = Options{Target: 50 * time.Millisecond, Initial: 32, Min: 2, Max: 1024, Window: 20}
 
 // Tuning of the gradient, as in Netflix concurrency-limits' Gradient2.
 const (
@@ -34,7 +34,11 @@ const (
 // moves the limit by the gradient of their latency: down when they were
 // slower than the long-run mean by more than the tolerance or slower than
 // Target, up by the square root of the limit otherwise, so that it finds
-// the concurrency the route serves without queueing.
+// the concurrency the route serves without queueing. A window in which
+// some admitted request was dropped (worked, then refused: a lost
+// optimistic race, a lock that stayed busy) lowers the limit however fast
+// it was: those requests are work that sold nothing, and the way to fewer
+// of them is fewer at once.
 type Limiter struct {
 	o Options
 
@@ -46,6 +50,7 @@ type Limiter struct {
 	n           int
 	sum         float64 // seconds
 	maxInFlight int
+	dropped     bool
 }
 
 // NewLimiter returns a limiter at o.Initial.
@@ -66,19 +71,21 @@ func (l *Limiter) Acquire() bool {
 	return true
 }
 
-// Release ends an admitted request that took rtt, and reports whether
-// the limit was recomputed (a window closed).
-func (l *Limiter) Release(rtt time.Duration) bool {
+// Release ends an admitted request that took rtt; dropped says it was
+// refused after it had started work. It reports whether the limit was
+// recomputed (a window closed).
+func (l *Limiter) Release(rtt time.Duration, dropped bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.inFlight--
 	l.n++
 	l.sum += rtt.Seconds()
+	l.dropped = l.dropped || dropped
 	if l.n < l.o.Window {
 		return false
 	}
-	l.update(l.sum/float64(l.n), l.maxInFlight)
-	l.n, l.sum, l.maxInFlight = 0, 0, l.inFlight
+	l.update(l.sum/float64(l.n), l.maxInFlight, l.dropped)
+	l.n, l.sum, l.maxInFlight, l.dropped = 0, 0, l.inFlight, false
 	return true
 }
 
@@ -90,7 +97,7 @@ func (l *Limiter) Limit() int {
 }
 
 // update moves the limit by one window whose mean latency was short.
-func (l *Limiter) update(short float64, peak int) {
+func (l *Limiter) update(short float64, peak int, dropped bool) {
 	if l.long == 0 {
 		l.long = short
 	}
@@ -106,6 +113,9 @@ func (l *Limiter) update(short float64, peak int) {
 	}
 	grad = math.Max(minGrad, grad)
 	next := l.limit*grad + math.Sqrt(l.limit)
+	if dropped {
+		next = l.limit * minGrad
+	}
 	// A route that never filled half its limit has shown nothing about a
 	// larger one: it may fall, not grow.
 	if float64(peak) < l.limit/2 {

@@ -19,7 +19,7 @@ func saturate(l *Limiter, windows int, rtt time.Duration) []int {
 				n++
 			}
 			for range n {
-				closed = l.Release(rtt) || closed
+				closed = l.Release(rtt, false) || closed
 			}
 		}
 		limits = append(limits, l.Limit())
@@ -37,7 +37,7 @@ func TestAdmitsUpToTheLimitAndRefusesTheRest(t *testing.T) {
 	if l.Acquire() {
 		t.Fatal("33rd request admitted under a limit of 32")
 	}
-	l.Release(time.Millisecond)
+	l.Release(time.Millisecond, false)
 	if !l.Acquire() {
 		t.Fatal("a request refused after one in flight ended")
 	}
@@ -86,7 +86,7 @@ func TestLimitDoesNotGrowPastWhatWasUsed(t *testing.T) {
 	l := NewLimiter(testOptions)
 	for range 100 { // one request at a time: the limit is never tested
 		l.Acquire()
-		l.Release(time.Millisecond)
+		l.Release(time.Millisecond, false)
 	}
 	if got := l.Limit(); got > testOptions.Initial {
 		t.Fatalf("limit %d after only one request in flight at a time, want at most %d", got, testOptions.Initial)
@@ -99,5 +99,18 @@ func TestLimitStaysWithinMax(t *testing.T) {
 	l := NewLimiter(o)
 	if got := saturate(l, 50, time.Millisecond); got[len(got)-1] != 40 {
 		t.Fatalf("limit %d after 50 fast windows, want the maximum 40", got[len(got)-1])
+	}
+}
+
+func TestRequestsDroppedAfterWorkLowerTheLimitHoweverFast(t *testing.T) {
+	l := NewLimiter(testOptions)
+	saturate(l, 20, 5*time.Millisecond)
+	before := l.Limit()
+	for i := range 10 * testOptions.Window { // as fast as ever, but one in 20 lost its race
+		l.Acquire()
+		l.Release(5*time.Millisecond, i%20 == 0)
+	}
+	if got := l.Limit(); got >= before/2 {
+		t.Fatalf("limit %d after 10 windows with drops, from %d: want under half", got, before)
 	}
 }

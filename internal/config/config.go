@@ -221,7 +221,7 @@ type Config struct {
 	// latency of a route past which its limit falls.
 	AdmissionTarget time.Duration
 	// AdmissionMinLimit and AdmissionMaxLimit are SHOP_ADMISSION_MIN_LIMIT
-	// (default 4) and SHOP_ADMISSION_MAX_LIMIT (default 1024): the bounds of
+	// (default 2) and SHOP_ADMISSION_MAX_LIMIT (default 1024): the bounds of
 	// each route's limit.
 	AdmissionMinLimit, AdmissionMaxLimit int
 }
@@ -265,7 +265,7 @@ func Load(getenv func(string) string) (Config, error) {
 		SlowQuery:            p.duration("SHOP_SLOW_QUERY", 200*time.Millisecond),
 		Admission:            p.bool("SHOP_ADMISSION", true),
 		AdmissionTarget:      p.positiveDuration("SHOP_ADMISSION_TARGET", 50*time.Millisecond),
-		AdmissionMinLimit:    int(p.int("SHOP_ADMISSION_MIN_LIMIT", 4, 2)),
+		AdmissionMinLimit:    int(p.int("SHOP_ADMISSION_MIN_LIMIT", 2, 2)),
 		AdmissionMaxLimit:    int(p.int("SHOP_ADMISSION_MAX_LIMIT", 1024, 2)),
 	}
 	// Production defaults suit a process behind a load balancer; dev ones a
