@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,13 +25,62 @@ import (
 //
 //	go test -run '^$' -bench PurchaseCPU -benchtime 3000x ./cmd/shop/
 func BenchmarkPurchaseCPU(b *testing.B) {
+	send, _ := benchApp(b, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-redis"})
+	token := shoptest.Token(b, testSecret, 1)
+	buy := func() {
+		if code := send(context.Background(), purchasePath, token); code != http.StatusCreated {
+			b.Fatalf("purchase: %d", code)
+		}
+	}
+	for range 50 { // connections, scripts loaded
+		buy()
+	}
+	measureCPU(b, buy)
+}
+
+// BenchmarkShedCPU is the CPU the service spends refusing one purchase
+// at the concurrency limit, on the same path as BenchmarkPurchaseCPU: two
+// purchases hold the route's limit of 2 (sleeping in their critical
+// section) while the benchmark's are shed. A refusal must cost less than a
+// sale, or a flood spends on refusals what it should spend on sales.
+//
+//	go test -run '^$' -bench 'PurchaseCPU|ShedCPU' -benchtime 3000x -benchmem ./cmd/shop/
+func BenchmarkShedCPU(b *testing.B) {
+	send, metrics := benchApp(b, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-sql", "SHOP_CRITICAL_SECTION_DELAY": "1h",
+		"SHOP_ADMISSION_MIN_LIMIT": "2", "SHOP_ADMISSION_MAX_LIMIT": "2"})
+	token := shoptest.Token(b, testSecret, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	var holders sync.WaitGroup
+	defer holders.Wait()
+	defer cancel()
+	for range 2 {
+		holders.Go(func() { send(ctx, purchasePath, token) })
+	}
+	// Until both holders are admitted: a purchase sent before would be
+	// admitted too, and sleep for the hour.
+	for !strings.Contains(metrics(), `shop_admission_admitted_total{route="/api/v1/seckill/:sku/purchase"} 2`) {
+		runtime.Gosched()
+	}
+	measureCPU(b, func() {
+		if code := send(context.Background(), purchasePath, token); code != http.StatusServiceUnavailable {
+			b.Fatalf("purchase past the limit: %d, want 503", code)
+		}
+	})
+}
+
+const purchasePath = "/api/v1/seckill/cpu-hot/purchase"
+
+// benchApp runs the service in process on the real MariaDB and Redis with
+// env on top of the production settings, puts the product cpu-hot, and
+// returns a function that sends it one purchase and one that reads /metrics.
+func benchApp(b *testing.B, env map[string]string) (send func(ctx context.Context, path, token string) int, metrics func() string) {
 	vars := map[string]string{
 		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
-		"SHOP_STOCK_STRATEGY": "atomic-redis",
-		"SHOP_MYSQL_DSN":      shoptest.MySQL(b),
-		"SHOP_REDIS_ADDRS":    shoptest.Env(b, "SHOP_TEST_REDIS_ADDR"),
-		"SHOP_KEY_PREFIX":     shoptest.Prefix("cpubench"),
+		"SHOP_MYSQL_DSN":   shoptest.MySQL(b),
+		"SHOP_REDIS_ADDRS": shoptest.Env(b, "SHOP_TEST_REDIS_ADDR"),
+		"SHOP_KEY_PREFIX":  shoptest.Prefix("cpubench"),
 	}
+	maps.Copy(vars, env)
 	cfg, err := config.Load(func(k string) string { return vars[k] })
 	if err != nil {
 		b.Fatal(err)
@@ -39,32 +91,32 @@ func BenchmarkPurchaseCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer a.close()
-	send := func(method, path, token, body string) int {
-		req := httptest.NewRequest(method, path, strings.NewReader(body))
+	b.Cleanup(func() { _ = a.close() })
+	do := func(ctx context.Context, method, path, token, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequestWithContext(ctx, method, path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		a.handler.ServeHTTP(rec, req)
-		return rec.Code
+		return rec
 	}
-	if code := send(http.MethodPost, "/admin/v1/products", testAdmin,
-		`{"sku":"cpu-hot","name":"hot","stock":100000000,"price_cents":1}`); code != http.StatusCreated && code != http.StatusOK {
+	if code := do(context.Background(), http.MethodPost, "/admin/v1/products", testAdmin,
+		`{"sku":"cpu-hot","name":"hot","stock":100000000,"price_cents":1}`).Code; code != http.StatusCreated && code != http.StatusOK {
 		b.Fatalf("put product: %d", code)
 	}
-	token := shoptest.Token(b, testSecret, 1)
-	buy := func() {
-		if code := send(http.MethodPost, "/api/v1/seckill/cpu-hot/purchase", token, `{"quantity":1}`); code != http.StatusCreated {
-			b.Fatalf("purchase: %d", code)
-		}
+	send = func(ctx context.Context, path, token string) int {
+		return do(ctx, http.MethodPost, path, token, `{"quantity":1}`).Code
 	}
-	for range 50 { // connections, scripts loaded
-		buy()
-	}
+	metrics = func() string { return do(context.Background(), http.MethodGet, "/metrics", "", "").Body.String() }
+	return send, metrics
+}
+
+// measureCPU times op b.N times and reports the process's CPU per op.
+func measureCPU(b *testing.B, op func()) {
 	cpu0 := cpuTime()
 	b.ResetTimer()
 	for b.Loop() {
-		buy()
+		op()
 	}
 	b.StopTimer()
 	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")

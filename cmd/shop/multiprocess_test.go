@@ -51,6 +51,7 @@ func startCluster(t *testing.T, n int, env map[string]string) *cluster {
 		// A burst of 200 on one key is past any waiter bound; these
 		// tests count exact outcomes, not how overload is turned away.
 		"SHOP_LOCK_MAX_WAITERS": "0",
+		"SHOP_ADMISSION":        "false",
 	}
 	for k, v := range env {
 		full[k] = v

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/contrib/instrumentation/github.com/gin-gonic/gin/otelgin"
 
+	"github.com/lockbench/shop/internal/admission"
 	"github.com/lockbench/shop/internal/apidoc"
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
@@ -65,13 +66,25 @@ func newRouter(d routerDeps) http.Handler {
 	}
 	apidoc.Register(r)
 
-	api := r.Group("/api/v1", d.auth.User())
+	api := r.Group("/api/v1")
+	if d.cfg.Admission {
+		// Before authentication: a refusal must cost less than a sale.
+		api.Use(admission.New(admissionOptions(d.cfg), d.reg).Handler())
+	}
+	api.Use(d.auth.User())
 	admin := r.Group("/admin/v1", d.auth.Admin())
 	d.auditor.Register(admin)
 	for _, dom := range d.domains {
 		dom.Register(api, admin)
 	}
 	return r
+}
+
+func admissionOptions(cfg config.Config) admission.Options {
+	o := admission.Defaults
+	o.Target, o.Min, o.Max = cfg.AdmissionTarget, cfg.AdmissionMinLimit, cfg.AdmissionMaxLimit
+	o.Initial = min(max(o.Initial, o.Min), o.Max)
+	return o
 }
 
 func readyz(ready func(context.Context) map[string]error) gin.HandlerFunc {

@@ -214,6 +214,16 @@ type Config struct {
 	// MaxBodyBytes is SHOP_MAX_BODY_BYTES (default 65536): larger request
 	// bodies are refused with 413.
 	MaxBodyBytes int64
+	// Admission is SHOP_ADMISSION (default true): whether every /api/v1
+	// route sheds what it cannot serve under an adaptive concurrency limit.
+	Admission bool
+	// AdmissionTarget is SHOP_ADMISSION_TARGET (default 50ms): the mean
+	// latency of a route past which its limit falls.
+	AdmissionTarget time.Duration
+	// AdmissionMinLimit and AdmissionMaxLimit are SHOP_ADMISSION_MIN_LIMIT
+	// (default 2) and SHOP_ADMISSION_MAX_LIMIT (default 1024): the bounds of
+	// each route's limit.
+	AdmissionMinLimit, AdmissionMaxLimit int
 }
 
 // Load reads the configuration through getenv (os.Getenv in main). It
@@ -253,6 +263,10 @@ func Load(getenv func(string) string) (Config, error) {
 		ShutdownTimeout:      p.duration("SHOP_SHUTDOWN_TIMEOUT", 15*time.Second),
 		MaxBodyBytes:         p.int("SHOP_MAX_BODY_BYTES", 64<<10, 1),
 		SlowQuery:            p.duration("SHOP_SLOW_QUERY", 200*time.Millisecond),
+		Admission:            p.bool("SHOP_ADMISSION", true),
+		AdmissionTarget:      p.positiveDuration("SHOP_ADMISSION_TARGET", 50*time.Millisecond),
+		AdmissionMinLimit:    int(p.int("SHOP_ADMISSION_MIN_LIMIT", 2, 2)),
+		AdmissionMaxLimit:    int(p.int("SHOP_ADMISSION_MAX_LIMIT", 1024, 2)),
 	}
 	// Production defaults suit a process behind a load balancer; dev ones a
 	// developer's terminal, where Ctrl-C should stop at once.
@@ -273,6 +287,9 @@ func Load(getenv func(string) string) (Config, error) {
 			p.fail("SHOP_MYSQL_DSN", "%v", err)
 		}
 		c.MySQLDSN = dsn
+	}
+	if c.AdmissionMaxLimit < c.AdmissionMinLimit {
+		p.fail("SHOP_ADMISSION_MAX_LIMIT", "is %d, under SHOP_ADMISSION_MIN_LIMIT %d", c.AdmissionMaxLimit, c.AdmissionMinLimit)
 	}
 	if c.RedisSentinelMaster != "" && len(c.RedisAddrs) == 0 {
 		p.fail("SHOP_REDIS_SENTINEL_MASTER", "needs the Sentinel addresses in SHOP_REDIS_ADDRS")
@@ -336,6 +353,8 @@ func (c Config) LogValue() slog.Value {
 		slog.Bool("allow_reset", c.AllowReset),
 		slog.Duration("slow_query", c.SlowQuery),
 		slog.Int64("max_body_bytes", c.MaxBodyBytes),
+		slog.Bool("admission", c.Admission),
+		slog.Duration("admission_target", c.AdmissionTarget),
 	)
 }
 

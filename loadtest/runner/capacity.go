@@ -56,7 +56,7 @@ func search(ctx context.Context, log *slog.Logger, b *capacity.Buyer, row string
 }
 
 // runCapacityRow measures one row: its ceiling, then the search, then the
-// overload step at twice the rate held and the flooded step.
+// steps at twice and four times the rate held and the flooded step.
 func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s report.Row) (res report.CapacityRow, err error) {
 	res = report.CapacityRow{Spec: s}
 	re, err := startRow(ctx, log, o, env, s)
@@ -78,7 +78,7 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 		return res, err
 	}
 	res.Steps, res.Held = search(ctx, log, b, s.Name, o.Probe)
-	res.Overload, res.Flood = pastCapacity(ctx, log, b, s.Name, o.Probe, res.Held, res.Ceiling.CeilingPerSec)
+	res.Overload, res.AtFour, res.Flood = pastCapacity(ctx, log, b, s.Name, o.Probe, res.Held, res.Ceiling.CeilingPerSec)
 	if s.Strategy == "optimistic" {
 		if res.RetriesPerSale, err = retriesPerRequest(ctx, re.urls); err != nil {
 			log.Warn("optimistic metrics", "row", s.Name, "err", err)
@@ -87,22 +87,28 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 	return res, nil
 }
 
-// pastCapacity offers twice the rate held (what overload does), then the
-// ceiling or 4x held, whichever is more (what a flood does).
-func pastCapacity(ctx context.Context, log *slog.Logger, b *capacity.Buyer, row string, c capacity.Options, held, ceiling float64) (over, flood *capacity.Step) {
-	if held > 0 && ctx.Err() == nil {
-		s := b.Offer(ctx, 2*held, c.Step, c.SLO, c.MaxErrors)
-		over = &s
-		log.Info("overload step", "row", row, "rate", fmt.Sprintf("%.0f", s.Rate), "p99_ms", fmt.Sprintf("%.1f", s.P99),
-			"turned_away", fmt.Sprintf("%.2f", s.TurnedAway()))
+// pastCapacity offers twice the rate held (what overload does), four times
+// it (the flood the verdict judges), then the ceiling if it is more (the
+// most a flood can offer this key).
+func pastCapacity(ctx context.Context, log *slog.Logger, b *capacity.Buyer, row string, c capacity.Options, held, ceiling float64) (over, four, flood *capacity.Step) {
+	offer := func(what string, rate float64) *capacity.Step {
+		if ctx.Err() != nil {
+			return nil
+		}
+		s := b.Offer(ctx, rate, c.Step, c.SLO, c.MaxErrors)
+		log.Info(what+" step", "row", row, "rate", fmt.Sprintf("%.0f", s.Rate), "sold_per_s", fmt.Sprintf("%.0f", s.SalesPerS),
+			"p99_ms", fmt.Sprintf("%.1f", s.P99), "turned_away", fmt.Sprintf("%.2f", s.TurnedAway()))
+		return &s
 	}
-	if ctx.Err() == nil {
-		s := b.Offer(ctx, max(4*held, ceiling, c.Start), c.Step, c.SLO, c.MaxErrors)
-		flood = &s
-		log.Info("flood step", "row", row, "rate", fmt.Sprintf("%.0f", s.Rate), "sold_per_s", fmt.Sprintf("%.0f", s.SalesPerS),
-			"p99_ms", fmt.Sprintf("%.1f", s.P99))
+	if held > 0 {
+		over, four = offer("overload", 2*held), offer("4x", 4*held)
 	}
-	return over, flood
+	if four == nil || ceiling > 4*held {
+		flood = offer("flood", max(4*held, ceiling, c.Start))
+	} else {
+		flood = four
+	}
+	return over, four, flood
 }
 
 // measureCeiling runs the ceiling command (-ceiling) with the row's
@@ -198,10 +204,9 @@ func runCapacity(ctx context.Context, log *slog.Logger, o options, env testEnv, 
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 1
 	}
-	for _, r := range rep.Results {
-		if r.Err != "" {
-			return 1
-		}
+	if failed := rep.Failed(); len(failed) > 0 {
+		fmt.Fprintf(os.Stderr, "runner: capacity verdict fails %s (see the verdict column)\n", strings.Join(failed, ", "))
+		return 1
 	}
 	return 0
 }

@@ -19,6 +19,9 @@ type CapacityRow struct {
 	// error budget; Overload is the step at twice that rate.
 	Held     float64        `json:"held_rate"`
 	Overload *capacity.Step `json:"overload,omitempty"`
+	// AtFour is the step at four times the rate held: its sales per second
+	// over the rate held is the goodput kept when flooded.
+	AtFour *capacity.Step `json:"at_4x,omitempty"`
 	// Flood is a step at the row's ceiling (at least 4x held): how many
 	// sales per second the key still makes when offered more than it can
 	// take, the rest turned away.
@@ -40,7 +43,8 @@ type CapacityReport struct {
 }
 
 var capacityColumns = []string{"row", "serialized ms/sale", "ceiling/s", "held/s", "× ceiling", "× atomic-sql", "p99 at held",
-	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "retries/request"}
+	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "at 4×: p99 of sales", "at 4×: sold / held",
+	"retries/request", "verdict"}
 
 // Markdown is the capacity report as a dated record.
 func (r CapacityReport) Markdown() string {
@@ -54,7 +58,7 @@ func (r CapacityReport) Markdown() string {
 	b.WriteString(r.method() + "\n\n")
 	var rows [][]string
 	for _, res := range r.Results {
-		rows = append(rows, res.cells(r.held("atomic-sql")))
+		rows = append(rows, res.cells(r.held("atomic-sql"), r.Options.Probe.SLO))
 	}
 	b.WriteString(mdTable(capacityColumns, rows))
 	return b.String()
@@ -69,8 +73,10 @@ func (r CapacityReport) method() string {
 		"client in a loop against the same servers in the same run: for a lock, acquire + the statements inside + release; "+
 		"for the lock-free rows, the whole purchase. **At 2×** is a step at twice the rate held: the p99 of the sales and the "+
 		"share turned away with 503. **Flooded** is a step at the ceiling (at least 4× held): the sales per second the key "+
-		"still makes when offered more than it takes.",
-		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine)
+		"still makes when offered more than it takes. **At 4×** is a step at four times the rate held; sold / held is its "+
+		"goodput. The verdict fails a row whose p99 at 2× passes the SLO (it queues what it should turn away) or whose "+
+		"goodput at 4× is under %.2f× (work spent on buyers it then refuses).",
+		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine, MinGoodput)
 }
 
 // held is the rate the named row held, 0 if it did not run.
@@ -83,10 +89,65 @@ func (r CapacityReport) held(name string) float64 {
 	return 0
 }
 
-func (res CapacityRow) cells(atomicSQL float64) []string {
+// MinGoodput is the least share of its rate held a row must still sell
+// when offered four times that rate.
+const MinGoodput = 0.8
+
+// Goodput is the sales per second at four times the rate held over the
+// rate held; 0 if that step did not run.
+func (res CapacityRow) Goodput() float64 {
+	if res.AtFour == nil || res.Held == 0 {
+		return 0
+	}
+	return res.AtFour.SalesPerS / res.Held
+}
+
+// Problems are why the row fails the capacity verdict: it did not run, it
+// queues past the SLO at twice its rate held instead of turning the excess
+// away, or it sells less than MinGoodput of that rate when flooded at 4×.
+func (res CapacityRow) Problems(slo time.Duration) []string {
+	if res.Err != "" {
+		return []string{"did not run: " + res.Err}
+	}
+	if res.Held == 0 {
+		return []string{"held no rate"}
+	}
+	var out []string
+	if ov := res.Overload; ov == nil {
+		out = append(out, "not offered 2×")
+	} else if ov.P99 > float64(slo.Milliseconds()) {
+		out = append(out, fmt.Sprintf("p99 at 2× is %.0f ms, past the SLO %s", ov.P99, slo))
+	}
+	if res.AtFour == nil {
+		out = append(out, "not flooded at 4×")
+	} else if g := res.Goodput(); g < MinGoodput {
+		out = append(out, fmt.Sprintf("flooded at 4× it sold %.2f× its rate held, under %.2f×", g, MinGoodput))
+	}
+	return out
+}
+
+// Failed names the rows whose Problems are not empty.
+func (r CapacityReport) Failed() []string {
+	var out []string
+	for _, res := range r.Results {
+		if len(res.Problems(r.Options.Probe.SLO)) > 0 {
+			out = append(out, res.Spec.Name)
+		}
+	}
+	return out
+}
+
+func (res CapacityRow) verdict(slo time.Duration) string {
+	if p := res.Problems(slo); len(p) > 0 {
+		return "FAILS: " + strings.Join(p, "; ")
+	}
+	return "ok"
+}
+
+func (res CapacityRow) cells(atomicSQL float64, slo time.Duration) []string {
 	if res.Err != "" {
 		cells := make([]string, len(capacityColumns))
-		cells[0], cells[1] = res.Spec.Name, "did not run: "+res.Err
+		cells[0], cells[1], cells[len(cells)-1] = res.Spec.Name, "did not run: "+res.Err, "FAILS: did not run"
 		return cells
 	}
 	p99, over99, away, xs, flood, retries := "—", "—", "—", "—", "—", ""
@@ -104,10 +165,15 @@ func (res CapacityRow) cells(atomicSQL float64) []string {
 	if f := res.Flood; f != nil {
 		flood = fmt.Sprintf("%.0f → %.0f (%.0f ms)", f.Rate, f.SalesPerS, f.P99)
 	}
+	four99, goodput := "—", "—"
+	if f := res.AtFour; f != nil {
+		four99, goodput = fmt.Sprintf("%.0f ms", f.P99), fmt.Sprintf("%.2f", res.Goodput())
+	}
 	if res.Spec.Strategy == "optimistic" {
 		retries = fmt.Sprintf("%.2f", res.RetriesPerSale)
 	}
 	c := res.Ceiling
 	return []string{res.Spec.Name, fmt.Sprintf("%.2f", c.SerializedMicros/1000), fmt.Sprintf("%.0f", c.CeilingPerSec),
-		fmt.Sprintf("%.0f", res.Held), fmt.Sprintf("%.2f", res.Held/c.CeilingPerSec), xs, p99, over99, away, flood, retries}
+		fmt.Sprintf("%.0f", res.Held), fmt.Sprintf("%.2f", res.Held/c.CeilingPerSec), xs, p99, over99, away, flood,
+		four99, goodput, retries, res.verdict(slo)}
 }

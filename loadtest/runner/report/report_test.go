@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lockbench/shop/loadtest/runner/capacity"
 )
@@ -108,7 +110,7 @@ func TestTableEndsEachRowWithItsVerdict(t *testing.T) {
 }
 
 func TestCapacityRowsAreComparedWithTheirCeilingAndWithAtomicSQL(t *testing.T) {
-	rep := CapacityReport{Results: []CapacityRow{
+	rep := CapacityReport{Options: Options{Probe: capacity.Options{SLO: 250 * time.Millisecond}}, Results: []CapacityRow{
 		{Spec: Row{Name: "redis", Strategy: "lock"}, Ceiling: capacity.Ceiling{SerializedMicros: 1730, CeilingPerSec: 578}, Held: 430,
 			Steps:    []capacity.Step{{Rate: 430, P99: 79, WithinSLO: true}},
 			Overload: &capacity.Step{Rate: 860, Offered: 100, Busy: 48, P99: 153}},
@@ -116,9 +118,34 @@ func TestCapacityRowsAreComparedWithTheirCeilingAndWithAtomicSQL(t *testing.T) {
 		{Spec: Row{Name: "etcd"}, Err: "etcd: no leader"},
 	}}
 	md := rep.Markdown()
-	for _, want := range []string{"| redis | 1.73 | 578 | 430 | 0.74 | 0.39 | 79 ms | 153 ms | 48 % | — |  |", "| etcd | did not run: etcd: no leader |"} {
+	for _, want := range []string{"| redis | 1.73 | 578 | 430 | 0.74 | 0.39 | 79 ms | 153 ms | 48 % | — | — | — |  | FAILS: not flooded at 4× |", "| etcd | did not run: etcd: no leader |", "|  | FAILS: did not run |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("capacity.md has no %q:\n%s", want, md)
 		}
+	}
+}
+
+func TestCapacityVerdictFailsARowThatCollapsesWhenFloodedOrQueuesAtTwiceItsRate(t *testing.T) {
+	held := func(name string, at2, at4 capacity.Step) CapacityRow {
+		return CapacityRow{Spec: Row{Name: name}, Ceiling: capacity.Ceiling{CeilingPerSec: 500}, Held: 400,
+			Steps: []capacity.Step{{Rate: 400, P99: 50, WithinSLO: true}}, Overload: &at2, AtFour: &at4}
+	}
+	rep := CapacityReport{Options: Options{Probe: capacity.Options{SLO: 250 * time.Millisecond}}, Results: []CapacityRow{
+		held("sheds", capacity.Step{Rate: 800, P99: 120}, capacity.Step{Rate: 1600, P99: 140, SalesPerS: 380}),
+		held("collapses", capacity.Step{Rate: 800, P99: 120}, capacity.Step{Rate: 1600, P99: 140, SalesPerS: 100}),
+		held("queues", capacity.Step{Rate: 800, P99: 6000}, capacity.Step{Rate: 1600, P99: 9000, SalesPerS: 390}),
+	}}
+	md := rep.Markdown()
+	for _, want := range []string{
+		"| 140 ms | 0.95 |  | ok |",
+		"| 0.25 |  | FAILS: flooded at 4× it sold 0.25× its rate held, under 0.80× |",
+		"| 0.97 |  | FAILS: p99 at 2× is 6000 ms, past the SLO 250ms |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("capacity.md has no %q:\n%s", want, md)
+		}
+	}
+	if got := rep.Failed(); !slices.Equal(got, []string{"collapses", "queues"}) {
+		t.Errorf("Failed() = %v, want collapses and queues", got)
 	}
 }
