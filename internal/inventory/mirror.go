@@ -68,8 +68,9 @@ var errUnsettled = errors.New("inventory: the stock mirror changed while it was 
 
 // Take takes quantity units of sku, or returns ErrSoldOut. A mirror not yet
 // loaded is loaded from load (the database); a sold-out answer while the
-// database holds the units reloads it. When a change drops the mirror
-// while this Take loads it, it takes nothing and returns errUnsettled.
+// database holds the units reloads it. A load that a change refused is
+// tried again; when changes refuse every try, it takes nothing and returns
+// errUnsettled.
 func (m *Mirror) Take(ctx context.Context, sku string, quantity int64, load Loader) error {
 	for range 3 {
 		res, err := takeScript.Run(ctx, m.client, []string{m.key(sku)}, quantity).Int64Slice()
@@ -82,7 +83,9 @@ func (m *Mirror) Take(ctx context.Context, sku string, quantity int64, load Load
 		case res[0] == 0 && !m.soldOutIsWrong(ctx, sku, quantity, load):
 			return soldOut(res[1], quantity)
 		case res[0] == -1:
-			if err := m.load(ctx, sku, load); err != nil {
+			// A refused load tries again: a faster loader's mirror, or a
+			// load from a newer read, counts this sale.
+			if err := m.load(ctx, sku, load); err != nil && !errors.Is(err, errUnsettled) {
 				return err
 			}
 		}
