@@ -269,7 +269,7 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 	// A mirror that changes dropped under every load of this sale takes no
 	// units: the database's guard decides alone, as it always has the last
 	// word.
-	err := s.mirror.Take(ctx, sku, quantity, s.store.Get)
+	from, err := s.mirror.Take(ctx, sku, quantity, s.store.Get)
 	taken := err == nil
 	if err != nil && !errors.Is(err, errUnsettled) {
 		return Purchase{}, err
@@ -294,7 +294,7 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		if errors.Is(err, ErrLimitExceeded) || errors.Is(err, idem.ErrKeyTaken) {
-			s.mirror.GiveBack(gctx, sku, quantity)
+			s.mirror.GiveBack(gctx, sku, quantity, from)
 		} else {
 			s.mirror.Forget(gctx, sku)
 		}

@@ -34,12 +34,12 @@ func TestAMirrorLoadCannotOverwriteANewerStock(t *testing.T) {
 	}
 	// The load read before the restock is refused; the sale loads again,
 	// from a read after it, and takes its unit from the restocked mirror.
-	if err := m.Take(ctx, "m", 1, store.Get); err != nil {
+	if _, err := m.Take(ctx, "m", 1, store.Get); err != nil {
 		t.Fatalf("the sale whose first load read before the restock: %v", err)
 	}
 	m.afterRead = nil
 	for i := range 99 {
-		if err := m.Take(ctx, "m", 1, store.Get); err != nil {
+		if _, err := m.Take(ctx, "m", 1, store.Get); err != nil {
 			t.Fatalf("take %d of the 100 restocked: %v", i+2, err)
 		}
 	}
@@ -60,7 +60,7 @@ func TestAMirrorSoldOutWhileTheDatabaseHoldsStockIsCorrected(t *testing.T) {
 	if err := m.client.Set(ctx, m.key("s"), 0, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Take(ctx, "s", 1, store.Get); err != nil {
+	if _, err := m.Take(ctx, "s", 1, store.Get); err != nil {
 		t.Fatalf("take with 5 units in the database and a mirror at 0: %v", err)
 	}
 	// Reloaded with 5 and 1 taken; the sale's SQL write is not made here.
@@ -156,5 +156,34 @@ func TestASaleThatBypassedTheMirrorDropsIt(t *testing.T) {
 	}
 	if drift, err := store.MirrorDrift(ctx); err != nil || len(drift) != 0 {
 		t.Fatalf("mirror drift %v (%v) at rest, want none", drift, err)
+	}
+}
+
+// TestAGiveBackCannotAddToAReloadedMirror: a buyer takes a unit, then a
+// change drops the mirror and another buyer reloads it from the database,
+// which never had the first buyer's sale. The database then refuses that
+// sale (a limit): its unit must not go back into the new mirror, which
+// never counted it, or the mirror holds a unit the database has not.
+func TestAGiveBackCannotAddToAReloadedMirror(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, storage.Options{MySQLDSN: shoptest.MySQL(t)})
+	c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
+	t.Cleanup(func() { c.Close() })
+	m := NewMirror(c, shoptest.Prefix("mirror"))
+	store := NewStore(db.DB, m)
+	if _, err := store.Put(ctx, Product{SKU: "g", Name: "g", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := m.Take(ctx, "g", 1, store.Get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Forget(ctx, "g") // a change of the product committed
+	if _, err := m.Take(ctx, "g", 1, store.Get); err != nil {
+		t.Fatal(err)
+	}
+	m.GiveBack(ctx, "g", 1, first)
+	if left, err := c.Get(ctx, m.key("g")).Int64(); err != nil || left != 9 {
+		t.Fatalf("mirror %d (%v), want 9: the reload's 10 less the second buyer's unit", left, err)
 	}
 }
