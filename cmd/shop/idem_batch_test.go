@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/shoptest"
 )
 
@@ -82,5 +83,47 @@ func TestABatchedDuplicateOfAKeyDoesNotFailItsNeighbours(t *testing.T) {
 	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "GET", path: "/api/v1/products/batch-dup", token: u1, status: 200}), &p)
 	if p.Stock != 8 {
 		t.Errorf("stock %d, want 8: one unit for each key", p.Stock)
+	}
+}
+
+// TestAnOrderRetriedAfterRedisLostItsTokenReplays: an order placed and
+// paid with a minted token; Redis then loses the token (a restart without
+// persistence, a failover), and the client retries, as a 503
+// outcome-unknown tells it to. The retry must answer the order that
+// committed, not "unknown key, mint a new one", whose new order would
+// take the money a second time.
+func TestAnOrderRetriedAfterRedisLostItsTokenReplays(t *testing.T) {
+	addr := shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")
+	prefix := shoptest.Prefix("idemorder")
+	srv, _ := newTestServer(t, map[string]string{
+		"SHOP_MYSQL_DSN": shoptest.MySQL(t), "SHOP_REDIS_ADDRS": addr, "SHOP_KEY_PREFIX": prefix,
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { rdb.Close() })
+	c := newContract(t, srv.URL)
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/products", token: testAdmin, status: 201,
+		body: `{"sku":"order-lost","name":"Order item","stock":10,"price_cents":100}`})
+	u1 := shoptestToken(t, 1)
+	var tok struct {
+		Token string `json:"token"`
+	}
+	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "POST", path: "/api/v1/idempotency-tokens", token: u1, status: 201}), &tok)
+	const path, body = "/api/v1/orders", `{"sku":"order-lost","quantity":1,"pay":true}`
+	first, firstBody := send(t, c, srv, path, u1, tok.Token, body)
+	if first.StatusCode != http.StatusCreated {
+		t.Fatalf("the order: %d %s", first.StatusCode, firstBody)
+	}
+	sum := sha256.Sum256([]byte(tok.Token))
+	rec := fmt.Sprintf("%sidem:{1}:%s", prefix, hex.EncodeToString(sum[:16]))
+	rdb.Del(context.Background(), rec, rec+":run")
+	again, againBody := send(t, c, srv, path, u1, tok.Token, body)
+	if again.StatusCode != http.StatusCreated || againBody != firstBody || again.Header.Get(idem.ReplayedHeader) != "true" {
+		t.Fatalf("the retry after Redis lost the token: %d %s; want the first answer, %d %s, replayed",
+			again.StatusCode, againBody, first.StatusCode, firstBody)
+	}
+	other, _ := send(t, c, srv, path, u1, tok.Token, `{"sku":"order-lost","quantity":2,"pay":true}`)
+	if other.StatusCode != http.StatusUnprocessableEntity {
+		t.Fatalf("another request with the token: %d, want 422", other.StatusCode)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
 )
@@ -134,9 +135,13 @@ func (s *Store) Create(ctx context.Context, o *Order, f Fences,
 			return err
 		}
 		if o.Status == StatusPaid && o.AmountCents > 0 {
-			return account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID)
+			if err := account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID); err != nil {
+				return err
+			}
 		}
-		return nil
+		// The token's record, so that a retry finds this order even when
+		// Redis has lost the token.
+		return idem.Save(ctx, tx)
 	})
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
 		// Another run of the same request committed first.
