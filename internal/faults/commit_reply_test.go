@@ -383,3 +383,32 @@ func cutBatch(t *testing.T) {
 	report(row{Fault: "9 commit reply lost", Backend: "redis", Oversold: a.Totals["oversold_units"],
 		Stale: "purchase (lock, combined batch of 2): both buyers' keyed retries replayed, one unit each"})
 }
+
+// TestAnOrderWhoseCommitReplyIsLostDropsTheStockMirror: with atomic-redis
+// the mirror counts the stock; an order reserves units past it and must
+// drop it once its transaction may have committed, also when the COMMIT's
+// reply was lost: a mirror left as it was would count the reserved units
+// as still for sale, and the audit at rest would see it drift.
+func TestAnOrderWhoseCommitReplyIsLostDropsTheStockMirror(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-redis"})
+	r.account(r.url, buyer, opening)
+	r.orderProduct(r.url)
+	tok := r.token(buyer)
+	// A sale loads the mirror.
+	if status, b, err := r.send(context.Background(), "POST", r.url+"/api/v1/seckill/"+orderSKU+"/purchase", tok, "",
+		`{"quantity":1}`); err != nil || status != http.StatusCreated {
+		t.Fatalf("purchase: %d %s %v", status, b, err)
+	}
+	key := r.idemKey(r.url, tok)
+	const body = `{"sku":"` + orderSKU + `","quantity":1,"pay":true}`
+	r.cutter.arm(1)
+	status, b, err := r.send(context.Background(), "POST", r.url+"/api/v1/orders", tok, key, body)
+	r.mustBeOutcomeUnknown("/api/v1/orders", status, b, err)
+	status, b, h := r.retry(buyer, "/api/v1/orders", key, body, false)
+	r.mustReplay("order", status, http.StatusCreated, b, h)
+	if got, want := r.stock(orderSKU), int64(orderStock-2); got != want {
+		t.Fatalf("stock %d, want %d", got, want)
+	}
+	r.mustAuditOK(r.url)
+}

@@ -152,9 +152,8 @@ func (s *Store) Create(ctx context.Context, o *Order, f Fences,
 		*o = found
 		return true, nil
 	}
-	if err == nil {
-		s.products.StockChanged(wctx, o.SKU)
-	}
+	// Also after an error: a COMMIT whose reply was lost may have reserved.
+	s.products.StockChanged(wctx, o.SKU)
 	return false, err
 }
 
@@ -210,11 +209,13 @@ func (s *Store) Update(ctx context.Context, id int64, f Fences, fn func(ctx cont
 		}
 		return nil
 	})
+	if o.Status == StatusCancelled {
+		// Also after an error: a COMMIT whose reply was lost may have
+		// returned the units.
+		s.products.StockChanged(wctx, o.SKU)
+	}
 	if err != nil {
 		return before, err
-	}
-	if o.Status == StatusCancelled {
-		s.products.StockChanged(wctx, o.SKU)
 	}
 	return o, nil
 }
