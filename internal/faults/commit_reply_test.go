@@ -412,3 +412,31 @@ func TestAnOrderWhoseCommitReplyIsLostDropsTheStockMirror(t *testing.T) {
 	}
 	r.mustAuditOK(r.url)
 }
+
+// TestARestockWhoseCommitReplyIsLostDropsTheStockMirror: an admin put
+// replaces a product's stock past the atomic-redis mirror; when its
+// COMMIT's reply is lost the put may have landed, and the mirror must
+// still be dropped, or it keeps selling the old stock and the audit at
+// rest sees it drift.
+func TestARestockWhoseCommitReplyIsLostDropsTheStockMirror(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-redis"})
+	const sku = "cut-restock"
+	r.product(r.url, sku, 10)
+	tok := r.token(buyer)
+	// A sale loads the mirror.
+	if status, b, err := r.send(context.Background(), "POST", r.url+"/api/v1/seckill/"+sku+"/purchase", tok, "",
+		`{"quantity":1}`); err != nil || status != http.StatusCreated {
+		t.Fatalf("purchase: %d %s %v", status, b, err)
+	}
+	r.cutter.arm(1)
+	status, b, err := r.send(context.Background(), "POST", r.url+"/admin/v1/products", r.admin, "",
+		`{"sku":"`+sku+`","name":"`+sku+`","stock":100,"price_cents":1}`)
+	if err != nil || status != http.StatusServiceUnavailable {
+		t.Fatalf("the put with its COMMIT cut: %d %s %v; want 503", status, b, err)
+	}
+	if got := r.stock(sku); got != 100 {
+		t.Fatalf("stock %d, want 100: the put landed", got)
+	}
+	r.mustAuditOK(r.url)
+}
