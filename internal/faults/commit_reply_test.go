@@ -383,3 +383,60 @@ func cutBatch(t *testing.T) {
 	report(row{Fault: "9 commit reply lost", Backend: "redis", Oversold: a.Totals["oversold_units"],
 		Stale: "purchase (lock, combined batch of 2): both buyers' keyed retries replayed, one unit each"})
 }
+
+// TestAnOrderWhoseCommitReplyIsLostDropsTheStockMirror: with atomic-redis
+// the mirror counts the stock; an order reserves units past it and must
+// drop it once its transaction may have committed, also when the COMMIT's
+// reply was lost: a mirror left as it was would count the reserved units
+// as still for sale, and the audit at rest would see it drift.
+func TestAnOrderWhoseCommitReplyIsLostDropsTheStockMirror(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-redis"})
+	r.account(r.url, buyer, opening)
+	r.orderProduct(r.url)
+	tok := r.token(buyer)
+	// A sale loads the mirror.
+	if status, b, err := r.send(context.Background(), "POST", r.url+"/api/v1/seckill/"+orderSKU+"/purchase", tok, "",
+		`{"quantity":1}`); err != nil || status != http.StatusCreated {
+		t.Fatalf("purchase: %d %s %v", status, b, err)
+	}
+	key := r.idemKey(r.url, tok)
+	const body = `{"sku":"` + orderSKU + `","quantity":1,"pay":true}`
+	r.cutter.arm(1)
+	status, b, err := r.send(context.Background(), "POST", r.url+"/api/v1/orders", tok, key, body)
+	r.mustBeOutcomeUnknown("/api/v1/orders", status, b, err)
+	status, b, h := r.retry(buyer, "/api/v1/orders", key, body, false)
+	r.mustReplay("order", status, http.StatusCreated, b, h)
+	if got, want := r.stock(orderSKU), int64(orderStock-2); got != want {
+		t.Fatalf("stock %d, want %d", got, want)
+	}
+	r.mustAuditOK(r.url)
+}
+
+// TestARestockWhoseCommitReplyIsLostDropsTheStockMirror: an admin put
+// replaces a product's stock past the atomic-redis mirror; when its
+// COMMIT's reply is lost the put may have landed, and the mirror must
+// still be dropped, or it keeps selling the old stock and the audit at
+// rest sees it drift.
+func TestARestockWhoseCommitReplyIsLostDropsTheStockMirror(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-redis"})
+	const sku = "cut-restock"
+	r.product(r.url, sku, 10)
+	tok := r.token(buyer)
+	// A sale loads the mirror.
+	if status, b, err := r.send(context.Background(), "POST", r.url+"/api/v1/seckill/"+sku+"/purchase", tok, "",
+		`{"quantity":1}`); err != nil || status != http.StatusCreated {
+		t.Fatalf("purchase: %d %s %v", status, b, err)
+	}
+	r.cutter.arm(1)
+	status, b, err := r.send(context.Background(), "POST", r.url+"/admin/v1/products", r.admin, "",
+		`{"sku":"`+sku+`","name":"`+sku+`","stock":100,"price_cents":1}`)
+	if err != nil || status != http.StatusServiceUnavailable {
+		t.Fatalf("the put with its COMMIT cut: %d %s %v; want 503", status, b, err)
+	}
+	if got := r.stock(sku); got != 100 {
+		t.Fatalf("stock %d, want 100: the put landed", got)
+	}
+	r.mustAuditOK(r.url)
+}

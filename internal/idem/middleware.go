@@ -114,7 +114,7 @@ func (m *Idem) Guard(p Policy) gin.HandlerFunc {
 		case err != nil:
 			problem.Write(c, err)
 		case v == unknownKey:
-			problem.Write(c, unknown())
+			m.unknownOrRecorded(c, user, key, fp)
 		case v == inUse:
 			problem.Write(c, inUseError())
 		case v == decided && rec.status != 0 && rec.fp == fp:
@@ -155,6 +155,27 @@ func (m *Idem) runOrReplay(c *gin.Context, p Policy, user int64, key, run, fp st
 		if err := storeScript.Run(ctx, m.client, []string{recKey, leaseKey}, run, rec.fp, rec.status, rec.header, rec.body, rec.rid).Err(); err != nil {
 			slog.WarnContext(ctx, "idem: copy the database's record to Redis", "key", recKey, "err", err)
 		}
+		replay(c, rec)
+	}
+}
+
+// unknownOrRecorded answers a minted key that Redis does not know: with
+// the record of the change it made, if the database has one (Redis lost
+// the token after its change committed), or 422 idempotency-key-unknown.
+func (m *Idem) unknownOrRecorded(c *gin.Context, user int64, key, fp string) {
+	if !tokenPattern.MatchString(key) {
+		problem.Write(c, unknown()) // never minted: no record to look for
+		return
+	}
+	rec, found, err := m.lookup(c.Request.Context(), user, key)
+	switch {
+	case err != nil:
+		problem.Write(c, err)
+	case !found:
+		problem.Write(c, unknown())
+	case rec.fp != fp:
+		problem.Write(c, reused())
+	default:
 		replay(c, rec)
 	}
 }

@@ -181,7 +181,9 @@ func (c *combined) serve(sku string, batch []*queued) {
 			c.metrics.Fenced(lockkey.Stock)
 		}
 	}
-	if errors.Is(err, errNotCombinable) {
+	// A key that another run recorded rolled the whole batch back; alone,
+	// it is refused by itself and the others are sold their units.
+	if errors.Is(err, errNotCombinable) || errors.Is(err, idem.ErrKeyTaken) {
 		for _, o := range live {
 			p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
 			o.done <- queuedResult{p: p, err: err}
@@ -277,8 +279,8 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 
 // saveAnswers records, in the batch's transaction tx, each keyed buyer's
 // answer: the purchase row it was sold. One buyer whose key another run
-// recorded fails the batch, which rolls back; every buyer in it is then
-// answered that error and none was charged.
+// recorded fails the batch, which rolls back; none was charged, and serve
+// sells to each buyer on the single path.
 func saveAnswers(tx *gorm.DB, buyers []context.Context, rows []Purchase) error {
 	for i, ctx := range buyers {
 		idem.Answer(ctx, http.StatusCreated, rows[i])

@@ -266,10 +266,10 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 	if err := guard.Work(ctx, s.delay); err != nil {
 		return Purchase{}, err
 	}
-	// A mirror that a change dropped while this sale loaded it takes no
+	// A mirror that changes dropped under every load of this sale takes no
 	// units: the database's guard decides alone, as it always has the last
 	// word.
-	err := s.mirror.Take(ctx, sku, quantity, s.store.Get)
+	from, err := s.mirror.Take(ctx, sku, quantity, s.store.Get)
 	taken := err == nil
 	if err != nil && !errors.Is(err, errUnsettled) {
 		return Purchase{}, err
@@ -277,6 +277,13 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicRedis}
 	idem.Answer(ctx, http.StatusCreated, &p)
 	err = s.store.Decrement(ctx, &p)
+	if err == nil && !taken {
+		// A sale that bypassed the mirror drops it, as every such change
+		// does: a mirror loaded meanwhile may not count it.
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		s.mirror.Forget(gctx, sku)
+	}
 	if err != nil && taken {
 		// On a context of their own: the request may be gone, the mirror
 		// must not stay short. A refusal the database decided (a limit,
@@ -287,7 +294,7 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		if errors.Is(err, ErrLimitExceeded) || errors.Is(err, idem.ErrKeyTaken) {
-			s.mirror.GiveBack(gctx, sku, quantity)
+			s.mirror.GiveBack(gctx, sku, quantity, from)
 		} else {
 			s.mirror.Forget(gctx, sku)
 		}

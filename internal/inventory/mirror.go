@@ -68,27 +68,34 @@ var errUnsettled = errors.New("inventory: the stock mirror changed while it was 
 
 // Take takes quantity units of sku, or returns ErrSoldOut. A mirror not yet
 // loaded is loaded from load (the database); a sold-out answer while the
-// database holds the units reloads it. When a change drops the mirror
-// while this Take loads it, it takes nothing and returns errUnsettled.
-func (m *Mirror) Take(ctx context.Context, sku string, quantity int64, load Loader) error {
+// database holds the units reloads it. A load that a change refused is
+// tried again; when changes refuse every try, it takes nothing and returns
+// errUnsettled.
+func (m *Mirror) Take(ctx context.Context, sku string, quantity int64, load Loader) (Taken, error) {
 	for range 3 {
-		res, err := takeScript.Run(ctx, m.client, []string{m.key(sku)}, quantity).Int64Slice()
+		res, err := takeScript.Run(ctx, m.client, m.keys(sku), quantity).Int64Slice()
 		if err != nil {
-			return fmt.Errorf("inventory: stock mirror: %w", err)
+			return 0, fmt.Errorf("inventory: stock mirror: %w", err)
 		}
 		switch {
-		case res[0] == 1:
-			return nil
+		case res[0] == 1 && len(res) == 3:
+			return Taken(res[2]), nil
 		case res[0] == 0 && !m.soldOutIsWrong(ctx, sku, quantity, load):
-			return soldOut(res[1], quantity)
+			return 0, soldOut(res[1], quantity)
 		case res[0] == -1:
-			if err := m.load(ctx, sku, load); err != nil {
-				return err
+			// A refused load tries again: a faster loader's mirror, or a
+			// load from a newer read, counts this sale.
+			if err := m.load(ctx, sku, load); err != nil && !errors.Is(err, errUnsettled) {
+				return 0, err
 			}
 		}
 	}
-	return errUnsettled
+	return 0, errUnsettled
 }
+
+// Taken names the mirror a Take took its units from: the count of its
+// drops then.
+type Taken int64
 
 // load fills sku's mirror from the database, unless it was dropped after
 // the read began: that read may predate a change, and the next Take loads
@@ -140,11 +147,15 @@ func (m *Mirror) soldOutIsWrong(ctx context.Context, sku string, quantity int64,
 }
 
 // GiveBack returns units taken for a sale the database then refused.
-func (m *Mirror) GiveBack(ctx context.Context, sku string, quantity int64) {
-	// Only if the mirror is still there: INCRBY on a missing key would
-	// create a mirror holding just these units.
-	const script = `if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('INCRBY', KEYS[1], ARGV[1]) end return 0`
-	if err := m.client.Eval(ctx, script, []string{m.key(sku)}, quantity).Err(); err != nil {
+func (m *Mirror) GiveBack(ctx context.Context, sku string, quantity int64, from Taken) {
+	// Only into the mirror the units came from: INCRBY on a missing key
+	// would create a mirror holding just these units, and a mirror loaded
+	// after a drop never counted them.
+	const script = `if redis.call('EXISTS', KEYS[1]) == 1 and (redis.call('GET', KEYS[2]) or '0') == ARGV[2] then
+  return redis.call('INCRBY', KEYS[1], ARGV[1])
+end
+return 0`
+	if err := m.client.Eval(ctx, script, m.keys(sku), quantity, int64(from)).Err(); err != nil {
 		slog.WarnContext(ctx, "stock mirror give-back failed; dropping it", "sku", sku, "err", err)
 		m.Forget(ctx, sku)
 	}

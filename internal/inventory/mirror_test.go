@@ -2,9 +2,11 @@ package inventory
 
 import (
 	"context"
-	"errors"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/storage"
 )
 
@@ -30,15 +32,15 @@ func TestAMirrorLoadCannotOverwriteANewerStock(t *testing.T) {
 			}
 		}
 	}
-	// The load read before the restock is refused: this sale takes
-	// nothing from the mirror and is left to the database.
-	if err := m.Take(ctx, "m", 1, store.Get); !errors.Is(err, errUnsettled) {
-		t.Fatalf("the load that read before the restock: %v, want errUnsettled", err)
+	// The load read before the restock is refused; the sale loads again,
+	// from a read after it, and takes its unit from the restocked mirror.
+	if _, err := m.Take(ctx, "m", 1, store.Get); err != nil {
+		t.Fatalf("the sale whose first load read before the restock: %v", err)
 	}
 	m.afterRead = nil
-	for i := range 100 {
-		if err := m.Take(ctx, "m", 1, store.Get); err != nil {
-			t.Fatalf("take %d of the 100 restocked: %v", i+1, err)
+	for i := range 99 {
+		if _, err := m.Take(ctx, "m", 1, store.Get); err != nil {
+			t.Fatalf("take %d of the 100 restocked: %v", i+2, err)
 		}
 	}
 }
@@ -58,7 +60,7 @@ func TestAMirrorSoldOutWhileTheDatabaseHoldsStockIsCorrected(t *testing.T) {
 	if err := m.client.Set(ctx, m.key("s"), 0, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Take(ctx, "s", 1, store.Get); err != nil {
+	if _, err := m.Take(ctx, "s", 1, store.Get); err != nil {
 		t.Fatalf("take with 5 units in the database and a mirror at 0: %v", err)
 	}
 	// Reloaded with 5 and 1 taken; the sale's SQL write is not made here.
@@ -70,5 +72,118 @@ func TestAMirrorSoldOutWhileTheDatabaseHoldsStockIsCorrected(t *testing.T) {
 	}
 	if drift, err := store.MirrorDrift(ctx); err != nil || drift["s"] != 2-5 {
 		t.Fatalf("mirror drift %v (%v), want s: -3", drift, err)
+	}
+}
+
+// TestASaleWhoseLoadWasRefusedLeavesNoDrift: a buyer's load reads the
+// database before a change drops the mirror; meanwhile another buyer
+// loads the mirror afresh and buys from it. The first buyer's load is
+// refused, and its sale must still end counted in the mirror or drop it:
+// at rest the mirror says what the database holds.
+func TestASaleWhoseLoadWasRefusedLeavesNoDrift(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, storage.Options{MySQLDSN: shoptest.MySQL(t)})
+	c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
+	t.Cleanup(func() { c.Close() })
+	m := NewMirror(c, shoptest.Prefix("mirror"))
+	store := NewStore(db.DB, m)
+	svc, err := NewService(store, Options{Strategy: StrategyAtomicRedis, Mirror: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Put(ctx, Product{SKU: "r", Name: "r", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	first := true
+	m.afterRead = func(ctx context.Context) {
+		if !first {
+			return
+		}
+		first = false
+		m.Forget(ctx, "r") // a change of the product committed
+		if _, err := svc.Purchase(ctx, 2, "r", 1); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := svc.Purchase(ctx, 1, "r", 1); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := store.Get(ctx, "r"); err != nil || p.Stock != 8 {
+		t.Fatalf("stock %d (%v), want 8", p.Stock, err)
+	}
+	if drift, err := store.MirrorDrift(ctx); err != nil || len(drift) != 0 {
+		t.Fatalf("mirror drift %v (%v) at rest, want none", drift, err)
+	}
+}
+
+// TestASaleThatBypassedTheMirrorDropsIt: changes refuse every load of a
+// buyer's sale, so it takes nothing from the mirror and the database alone
+// sells it; another buyer loaded the mirror before that sale committed.
+// The sale changed the stock past the mirror, so it drops it, as every such
+// change does: at rest the mirror says what the database holds.
+func TestASaleThatBypassedTheMirrorDropsIt(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, storage.Options{MySQLDSN: shoptest.MySQL(t)})
+	c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
+	t.Cleanup(func() { c.Close() })
+	m := NewMirror(c, shoptest.Prefix("mirror"))
+	store := NewStore(db.DB, m)
+	svc, err := NewService(store, Options{Strategy: StrategyAtomicRedis, Mirror: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Put(ctx, Product{SKU: "b", Name: "b", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	reads := 0
+	m.afterRead = func(ctx context.Context) {
+		reads++
+		if reads > 3 {
+			return // the other buyer's load
+		}
+		m.Forget(ctx, "b") // a change of the product committed
+		if reads == 3 {
+			if _, err := svc.Purchase(ctx, 2, "b", 1); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if _, err := svc.Purchase(ctx, 1, "b", 1); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := store.Get(ctx, "b"); err != nil || p.Stock != 8 {
+		t.Fatalf("stock %d (%v), want 8", p.Stock, err)
+	}
+	if drift, err := store.MirrorDrift(ctx); err != nil || len(drift) != 0 {
+		t.Fatalf("mirror drift %v (%v) at rest, want none", drift, err)
+	}
+}
+
+// TestAGiveBackCannotAddToAReloadedMirror: a buyer takes a unit, then a
+// change drops the mirror and another buyer reloads it from the database,
+// which never had the first buyer's sale. The database then refuses that
+// sale (a limit): its unit must not go back into the new mirror, which
+// never counted it, or the mirror holds a unit the database has not.
+func TestAGiveBackCannotAddToAReloadedMirror(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, storage.Options{MySQLDSN: shoptest.MySQL(t)})
+	c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
+	t.Cleanup(func() { c.Close() })
+	m := NewMirror(c, shoptest.Prefix("mirror"))
+	store := NewStore(db.DB, m)
+	if _, err := store.Put(ctx, Product{SKU: "g", Name: "g", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := m.Take(ctx, "g", 1, store.Get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Forget(ctx, "g") // a change of the product committed
+	if _, err := m.Take(ctx, "g", 1, store.Get); err != nil {
+		t.Fatal(err)
+	}
+	m.GiveBack(ctx, "g", 1, first)
+	if left, err := c.Get(ctx, m.key("g")).Int64(); err != nil || left != 9 {
+		t.Fatalf("mirror %d (%v), want 9: the reload's 10 less the second buyer's unit", left, err)
 	}
 }

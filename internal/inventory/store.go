@@ -317,8 +317,12 @@ func (s *Store) Put(ctx context.Context, p Product) (created bool, err error) {
 		}
 		return upsert(tx, []Product{p})
 	})
-	if err == nil && s.mirror != nil {
-		s.mirror.Forget(ctx, p.SKU)
+	// Also after an error (a COMMIT whose reply was lost may have landed),
+	// and after the client left: the mirror must not keep the old stock.
+	if s.mirror != nil {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		s.mirror.Forget(fctx, p.SKU)
 	}
 	return created, err
 }

@@ -82,7 +82,7 @@ func openDB(t *testing.T) *storage.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	models := append(append(account.Models(), inventory.Models()...), Models()...)
+	models := slices.Concat(account.Models(), inventory.Models(), Models(), idem.Models())
 	if err := db.Migrate(ctx, models...); err != nil {
 		t.Fatal(err)
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/http"
 	"time"
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/guard"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
@@ -93,6 +95,7 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 		keys = append(keys, acct)
 	}
 	o = Order{UserID: user, IdempotencyKey: key, SKU: sku, Quantity: quantity}
+	idem.Answer(ctx, http.StatusCreated, &o)
 	err = s.guard.Do(ctx, keys, func(ctx context.Context, f guard.Fences) error {
 		existing, err = s.store.Create(ctx, &o, Fences{Stock: f.Of(stock), Account: f.Of(acct)}, func(ctx context.Context, o *Order, p inventory.Product) error {
 			if p.PriceCents > 0 && quantity > math.MaxInt64/p.PriceCents {

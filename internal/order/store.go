@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
 )
@@ -134,9 +135,13 @@ func (s *Store) Create(ctx context.Context, o *Order, f Fences,
 			return err
 		}
 		if o.Status == StatusPaid && o.AmountCents > 0 {
-			return account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID)
+			if err := account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID); err != nil {
+				return err
+			}
 		}
-		return nil
+		// The token's record, so that a retry finds this order even when
+		// Redis has lost the token.
+		return idem.Save(ctx, tx)
 	})
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
 		// Another run of the same request committed first.
@@ -147,9 +152,8 @@ func (s *Store) Create(ctx context.Context, o *Order, f Fences,
 		*o = found
 		return true, nil
 	}
-	if err == nil {
-		s.products.StockChanged(wctx, o.SKU)
-	}
+	// Also after an error: a COMMIT whose reply was lost may have reserved.
+	s.products.StockChanged(wctx, o.SKU)
 	return false, err
 }
 
@@ -205,11 +209,13 @@ func (s *Store) Update(ctx context.Context, id int64, f Fences, fn func(ctx cont
 		}
 		return nil
 	})
+	if o.Status == StatusCancelled {
+		// Also after an error: a COMMIT whose reply was lost may have
+		// returned the units.
+		s.products.StockChanged(wctx, o.SKU)
+	}
 	if err != nil {
 		return before, err
-	}
-	if o.Status == StatusCancelled {
-		s.products.StockChanged(wctx, o.SKU)
 	}
 	return o, nil
 }
