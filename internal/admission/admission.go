@@ -17,6 +17,7 @@
 package admission
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/problem"
 )
 
@@ -77,15 +79,25 @@ func (a *Admission) Handler() gin.HandlerFunc {
 		a.admitted.WithLabelValues(route).Inc()
 		start := time.Now()
 		defer func() {
-			// A 503 after admission is work that sold nothing (a lost
-			// optimistic race, a busy lock): fewer at once means fewer.
-			dropped := c.Writer.Status() == http.StatusServiceUnavailable
-			if l.Release(time.Since(start), dropped) {
+			if l.Release(time.Since(start), lostRace(c)) {
 				a.limit.WithLabelValues(route).Set(float64(l.Limit()))
 			}
 		}()
 		c.Next()
 	}
+}
+
+// lostRace reports whether the request lost an optimistic race: work that
+// sold nothing, and of which fewer at once make fewer. A lock that stayed
+// busy is not one: it is queueing, which latency already shows, and the
+// combining that batches a lock's buyers needs many of them at once.
+func lostRace(c *gin.Context) bool {
+	for _, e := range c.Errors {
+		if errors.Is(e.Err, optimistic.ErrConflict) {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *Admission) limiter(route string) *Limiter {

@@ -35,10 +35,9 @@ const (
 // slower than the long-run mean by more than the tolerance or slower than
 // Target, up by the square root of the limit otherwise, so that it finds
 // the concurrency the route serves without queueing. A window in which
-// some admitted request was dropped (worked, then refused: a lost
-// optimistic race, a lock that stayed busy) lowers the limit however fast
-// it was: those requests are work that sold nothing, and the way to fewer
-// of them is fewer at once.
+// some admitted request was dropped (worked, then lost an optimistic race)
+// lowers the limit however fast it was: those requests are work that sold
+// nothing, and the way to fewer of them is fewer at once.
 type Limiter struct {
 	o Options
 
@@ -71,8 +70,8 @@ func (l *Limiter) Acquire() bool {
 	return true
 }
 
-// Release ends an admitted request that took rtt; dropped says it was
-// refused after it had started work. It reports whether the limit was
+// Release ends an admitted request that took rtt; dropped says it lost a
+// race after it had started work. It reports whether the limit was
 // recomputed (a window closed).
 func (l *Limiter) Release(rtt time.Duration, dropped bool) bool {
 	l.mu.Lock()
