@@ -27,7 +27,12 @@ const (
 )
 
 func TestConformance(t *testing.T) {
-	endpoints := serverEndpoints(t)
+	runConformance(t, serverEndpoints(t))
+}
+
+// runConformance runs the suite on the etcd at endpoints (one member or a
+// cluster).
+func runConformance(t *testing.T, endpoints []string) {
 	locktest.Run(t, locktest.Harness{
 		New: func(t testing.TB) lockkit.Locker { return open(t, endpoints) },
 		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker {
@@ -37,7 +42,8 @@ func TestConformance(t *testing.T) {
 			}
 			return open(t, proxied)
 		},
-		// An operator deletes the holder's key.
+		// An operator deletes the holder's key, through a client of its
+		// own, whose calls may reach another member than the holder's.
 		Steal: func(t testing.TB, key string) {
 			c := dial(t, endpoints)
 			ctx := context.Background()

@@ -35,7 +35,12 @@ const (
 )
 
 func TestConformance(t *testing.T) {
-	addrs := serverAddrs(t)
+	runConformance(t, serverAddrs(t))
+}
+
+// runConformance runs the suite on the ZooKeeper at addrs (one server or
+// an ensemble).
+func runConformance(t *testing.T, addrs []string) {
 	locktest.Run(t, locktest.Harness{
 		New: func(t testing.TB) lockkit.Locker { return open(t, addrs) },
 		Wired: func(t testing.TB, w *locktest.Wire) lockkit.Locker {
@@ -45,7 +50,8 @@ func TestConformance(t *testing.T) {
 			}
 			return open(t, proxied)
 		},
-		// An operator deletes the holder's node.
+		// An operator deletes the holder's node, through a session of its
+		// own, possibly on another member than the holder's.
 		Steal: func(t testing.TB, key string) {
 			l := open(t, addrs)
 			defer l.Close()
