@@ -40,6 +40,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -131,20 +132,21 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 	// gets-then-cas by the watchdog, by a caller's Extend and by Release
 	// would see each other's cas as a stranger's change: one at a time.
 	turn := make(chan struct{}, 1)
+	release := &pendingRelease{}
 	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			return l.call(ctx, turn, false, func() error { return l.swap(item, token, expiration(wholeSeconds(ttl))) })
 		},
-		Release: func(ctx context.Context) error {
-			return l.call(ctx, turn, true, func() error {
+		Release: release.run(func() error {
+			return l.call(context.Background(), turn, true, func() error {
 				err := l.release(item, token)
 				if err == nil {
 					l.line.Released(key)
 				}
 				return err
 			})
-		},
+		}),
 		Closed: l.background.Done(),
 	}), nil
 }
@@ -286,4 +288,46 @@ func (l *Locker) Close() error {
 	l.background.Stop()
 	l.background.Wait()
 	return nil
+}
+
+// pendingRelease is a lease's Release that goes on after its caller left
+// (the key should be freed whether or not the caller learns when). A retry
+// waits for that release's answer instead of asking the server again,
+// which, once the release has run, would say the item is not held.
+type pendingRelease struct {
+	mu   sync.Mutex
+	done chan struct{} // nil: no release under way, or the last one failed
+	err  error
+}
+
+// run returns a Release that starts op at most once at a time, and waits
+// for it while its caller's ctx lasts. A failed op may be started again.
+func (p *pendingRelease) run(op func() error) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		p.mu.Lock()
+		if p.done == nil {
+			done := make(chan struct{})
+			p.done = done
+			go func() {
+				err := op()
+				p.mu.Lock()
+				p.err = err
+				if err != nil && !errors.Is(err, lockkit.ErrNotHeld) {
+					p.done = nil
+				}
+				p.mu.Unlock()
+				close(done)
+			}()
+		}
+		done := p.done
+		p.mu.Unlock()
+		select {
+		case <-done:
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

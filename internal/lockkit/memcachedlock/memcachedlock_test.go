@@ -66,6 +66,45 @@ func TestReleaseFreesTheItem(t *testing.T) {
 	_ = again.Release(ctx)
 }
 
+// A Release whose caller left still frees the item in the background; a
+// retry after that release has run is answered by it, not by the server,
+// which no longer holds the item and would say not held.
+func TestReleaseRetriedAfterItsBackgroundReleaseRanSucceeds(t *testing.T) {
+	mc := dial(t, serverAddr(t))
+	l := memcachedlock.New(mc)
+	defer l.Close()
+	key := "memcachedlock:test:" + t.Name()
+
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	// The caller's Release races its own background call; take a lease
+	// whose first Release lost that race.
+	var lease lockkit.Lease
+	for range 100 {
+		l1, err := l.TryAcquire(context.Background(), key, lockkit.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l1.Release(ended) != nil {
+			lease = l1
+			break
+		}
+	}
+	if lease == nil {
+		t.Fatal("100 Releases with an ended context all answered nil")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, err := mc.Get(key); !errors.Is(err, memcache.ErrCacheMiss); _, err = mc.Get(key) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the item is still there 10 s after a release whose caller left: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("Release retried after its background release freed the item = %v, want nil", err)
+	}
+}
+
 // Extend and Release by a holder whose item was replaced change nothing.
 func TestOwnerCheckedAfterTakeover(t *testing.T) {
 	ctx := context.Background()
