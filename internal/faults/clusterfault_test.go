@@ -377,7 +377,7 @@ func (r *clusterRow) verdict(f clusterFault, faultAt time.Time, h holdResult) (f
 // 5-12 s more). On ZooKeeper it opens a new client for each try on the
 // members the fault spared: a client that reconnects with a watch set and
 // a request in flight trips go-zookeeper's data race on its last zxid
-// (go-zookeeper/zk#35), which fails this -race test process.
+// (an open go-zookeeper bug), which fails this -race test process.
 func (r *clusterRow) probe(l lockkit.Locker, faultAt time.Time) time.Time {
 	key := fmt.Sprintf("usable-probe-%d", r.id)
 	for time.Since(faultAt) < 90*time.Second {

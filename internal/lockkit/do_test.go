@@ -69,7 +69,7 @@ func TestDoReturnsAcquireError(t *testing.T) {
 
 // The lease is lost while fn runs: fn's context ends with ErrLeaseLost,
 // and Do says so even if fn returns nil, since fn's work ran partly
-// unlocked (issue 12, finding 11).
+// unlocked.
 func TestDoReportsALeaseLostWhileFnRan(t *testing.T) {
 	ctx := context.Background()
 	l := local.New()

@@ -91,7 +91,7 @@ func requireLostBy(t *testing.T, lease lockkit.Lease, serverExpiry time.Time) {
 // An Extend that shortens the lease while the watchdog's renewal is in
 // flight: the server applies the renewal, then the Extend; the replies
 // come back the other way round. The holder must not keep the renewal's
-// longer deadline (issue 12, finding 3).
+// longer deadline.
 func TestExtendRacingRenewalFollowsTheServer(t *testing.T) {
 	const long, short = 600 * time.Millisecond, 100 * time.Millisecond
 	s := newStore(long)
@@ -143,7 +143,7 @@ func TestExtendWithUnknownOutcomeTrustsTheShorterDeadline(t *testing.T) {
 }
 
 // Release is bounded by its own context while a renewal hangs on a
-// server that ignores the renewal's context (issue 12, finding 4), and it
+// server that ignores the renewal's context, and it
 // ends that renewal rather than leave it running to the lease's deadline.
 func TestReleaseDoesNotWaitForAHungRenewal(t *testing.T) {
 	const ttl = 300 * time.Millisecond

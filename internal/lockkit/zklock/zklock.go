@@ -416,7 +416,7 @@ func (l *Locker) cutOff(waitCtx context.Context, err error, cuts *int) bool {
 	case <-up:
 		// go-zookeeper (v1.0.4) reads its last zxid for the SetWatches it
 		// sends on reconnecting while its receive loop may already write it
-		// from a reply (a data race: go-zookeeper/zk#35, still open). A
+		// from a reply (an open go-zookeeper data race). A
 		// request sent the instant the session is back races it; asked a
 		// moment later, its reply comes after that read.
 		reconnect.Reset(reconnectSettle)

@@ -28,8 +28,7 @@ const (
 	// tickTime (2 s): a dead client's nodes may live up to about 6 s. Not
 	// shorter: on a loaded machine a 2 s session (1.3 s read timeout) makes
 	// clients reconnect, and go-zookeeper v1.0.4 has a data race on
-	// reconnect with watches set (upstream samuel/go-zookeeper#260,
-	// go-zookeeper/zk#35, unfixed) that fails -race runs.
+	// reconnect with watches set (an open upstream bug) that fails -race runs.
 	sessionTimeout = 4 * time.Second
 	testRoot       = "/shop/test/zklock"
 )
