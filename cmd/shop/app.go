@@ -186,7 +186,7 @@ func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB
 	l := locking{
 		// Admission sits inside the metrics, so that its refusals count as
 		// lock-busy like a wait timeout does.
-		locker: tracedLocker{Locker: lockMetrics.Wrap(admission.Wrap(lockkit.Reentrant(backend), cfg.LockMaxWaiters)),
+		locker: tracedLocker{Locker: lockMetrics.Wrap(admission.Wrap(backend, cfg.LockMaxWaiters)),
 			backend: cfg.LockBackend},
 		metrics:      lockMetrics,
 		retry:        optimistic.DefaultPolicy,
