@@ -73,7 +73,7 @@ func (l tracedLocker) trace(ctx context.Context, key string, opts []lockkit.Opti
 	grant func(context.Context, string, ...lockkit.Option) (lockkit.Lease, error)) (lockkit.Lease, error) {
 	tracer := otel.Tracer(tracerName)
 	// The key itself stays out: it names a user or a SKU.
-	attrs := []attribute.KeyValue{attribute.String("lock.backend", l.backend), attribute.String("lock.class", classOf(lockkit.ClassOf(opts)))}
+	attrs := []attribute.KeyValue{attribute.String("lock.backend", l.backend), attribute.String("lock.class", classAttr(lockkit.ClassOf(opts)))}
 	// The backend's own calls (Redis commands, SQL) nest in the wait.
 	waitCtx, wait := tracer.Start(ctx, "lock wait", trace.WithAttributes(attrs...))
 	start := time.Now()
@@ -93,9 +93,9 @@ func (l tracedLocker) trace(ctx context.Context, key string, opts []lockkit.Opti
 	return &tracedLease{Lease: lease, span: hold}, nil
 }
 
-// classOf is the lock.class of an acquisition that named class
-// (lockkit.WithClass).
-func classOf(class string) string {
+// classAttr is the lock.class of an acquisition that named class
+// (lockkit.WithClass); one that named none is "other", as in the metrics.
+func classAttr(class string) string {
 	if class == "" {
 		return "other"
 	}
