@@ -35,8 +35,8 @@ import (
 )
 
 // domain is what a business package gives the wiring. Adding one (likes,
-// orders) is a constructor like newLikes, one line in newApp's domains
-// list, and its Problems in problems().
+// orders) is a constructor like newLikes, one line in newDomains' list,
+// and its Problems in problems().
 type domain interface {
 	// Register adds routes: api authenticates users, admin the operator.
 	Register(api, admin *gin.RouterGroup)
@@ -70,8 +70,8 @@ type readyCheck struct {
 	ping func(context.Context) error
 }
 
-// newApp opens the stores, the lock backend and the domains of cfg. On error
-// it closes what it opened.
+// newApp opens the stores, the lock backend and the domains of cfg, and
+// starts the order closer. On error it closes what it opened.
 func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, err error) {
 	a = &app{}
 	// Not a: an error return sets it to nil before this runs.
@@ -91,45 +91,59 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err != nil {
 		return nil, err
 	}
+	domains, orders, err := a.newDomains(ctx, cfg, db, rdb, locks)
+	if err != nil {
+		return nil, err
+	}
+	a.startCloser(orders, log)
+	a.newHandlers(cfg, log, domains, reg)
+	return a, nil
+}
+
+// newDomains builds every domain on the stores and the locking, and
+// returns them with the order service, whose closer the app runs.
+func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB, rdb redis.UniversalClient,
+	locks locking) ([]domain, *order.Service, error) {
 	// Idempotency leases and answers live in Redis whatever the lock
 	// backend, each fenced by its own run number, not by a lock; the
 	// record of a keyed change commits with the change, in the database.
 	tokens, err := idem.New(rdb, idem.Options{TTL: cfg.IdemTTL, MaxTokens: cfg.IdemMaxTokens, Prefix: cfg.KeyPrefix, DB: db.DB})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-
 	accounts := newAccounts(cfg, db, locks, tokens)
 	a.accounts = accounts.Store
 	products, err := newProducts(cfg, db, rdb, locks, tokens)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	likes, err := newLikes(cfg, rdb, locks)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	orders := newOrders(cfg, db, locks, tokens, accounts.Store, products.Store)
 	domains := []domain{accounts, products, likes, orders}
 	if err := forgetFences(ctx, cfg, domains); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	a.startCloser(orders.Service, log)
+	return domains, orders.Service, nil
+}
 
-	auditor := newAuditor(cfg, domains, reg)
+// newHandlers builds the handlers: the API and admin routes of domains, the
+// probes, and /metrics from reg.
+func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain, reg *prometheus.Registry) {
 	a.metrics = a.metricsHandler(reg)
 	a.handler = newRouter(routerDeps{
 		cfg:      cfg,
 		log:      log,
 		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken),
-		auditor:  auditor,
+		auditor:  newAuditor(cfg, domains, reg),
 		domains:  domains,
 		problems: problems(),
 		reg:      reg,
 		metrics:  a.metrics,
 		ready:    a.readiness,
 	})
-	return a, nil
 }
 
 // openStores opens the database, migrated, and Redis.
@@ -186,7 +200,7 @@ func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB
 	l := locking{
 		// Admission sits inside the metrics, so that its refusals count as
 		// lock-busy like a wait timeout does.
-		locker: tracedLocker{Locker: lockMetrics.Wrap(admission.Wrap(lockkit.Reentrant(backend), cfg.LockMaxWaiters)),
+		locker: tracedLocker{Locker: lockMetrics.Wrap(admission.Wrap(backend, cfg.LockMaxWaiters)),
 			backend: cfg.LockBackend},
 		metrics:      lockMetrics,
 		retry:        optimistic.DefaultPolicy,

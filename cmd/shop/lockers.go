@@ -19,7 +19,7 @@ type deps struct {
 }
 
 // openLocker returns the bare backend cfg.LockBackend names, its keys under
-// cfg.KeyPrefix. The caller wraps it (reentrancy, metrics) and closes it;
+// cfg.KeyPrefix. The caller wraps it (admission, metrics, tracing) and closes it;
 // Close also closes the clients the registry opened for it.
 func openLocker(ctx context.Context, cfg config.Config, d deps) (lockkit.Locker, error) {
 	s := registry.Settings{

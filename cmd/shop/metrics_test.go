@@ -3,14 +3,17 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/go-sql-driver/mysql"
@@ -217,5 +220,48 @@ func TestShedRequestsCountedApart(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.requests.WithLabelValues("/unknown", "GET", "503")); got != 1 {
 		t.Errorf("requests 503 on /unknown = %v, want 1", got)
+	}
+}
+
+// TestLockMetricsLabelEachKeyByItsClass: every acquisition the service
+// makes is counted under its key's class, a flow over keys of two classes
+// (paying an order locks the order and the account) under each key's own,
+// and the order closer's leader lease under "other" (dashboards and
+// alerts select on these values).
+func TestLockMetricsLabelEachKeyByItsClass(t *testing.T) {
+	srv, _ := newTestServer(t, nil)
+	c := newContract(t, srv.URL)
+	u7 := shoptestToken(t, 7)
+	for _, tc := range []apiCase{
+		{name: "product", method: "POST", path: "/admin/v1/products", token: testAdmin, status: 201,
+			body: `{"sku":"class-1","name":"Class item","stock":5,"price_cents":100}`},
+		{name: "account", method: "POST", path: "/admin/v1/accounts", token: testAdmin, body: `{"id":7,"balance_cents":1000}`, status: 201},
+		{name: "entity", method: "POST", path: "/admin/v1/entities", token: testAdmin, body: `{"type":"post","id":"class-7","owner_id":2}`, status: 201},
+		{name: "like", method: "PUT", path: "/api/v1/likes/post/class-7", token: u7, status: 200},
+	} {
+		c.run(t, srv, tc)
+	}
+	var idemToken struct{ Token string }
+	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "POST", path: "/api/v1/idempotency-tokens", token: u7, status: 201}), &idemToken)
+	var placed struct{ ID int64 }
+	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "POST", path: "/api/v1/orders", token: u7, body: `{"sku":"class-1","quantity":1}`,
+		header: map[string]string{"Idempotency-Key": idemToken.Token}, status: 201}), &placed)
+	c.run(t, srv, apiCase{method: "POST", path: fmt.Sprintf("/api/v1/orders/%d/pay", placed.ID), token: u7, status: 200})
+
+	waits := func() map[string]string {
+		counts := map[string]string{}
+		re := regexp.MustCompile(`(?m)^shop_lock_wait_seconds_count\{backend="redis",class="([a-z-]+)"\} (\d+)$`)
+		for _, m := range re.FindAllStringSubmatch(getOK(t, srv, "/metrics", ""), -1) {
+			counts[m[1]] = m[2]
+		}
+		return counts
+	}
+	// The closer takes its leader lease in the background.
+	for deadline := time.Now().Add(30 * time.Second); waits()["other"] == "" && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	want := map[string]string{"stock": "1", "order": "1", "account": "1", "like": "1", "other": "1"}
+	if got := waits(); !maps.Equal(got, want) {
+		t.Errorf("acquisitions by class %v, want %v", got, want)
 	}
 }

@@ -15,8 +15,6 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/lockbench/shop/internal/guard"
-	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -56,17 +54,6 @@ const tracerName = "github.com/lockbench/shop/cmd/shop"
 type tracedLocker struct {
 	lockkit.Locker
 	backend string
-	class   lockkey.Class
-}
-
-// For keeps the class for the spans and asks the wrapped Locker for its
-// own (guard.ClassLocker), so that the metrics keep theirs.
-func (l tracedLocker) For(class lockkey.Class) lockkit.Locker {
-	inner := l.Locker
-	if c, ok := inner.(guard.ClassLocker); ok {
-		inner = c.For(class)
-	}
-	return tracedLocker{Locker: inner, backend: l.backend, class: class}
 }
 
 func (l tracedLocker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
@@ -86,7 +73,7 @@ func (l tracedLocker) trace(ctx context.Context, key string, opts []lockkit.Opti
 	grant func(context.Context, string, ...lockkit.Option) (lockkit.Lease, error)) (lockkit.Lease, error) {
 	tracer := otel.Tracer(tracerName)
 	// The key itself stays out: it names a user or a SKU.
-	attrs := []attribute.KeyValue{attribute.String("lock.backend", l.backend), attribute.String("lock.class", classOf(l.class))}
+	attrs := []attribute.KeyValue{attribute.String("lock.backend", l.backend), attribute.String("lock.class", classAttr(lockkit.ClassOf(opts)))}
 	// The backend's own calls (Redis commands, SQL) nest in the wait.
 	waitCtx, wait := tracer.Start(ctx, "lock wait", trace.WithAttributes(attrs...))
 	start := time.Now()
@@ -106,11 +93,13 @@ func (l tracedLocker) trace(ctx context.Context, key string, opts []lockkit.Opti
 	return &tracedLease{Lease: lease, span: hold}, nil
 }
 
-func classOf(c lockkey.Class) string {
-	if c == "" {
+// classAttr is the lock.class of an acquisition that named class
+// (lockkit.WithClass); one that named none is "other", as in the metrics.
+func classAttr(class string) string {
+	if class == "" {
 		return "other"
 	}
-	return string(c)
+	return class
 }
 
 func outcome(err error) string {

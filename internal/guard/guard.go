@@ -1,7 +1,9 @@
 // Package guard is the one way shop runs a flow under locks: take the keys
 // of the rows the flow touches (sorted, so that two flows never wait on
 // each other in a cycle), hand their fencing tokens to the flow as an
-// argument, and count the writes a fence refused by class.
+// argument, and count the writes a fence refused by class. Each key is
+// taken with its class (lockkit.WithClass), which the metrics and the
+// traces label it by.
 //
 // The flow gives its store the tokens explicitly, in the shape of
 // wild-workouts' UpdateHour: the caller supplies the change, the store
@@ -18,6 +20,7 @@ package guard
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkey"
@@ -34,14 +37,6 @@ import (
 // the lock counters (likes in Redis) forgets nothing.
 type FencedDomain interface {
 	ForgetFences(ctx context.Context) error
-}
-
-// ClassLocker is a Locker that labels what it measures by key class
-// (lockmetrics.Locker). A Guard takes each key through For(its class);
-// through any other Locker it takes them as they are.
-type ClassLocker interface {
-	lockkit.Locker
-	For(class lockkey.Class) lockkit.Locker
 }
 
 // Guard runs one domain's flows under its locks. It is safe for concurrent
@@ -79,7 +74,8 @@ func (f Fences) Of(k lockkey.Key) uint64 { return f[k] }
 // write a fence refused (lockkit.ErrFenced) is counted under the guard's
 // class.
 func (g *Guard) Do(ctx context.Context, keys []lockkey.Key, fn func(ctx context.Context, f Fences) error) error {
-	err := lockkit.DoManyFenced(ctx, g.lockerFor(keys), lockkey.Strings(keys), func(ctx context.Context, tokens map[string]uint64) error {
+	l := classed{Locker: g.locker, keys: keys}
+	err := lockkit.DoManyFenced(ctx, l, lockkey.Strings(keys), func(ctx context.Context, tokens map[string]uint64) error {
 		f := make(Fences, len(keys))
 		for _, k := range keys {
 			f[k] = tokens[k.String()]
@@ -96,51 +92,35 @@ func (g *Guard) Do(ctx context.Context, keys []lockkey.Key, fn func(ctx context.
 // half-way. Nothing is written, so nothing is fenced: a lease lost while
 // fn ran makes Hold return lockkit.ErrLeaseLost (lockkit.DoMany).
 func (g *Guard) Hold(ctx context.Context, keys []lockkey.Key, fn func(ctx context.Context) error) error {
-	return lockkit.DoMany(ctx, g.lockerFor(keys), lockkey.Strings(keys), func(ctx context.Context, _ map[string]uint64) error {
+	l := classed{Locker: g.locker, keys: keys}
+	return lockkit.DoMany(ctx, l, lockkey.Strings(keys), func(ctx context.Context, _ map[string]uint64) error {
 		return fn(ctx)
 	}, g.opts...)
 }
 
-// lockerFor is the Locker that takes keys, each through its class's when
-// the guard's Locker labels by class.
-func (g *Guard) lockerFor(keys []lockkey.Key) lockkit.Locker {
-	c, ok := g.locker.(ClassLocker)
-	if !ok || len(keys) == 0 {
-		return g.locker
-	}
-	same := true
-	for _, k := range keys[1:] {
-		same = same && k.Class() == keys[0].Class()
-	}
-	if same {
-		return c.For(keys[0].Class())
-	}
-	by := make(map[string]lockkit.Locker, len(keys))
-	for _, k := range keys {
-		by[k.String()] = c.For(k.Class())
-	}
-	return routed{Locker: g.locker, by: by}
+// classed takes each of a flow's keys with its class.
+type classed struct {
+	lockkit.Locker
+	keys []lockkey.Key
 }
 
-// routed takes each of a flow's keys through the Locker of its class.
-type routed struct {
-	lockkit.Locker // the fallback, and Close
-	by             map[string]lockkit.Locker
+func (c classed) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	return c.Locker.Acquire(ctx, key, c.withClass(key, opts)...)
 }
 
-func (r routed) pick(key string) lockkit.Locker {
-	if l, ok := r.by[key]; ok {
-		return l
+func (c classed) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	return c.Locker.TryAcquire(ctx, key, c.withClass(key, opts)...)
+}
+
+// withClass appends key's class to opts in a new array: opts are the
+// guard's, shared by every flow running at once.
+func (c classed) withClass(key string, opts []lockkit.Option) []lockkit.Option {
+	for _, k := range c.keys {
+		if k.String() == key {
+			return append(slices.Clip(opts), lockkit.WithClass(string(k.Class())))
+		}
 	}
-	return r.Locker
-}
-
-func (r routed) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	return r.pick(key).Acquire(ctx, key, opts...)
-}
-
-func (r routed) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	return r.pick(key).TryAcquire(ctx, key, opts...)
+	return opts
 }
 
 // Work stands in for the business work between a flow's read and its

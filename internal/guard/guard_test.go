@@ -44,7 +44,8 @@ func count(t *testing.T, reg *prometheus.Registry, name, class string) float64 {
 
 // TestDoLabelsEachKeyByItsClass: a flow over keys of several classes (an
 // order placed and paid locks stock and account) is measured per key, each
-// under its own class, and hands each key's token to the flow.
+// under its own class, and hands each key's token to the flow; a read
+// under the same keys (Hold) is labelled the same way.
 func TestDoLabelsEachKeyByItsClass(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
@@ -66,9 +67,12 @@ func TestDoLabelsEachKeyByItsClass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := g.Hold(ctx, []lockkey.Key{stock, acct}, func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
 	for _, class := range []string{"stock", "account"} {
-		if got := count(t, reg, "shop_lock_wait_seconds", class); got != 1 {
-			t.Errorf("%s acquisitions %v, want 1", class, got)
+		if got := count(t, reg, "shop_lock_wait_seconds", class); got != 2 {
+			t.Errorf("%s acquisitions %v, want 2", class, got)
 		}
 	}
 	if got := count(t, reg, "shop_lock_wait_seconds", "other"); got != 0 {
@@ -101,9 +105,9 @@ func TestDoCountsFencedWritesUnderTheGuardsClass(t *testing.T) {
 	}
 }
 
-// TestWithoutMetricsOrLocker: a guard over a Locker that does not label
-// (a backend used directly, as the domain tests do) takes the keys as
-// they are; a nil Locker is the unsafe baseline, every token 0.
+// TestWithoutMetricsOrLocker: a guard over a backend used directly (as
+// the domain tests do), without metrics, takes the keys and hands their
+// tokens on; a nil Locker is the unsafe baseline, every token 0.
 func TestWithoutMetricsOrLocker(t *testing.T) {
 	ctx := context.Background()
 	inner := local.New()

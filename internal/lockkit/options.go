@@ -22,6 +22,8 @@ type Options struct {
 	AutoRenew bool
 	// Unfenced is set by WithoutFence.
 	Unfenced bool
+	// Class is set by WithClass; backends ignore it.
+	Class string
 }
 
 // WithTTL sets an explicit lease length and turns the watchdog off: the lease
@@ -48,6 +50,20 @@ func WithFair() Option { return func(o *Options) { o.Fair = true } }
 // counter and the server clock) may then skip it, and the lease's Fence()
 // is 0. DoFenced, whose store does check, refuses it (ErrUnfenced).
 func WithoutFence() Option { return func(o *Options) { o.Unfenced = true } }
+
+// WithClass names the kind of thing the key guards (stock, account), for
+// wrappers that measure or trace acquisitions by class: one series per key
+// would grow without bound, and a key is not parsed back into its class.
+func WithClass(class string) Option { return func(o *Options) { o.Class = class } }
+
+// ClassOf is the class opts name (WithClass), "" if none.
+func ClassOf(opts []Option) string {
+	var o Options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o.Class
+}
 
 type ownerKey struct{}
 

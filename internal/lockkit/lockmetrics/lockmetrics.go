@@ -9,9 +9,9 @@
 // Metrics are labelled by backend and by key class (stock, account, like,
 // order; the leader lease, and a key taken without a class, is "other"),
 // never by the key itself: one series per SKU or account would grow
-// without bound. The class is given, never read back out of the key: For
-// binds a Locker to one class, and package guard takes each key through
-// the Locker of its class.
+// without bound. The class is given, never read back out of the key: each
+// acquisition names it with lockkit.WithClass (package guard does, from
+// each key's class).
 package lockmetrics
 
 import (
@@ -86,25 +86,15 @@ func (m *Metrics) Fenced(class lockkey.Class) {
 	m.fenced.WithLabelValues(m.backend, label(class)).Inc()
 }
 
-// Wrap returns l with its acquisitions and leases measured, labelled
-// "other"; For gives the same Locker labelled by a class.
-func (m *Metrics) Wrap(l lockkit.Locker) *Locker {
-	return &Locker{locker: locker{m: m, inner: l, class: label("")}}
-}
-
-// Locker is a measured lockkit.Locker.
-type Locker struct{ locker }
-
-// For returns l with its acquisitions labelled class: the Locker to take
-// keys of that class through.
-func (l *Locker) For(class lockkey.Class) lockkit.Locker {
-	return &locker{m: l.m, inner: l.inner, class: label(class)}
+// Wrap returns l with its acquisitions and leases measured, each labelled
+// by the class its acquisition names (lockkit.WithClass).
+func (m *Metrics) Wrap(l lockkit.Locker) lockkit.Locker {
+	return &locker{m: m, inner: l}
 }
 
 type locker struct {
 	m     *Metrics
 	inner lockkit.Locker
-	class string // the label value
 }
 
 func (l *locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
@@ -117,7 +107,7 @@ func (l *locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 
 func (l *locker) measure(ctx context.Context, key string, opts []lockkit.Option,
 	grant func(context.Context, string, ...lockkit.Option) (lockkit.Lease, error)) (lockkit.Lease, error) {
-	class := l.class
+	class := label(lockkey.Class(lockkit.ClassOf(opts)))
 	start := time.Now()
 	inner, err := grant(ctx, key, opts...)
 	if err != nil {

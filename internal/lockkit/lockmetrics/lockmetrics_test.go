@@ -18,10 +18,10 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestLabels: a Locker bound to a class labels its acquisitions with the
-// class; the classes without a label of their own, and the unbound
-// Locker, are "other", as before classes were declared (dashboards and
-// alerts select on these values).
+// TestLabels: an acquisition is labelled with the class it names
+// (lockkit.WithClass); the classes without a label of their own, and an
+// acquisition that names none, are "other", as before classes were
+// declared (dashboards and alerts select on these values).
 func TestLabels(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
@@ -30,19 +30,19 @@ func TestLabels(t *testing.T) {
 	defer inner.Close()
 	l := m.Wrap(inner)
 	for _, tc := range []struct {
-		locker lockkit.Locker
-		key    lockkey.Key
-		label  string
+		key   lockkey.Key
+		opts  []lockkit.Option
+		label string
 	}{
-		{l.For(lockkey.Account), lockkey.Account.Key("42"), "account"},
-		{l.For(lockkey.Stock), lockkey.Stock.Key("phone-x"), "stock"},
-		{l.For(lockkey.Like), lockkey.Like.Key("post", "7"), "like"},
-		{l.For(lockkey.Order), lockkey.Order.Key("9"), "order"},
-		{l.For(lockkey.OrderCloser), lockkey.OrderCloser.Key(), "other"},
-		{l, lockkey.Account.Key("1"), "other"},
+		{lockkey.Account.Key("42"), []lockkit.Option{lockkit.WithClass("account")}, "account"},
+		{lockkey.Stock.Key("phone-x"), []lockkit.Option{lockkit.WithClass("stock")}, "stock"},
+		{lockkey.Like.Key("post", "7"), []lockkit.Option{lockkit.WithClass("like")}, "like"},
+		{lockkey.Order.Key("9"), []lockkit.Option{lockkit.WithClass("order")}, "order"},
+		{lockkey.OrderCloser.Key(), []lockkit.Option{lockkit.WithClass("order-closer")}, "other"},
+		{lockkey.Account.Key("1"), nil, "other"},
 	} {
 		before := value(t, reg, "shop_lock_wait_seconds", map[string]string{"class": tc.label})
-		if err := lockkit.Do(ctx, tc.locker, tc.key.String(), func(context.Context, uint64) error { return nil }); err != nil {
+		if err := lockkit.Do(ctx, l, tc.key.String(), func(context.Context, uint64) error { return nil }, tc.opts...); err != nil {
 			t.Fatal(err)
 		}
 		if got := value(t, reg, "shop_lock_wait_seconds", map[string]string{"class": tc.label}); got != before+1 {
@@ -95,14 +95,15 @@ func TestRecords(t *testing.T) {
 	m := lockmetrics.New(reg, "local")
 	inner := local.New()
 	defer inner.Close()
-	l := m.Wrap(inner).For(lockkey.Account)
+	l := m.Wrap(inner)
+	account := lockkit.WithClass("account")
 	acct := map[string]string{"backend": "local", "class": "account"}
 
-	lease, err := l.Acquire(ctx, "lock:account:1")
+	lease, err := l.Acquire(ctx, "lock:account:1", account)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.TryAcquire(ctx, "lock:account:1"); !errors.Is(err, lockkit.ErrNotAcquired) {
+	if _, err := l.TryAcquire(ctx, "lock:account:1", account); !errors.Is(err, lockkit.ErrNotAcquired) {
 		t.Fatalf("second holder: %v", err)
 	}
 	if err := lease.Release(ctx); err != nil {
@@ -114,7 +115,7 @@ func TestRecords(t *testing.T) {
 	if got := value(t, reg, "shop_lock_hold_seconds", acct); got != 1 {
 		t.Errorf("hold observations %v, want 1", got)
 	}
-	if got := value(t, reg, "shop_lock_acquire_failures_total", map[string]string{"reason": "busy"}); got != 1 {
+	if got := value(t, reg, "shop_lock_acquire_failures_total", map[string]string{"class": "account", "reason": "busy"}); got != 1 {
 		t.Errorf("busy failures %v, want 1", got)
 	}
 	if got := value(t, reg, "shop_lock_lost_total", nil); got != 0 {
@@ -122,7 +123,7 @@ func TestRecords(t *testing.T) {
 	}
 
 	// A lease that runs out before its holder releases it is lost.
-	lease, err = m.Wrap(inner).For(lockkey.Stock).Acquire(ctx, "lock:stock:x", lockkit.WithTTL(30*time.Millisecond))
+	lease, err = l.Acquire(ctx, "lock:stock:x", lockkit.WithClass("stock"), lockkit.WithTTL(30*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestLostCountedWithoutAWatcher(t *testing.T) {
 	defer inner.Close()
 	const leases = 10
 	for i := range leases {
-		lease, err := m.Wrap(inner).For(lockkey.Stock).Acquire(ctx, fmt.Sprintf("lock:stock:%d", i), lockkit.WithTTL(30*time.Millisecond))
+		lease, err := m.Wrap(inner).Acquire(ctx, fmt.Sprintf("lock:stock:%d", i), lockkit.WithClass("stock"), lockkit.WithTTL(30*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
