@@ -89,7 +89,22 @@ func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantit
 		return c.single.Purchase(ctx, user, sku, quantity)
 	}
 	o := &queued{ctx: ctx, user: user, quantity: quantity, done: make(chan queuedResult, 1), lead: make(chan struct{}, 1)}
+	q := c.enqueue(sku, o)
+	for {
+		select {
+		case r := <-o.done:
+			return r.p, r.err
+		case <-o.lead:
+			c.serveNext(sku, q)
+		}
+	}
+}
+
+// enqueue queues o on sku's queue, and gives it the lead when no
+// goroutine serves the queue.
+func (c *combined) enqueue(sku string, o *queued) *skuQueue {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	q := c.queues[sku]
 	if q == nil {
 		q = &skuQueue{}
@@ -100,16 +115,7 @@ func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantit
 		q.leading = true
 		o.lead <- struct{}{}
 	}
-	c.mu.Unlock()
-
-	for {
-		select {
-		case r := <-o.done:
-			return r.p, r.err
-		case <-o.lead:
-			c.serveNext(sku, q)
-		}
-	}
+	return q
 }
 
 // serveNext serves up to maxBatch of q's pending purchases, then hands the
