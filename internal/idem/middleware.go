@@ -269,11 +269,10 @@ func (p Policy) stores(c *gin.Context, status int) bool {
 func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, claimed time.Time) {
 	recKey, leaseKey := m.keys(user, key)
 	parent := c.Request.Context()
-	lease := m.lease(recKey, leaseKey, run, claimed)
 	w := &capture{ResponseWriter: c.Writer}
 	c.Writer = w
 	a := &attempt{user: user, key: key, fp: fp, rid: w.Header().Get(problem.RequestIDHeader)}
-	panicked, stack := leased(c, a, lease, recKey, run)
+	panicked, stack := leased(c, a, m.lease(recKey, leaseKey, run, claimed), recKey, run)
 	// The writes after the handler get their own time, from when it ends:
 	// a handler may wait long for its locks.
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
