@@ -341,7 +341,13 @@ func (c Config) EmbeddedRedis() bool { return len(c.RedisAddrs) == 0 }
 // LogValue prints the configuration with secrets masked, so that it can be
 // logged at start: the JWT secret, the admin token and the DSN password.
 func (c Config) LogValue() slog.Value {
-	return slog.GroupValue(
+	attrs := append(c.serverAttrs(), c.strategyAttrs()...)
+	return slog.GroupValue(append(attrs, c.processAttrs()...)...)
+}
+
+// serverAttrs are the settings servers reads.
+func (c Config) serverAttrs() []slog.Attr {
+	return []slog.Attr{
 		slog.String("env", c.Env),
 		slog.String("http_addr", c.HTTPAddr),
 		slog.String("metrics_addr", orDefault(c.MetricsAddr, "(http_addr)")),
@@ -356,6 +362,12 @@ func (c Config) LogValue() slog.Value {
 		slog.String("zk_addrs", strings.Join(c.ZKAddrs, ",")),
 		slog.String("etcd_endpoints", strings.Join(c.EtcdEndpoints, ",")),
 		slog.String("memcached_addrs", strings.Join(c.MemcachedAddrs, ",")),
+	}
+}
+
+// strategyAttrs are the settings strategies reads.
+func (c Config) strategyAttrs() []slog.Attr {
+	return []slog.Attr{
 		slog.Duration("lock_ttl", c.LockTTL),
 		slog.Duration("lock_wait_timeout", c.LockWaitTimeout),
 		slog.String("stock_strategy", c.StockStrategy),
@@ -368,6 +380,12 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("idem_max_tokens", c.IdemMaxTokens),
 		slog.Duration("order_pay_timeout", c.OrderPayTimeout),
 		slog.Duration("critical_section_delay", c.CriticalSectionDelay),
+	}
+}
+
+// processAttrs are the settings process and envDefaults read.
+func (c Config) processAttrs() []slog.Attr {
+	return []slog.Attr{
 		slog.String("jwt_secret", mask(c.JWTSecret)),
 		slog.String("admin_token", mask(c.AdminToken)),
 		slog.String("log_format", c.LogFormat),
@@ -379,7 +397,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int64("max_body_bytes", c.MaxBodyBytes),
 		slog.Bool("admission", c.Admission),
 		slog.Duration("admission_target", c.AdmissionTarget),
-	)
+	}
 }
 
 func orDefault(s, d string) string {
