@@ -230,57 +230,84 @@ type Config struct {
 // returns every invalid value at once, each naming its variable.
 func Load(getenv func(string) string) (Config, error) {
 	p := parser{getenv: getenv}
-	c := Config{
-		Env:                  p.oneOf("SHOP_ENV", EnvProduction, []string{EnvProduction, EnvDev}),
-		HTTPAddr:             p.addr("SHOP_HTTP_ADDR", DefaultHTTPAddr),
-		MetricsAddr:          p.str("SHOP_METRICS_ADDR", ""),
-		LockBackend:          p.oneOf("SHOP_LOCK_BACKEND", "redis", Backends),
-		RedisAddrs:           p.addrs("SHOP_REDIS_ADDRS"),
-		RedisSentinelMaster:  p.str("SHOP_REDIS_SENTINEL_MASTER", ""),
-		KeyPrefix:            p.keyPrefix("SHOP_KEY_PREFIX"),
-		RedlockAddrs:         p.addrs("SHOP_REDLOCK_ADDRS"),
-		MySQLDSN:             p.str("SHOP_MYSQL_DSN", ""),
-		SQLitePath:           p.str("SHOP_SQLITE_PATH", ""),
-		DBMaxConns:           int(p.int("SHOP_DB_MAX_CONNS", 20, 1)),
-		ZKAddrs:              p.addrs("SHOP_ZK_ADDRS"),
-		EtcdEndpoints:        p.list("SHOP_ETCD_ENDPOINTS"),
-		MemcachedAddrs:       p.addrs("SHOP_MEMCACHED_ADDRS"),
-		LockTTL:              p.duration("SHOP_LOCK_TTL", 0),
-		LockWaitTimeout:      p.duration("SHOP_LOCK_WAIT_TIMEOUT", 10*time.Second),
-		StockStrategy:        p.oneOf("SHOP_STOCK_STRATEGY", StockLock, []string{StockLock, StockAtomicSQL, StockAtomicRedis, StockOptimistic}),
-		LikeStrategy:         p.oneOf("SHOP_LIKE_STRATEGY", LikeLock, []string{LikeLock, LikeHashTag}),
-		BalanceStrategy:      p.oneOf("SHOP_BALANCE_STRATEGY", BalanceLock, []string{BalanceLock, BalanceOptimistic}),
-		OptimisticAttempts:   int(p.int("SHOP_OPTIMISTIC_ATTEMPTS", 8, 1)),
-		LockMaxWaiters:       int(p.int("SHOP_LOCK_MAX_WAITERS", 64, 0)),
-		StockCombine:         int(p.int("SHOP_STOCK_COMBINE", 0, 0)),
-		IdemTTL:              p.positiveDuration("SHOP_IDEM_TTL", 24*time.Hour),
-		IdemMaxTokens:        int(p.int("SHOP_IDEM_MAX_TOKENS", 1000, 1)),
-		OrderPayTimeout:      p.positiveDuration("SHOP_ORDER_PAY_TIMEOUT", 15*time.Minute),
-		CriticalSectionDelay: p.duration("SHOP_CRITICAL_SECTION_DELAY", 0),
-		JWTSecret:            p.str("SHOP_JWT_SECRET", ""),
-		AdminToken:           p.str("SHOP_ADMIN_TOKEN", ""),
-		LogLevel:             p.level("SHOP_LOG_LEVEL"),
-		ShutdownTimeout:      p.duration("SHOP_SHUTDOWN_TIMEOUT", 15*time.Second),
-		MaxBodyBytes:         p.int("SHOP_MAX_BODY_BYTES", 64<<10, 1),
-		SlowQuery:            p.duration("SHOP_SLOW_QUERY", 200*time.Millisecond),
-		Admission:            p.bool("SHOP_ADMISSION", true),
-		AdmissionTarget:      p.positiveDuration("SHOP_ADMISSION_TARGET", 50*time.Millisecond),
-		AdmissionMinLimit:    int(p.int("SHOP_ADMISSION_MIN_LIMIT", 2, 2)),
-		AdmissionMaxLimit:    int(p.int("SHOP_ADMISSION_MAX_LIMIT", 1024, 2)),
-	}
-	// Production defaults suit a process behind a load balancer; dev ones a
-	// developer's terminal, where Ctrl-C should stop at once.
+	var c Config
+	p.servers(&c)
+	p.strategies(&c)
+	p.process(&c)
+	p.envDefaults(&c)
+	p.crossCheck(&c)
+	p.secrets(&c)
+	p.backendNeeds(c)
+	return c, errors.Join(p.errs...)
+}
+
+// servers reads where shop listens and the servers it talks to.
+func (p *parser) servers(c *Config) {
+	c.Env = p.oneOf("SHOP_ENV", EnvProduction, []string{EnvProduction, EnvDev})
+	c.HTTPAddr = p.addr("SHOP_HTTP_ADDR", DefaultHTTPAddr)
+	c.MetricsAddr = p.str("SHOP_METRICS_ADDR", "")
+	c.LockBackend = p.oneOf("SHOP_LOCK_BACKEND", "redis", Backends)
+	c.RedisAddrs = p.addrs("SHOP_REDIS_ADDRS")
+	c.RedisSentinelMaster = p.str("SHOP_REDIS_SENTINEL_MASTER", "")
+	c.KeyPrefix = p.keyPrefix("SHOP_KEY_PREFIX")
+	c.RedlockAddrs = p.addrs("SHOP_REDLOCK_ADDRS")
+	c.MySQLDSN = p.str("SHOP_MYSQL_DSN", "")
+	c.SQLitePath = p.str("SHOP_SQLITE_PATH", "")
+	c.DBMaxConns = int(p.int("SHOP_DB_MAX_CONNS", 20, 1))
+	c.ZKAddrs = p.addrs("SHOP_ZK_ADDRS")
+	c.EtcdEndpoints = p.list("SHOP_ETCD_ENDPOINTS")
+	c.MemcachedAddrs = p.addrs("SHOP_MEMCACHED_ADDRS")
+}
+
+// strategies reads how the flows run: their locks, strategies, tokens and
+// timeouts.
+func (p *parser) strategies(c *Config) {
+	c.LockTTL = p.duration("SHOP_LOCK_TTL", 0)
+	c.LockWaitTimeout = p.duration("SHOP_LOCK_WAIT_TIMEOUT", 10*time.Second)
+	c.StockStrategy = p.oneOf("SHOP_STOCK_STRATEGY", StockLock, []string{StockLock, StockAtomicSQL, StockAtomicRedis, StockOptimistic})
+	c.LikeStrategy = p.oneOf("SHOP_LIKE_STRATEGY", LikeLock, []string{LikeLock, LikeHashTag})
+	c.BalanceStrategy = p.oneOf("SHOP_BALANCE_STRATEGY", BalanceLock, []string{BalanceLock, BalanceOptimistic})
+	c.OptimisticAttempts = int(p.int("SHOP_OPTIMISTIC_ATTEMPTS", 8, 1))
+	c.LockMaxWaiters = int(p.int("SHOP_LOCK_MAX_WAITERS", 64, 0))
+	c.StockCombine = int(p.int("SHOP_STOCK_COMBINE", 0, 0))
+	c.IdemTTL = p.positiveDuration("SHOP_IDEM_TTL", 24*time.Hour)
+	c.IdemMaxTokens = int(p.int("SHOP_IDEM_MAX_TOKENS", 1000, 1))
+	c.OrderPayTimeout = p.positiveDuration("SHOP_ORDER_PAY_TIMEOUT", 15*time.Minute)
+	c.CriticalSectionDelay = p.duration("SHOP_CRITICAL_SECTION_DELAY", 0)
+}
+
+// process reads the secrets, the logs and the limits of the process.
+func (p *parser) process(c *Config) {
+	c.JWTSecret = p.str("SHOP_JWT_SECRET", "")
+	c.AdminToken = p.str("SHOP_ADMIN_TOKEN", "")
+	c.LogLevel = p.level("SHOP_LOG_LEVEL")
+	c.ShutdownTimeout = p.duration("SHOP_SHUTDOWN_TIMEOUT", 15*time.Second)
+	c.MaxBodyBytes = p.int("SHOP_MAX_BODY_BYTES", 64<<10, 1)
+	c.SlowQuery = p.duration("SHOP_SLOW_QUERY", 200*time.Millisecond)
+	c.Admission = p.bool("SHOP_ADMISSION", true)
+	c.AdmissionTarget = p.positiveDuration("SHOP_ADMISSION_TARGET", 50*time.Millisecond)
+	c.AdmissionMinLimit = int(p.int("SHOP_ADMISSION_MIN_LIMIT", 2, 2))
+	c.AdmissionMaxLimit = int(p.int("SHOP_ADMISSION_MAX_LIMIT", 1024, 2))
+}
+
+// envDefaults reads the settings whose default depends on SHOP_ENV.
+// Production defaults suit a process behind a load balancer; dev ones a
+// developer's terminal, where Ctrl-C should stop at once.
+func (p *parser) envDefaults(c *Config) {
 	dev := c.Env == EnvDev
 	c.LogFormat = p.oneOf("SHOP_LOG_FORMAT", pick(dev, "text", "json"), []string{"text", "json"})
 	c.DrainDelay = p.duration("SHOP_DRAIN_DELAY", pick(dev, 0, 5*time.Second))
 	c.AllowReset = p.bool("SHOP_ALLOW_RESET", dev)
+}
+
+// crossCheck checks the settings that depend on each other, and the DSN.
+func (p *parser) crossCheck(c *Config) {
 	if c.MetricsAddr != "" {
 		c.MetricsAddr = p.addr("SHOP_METRICS_ADDR", "")
 		if c.MetricsAddr == c.HTTPAddr {
 			p.fail("SHOP_METRICS_ADDR", "is SHOP_HTTP_ADDR; leave it empty to serve /metrics there")
 		}
 	}
-
 	if c.MySQLDSN != "" {
 		dsn, err := normalizeDSN(c.MySQLDSN)
 		if err != nil {
@@ -294,9 +321,6 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.RedisSentinelMaster != "" && len(c.RedisAddrs) == 0 {
 		p.fail("SHOP_REDIS_SENTINEL_MASTER", "needs the Sentinel addresses in SHOP_REDIS_ADDRS")
 	}
-	p.secrets(&c)
-	p.backendNeeds(c)
-	return c, errors.Join(p.errs...)
 }
 
 func pick[T any](cond bool, yes, no T) T {
@@ -317,7 +341,13 @@ func (c Config) EmbeddedRedis() bool { return len(c.RedisAddrs) == 0 }
 // LogValue prints the configuration with secrets masked, so that it can be
 // logged at start: the JWT secret, the admin token and the DSN password.
 func (c Config) LogValue() slog.Value {
-	return slog.GroupValue(
+	attrs := append(c.serverAttrs(), c.strategyAttrs()...)
+	return slog.GroupValue(append(attrs, c.processAttrs()...)...)
+}
+
+// serverAttrs are the settings servers reads.
+func (c Config) serverAttrs() []slog.Attr {
+	return []slog.Attr{
 		slog.String("env", c.Env),
 		slog.String("http_addr", c.HTTPAddr),
 		slog.String("metrics_addr", orDefault(c.MetricsAddr, "(http_addr)")),
@@ -332,6 +362,12 @@ func (c Config) LogValue() slog.Value {
 		slog.String("zk_addrs", strings.Join(c.ZKAddrs, ",")),
 		slog.String("etcd_endpoints", strings.Join(c.EtcdEndpoints, ",")),
 		slog.String("memcached_addrs", strings.Join(c.MemcachedAddrs, ",")),
+	}
+}
+
+// strategyAttrs are the settings strategies reads.
+func (c Config) strategyAttrs() []slog.Attr {
+	return []slog.Attr{
 		slog.Duration("lock_ttl", c.LockTTL),
 		slog.Duration("lock_wait_timeout", c.LockWaitTimeout),
 		slog.String("stock_strategy", c.StockStrategy),
@@ -344,6 +380,12 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("idem_max_tokens", c.IdemMaxTokens),
 		slog.Duration("order_pay_timeout", c.OrderPayTimeout),
 		slog.Duration("critical_section_delay", c.CriticalSectionDelay),
+	}
+}
+
+// processAttrs are the settings process and envDefaults read.
+func (c Config) processAttrs() []slog.Attr {
+	return []slog.Attr{
 		slog.String("jwt_secret", mask(c.JWTSecret)),
 		slog.String("admin_token", mask(c.AdminToken)),
 		slog.String("log_format", c.LogFormat),
@@ -355,7 +397,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int64("max_body_bytes", c.MaxBodyBytes),
 		slog.Bool("admission", c.Admission),
 		slog.Duration("admission_target", c.AdmissionTarget),
-	)
+	}
 }
 
 func orDefault(s, d string) string {

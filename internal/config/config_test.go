@@ -36,11 +36,27 @@ func TestDevRunsWithOnlyGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.HTTPAddr != ":8080" || c.LockBackend != "redis" || !c.EmbeddedRedis() || c.MySQLDSN != "" ||
-		c.StockStrategy != StockLock || c.LikeStrategy != LikeLock || c.IdemTTL != 24*time.Hour || c.LogFormat != "text" || c.LockWaitTimeout != 10*time.Second ||
-		c.JWTSecret != DevJWTSecret || c.AdminToken != DevAdminToken || !c.Dev() ||
-		!c.AllowReset || c.DrainDelay != 0 || c.MetricsAddr != "" || c.SlowQuery != 200*time.Millisecond {
-		t.Errorf("defaults: %+v", c)
+	for name, ok := range map[string]bool{
+		"HTTPAddr":        c.HTTPAddr == ":8080",
+		"LockBackend":     c.LockBackend == "redis",
+		"EmbeddedRedis":   c.EmbeddedRedis(),
+		"MySQLDSN":        c.MySQLDSN == "",
+		"StockStrategy":   c.StockStrategy == StockLock,
+		"LikeStrategy":    c.LikeStrategy == LikeLock,
+		"IdemTTL":         c.IdemTTL == 24*time.Hour,
+		"LogFormat":       c.LogFormat == "text",
+		"LockWaitTimeout": c.LockWaitTimeout == 10*time.Second,
+		"JWTSecret":       c.JWTSecret == DevJWTSecret,
+		"AdminToken":      c.AdminToken == DevAdminToken,
+		"Dev":             c.Dev(),
+		"AllowReset":      c.AllowReset,
+		"DrainDelay":      c.DrainDelay == 0,
+		"MetricsAddr":     c.MetricsAddr == "",
+		"SlowQuery":       c.SlowQuery == 200*time.Millisecond,
+	} {
+		if !ok {
+			t.Errorf("default %s: %+v", name, c)
+		}
 	}
 }
 

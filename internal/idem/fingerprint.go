@@ -58,45 +58,68 @@ func canonicalBody(body []byte) []byte {
 // value, has two members whose names are equal under case folding.
 func repeatsName(body []byte) bool {
 	dec := json.NewDecoder(bytes.NewReader(body))
-	type object struct {
-		names    map[string]bool
-		wantName bool
-	}
-	var open []*object // nil for an array
-	top := func() *object {
-		if len(open) == 0 {
-			return nil
-		}
-		return open[len(open)-1]
-	}
+	var t nameTracker
 	for {
 		tok, err := dec.Token()
 		if err != nil {
 			return false // io.EOF: the body was checked valid before
 		}
-		if name, ok := tok.(string); ok && top() != nil && top().wantName {
-			folded := foldName(name)
-			if top().names[folded] {
-				return true
-			}
-			top().names[folded] = true
-			top().wantName = false
-			continue
-		}
-		switch tok {
-		case json.Delim('{'):
-			open = append(open, &object{names: map[string]bool{}, wantName: true})
-			continue
-		case json.Delim('['):
-			open = append(open, nil)
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			open = open[:len(open)-1]
-		}
-		if o := top(); o != nil { // a member's value ended: a name comes next
-			o.wantName = true
+		if t.next(tok) {
+			return true
 		}
 	}
+}
+
+// nameTracker follows the objects and arrays a JSON token stream opens,
+// and the member names of each open object.
+type nameTracker struct {
+	open []*openObject // nil for an array
+}
+
+type openObject struct {
+	names    map[string]bool // folded
+	wantName bool
+}
+
+func (t *nameTracker) top() *openObject {
+	if len(t.open) == 0 {
+		return nil
+	}
+	return t.open[len(t.open)-1]
+}
+
+// next follows the stream's next token, and reports whether it is a name
+// its object has already.
+func (t *nameTracker) next(tok json.Token) (repeated bool) {
+	if name, ok := tok.(string); ok && t.top() != nil && t.top().wantName {
+		return t.name(name)
+	}
+	switch tok {
+	case json.Delim('{'):
+		t.open = append(t.open, &openObject{names: map[string]bool{}, wantName: true})
+		return false
+	case json.Delim('['):
+		t.open = append(t.open, nil)
+		return false
+	case json.Delim('}'), json.Delim(']'):
+		t.open = t.open[:len(t.open)-1]
+	}
+	if o := t.top(); o != nil { // a member's value ended: a name comes next
+		o.wantName = true
+	}
+	return false
+}
+
+// name records a member name of the innermost object, and reports whether
+// the object had it already.
+func (t *nameTracker) name(name string) (repeated bool) {
+	o, folded := t.top(), foldName(name)
+	if o.names[folded] {
+		return true
+	}
+	o.names[folded] = true
+	o.wantName = false
+	return false
 }
 
 // foldName maps names that strings.EqualFold (and encoding/json's field
@@ -117,30 +140,9 @@ func foldName(s string) string {
 func writeCanonical(b *bytes.Buffer, v any) {
 	switch v := v.(type) {
 	case map[string]any:
-		names := make([]string, 0, len(v))
-		for name := range v {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		b.WriteByte('{')
-		for i, name := range names {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			writeString(b, name)
-			b.WriteByte(':')
-			writeCanonical(b, v[name])
-		}
-		b.WriteByte('}')
+		writeObject(b, v)
 	case []any:
-		b.WriteByte('[')
-		for i, e := range v {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			writeCanonical(b, e)
-		}
-		b.WriteByte(']')
+		writeArray(b, v)
 	case string:
 		writeString(b, v)
 	case json.Number:
@@ -150,6 +152,36 @@ func writeCanonical(b *bytes.Buffer, v any) {
 	case nil:
 		b.WriteString("null")
 	}
+}
+
+// writeObject writes v's members sorted by name.
+func writeObject(b *bytes.Buffer, v map[string]any) {
+	names := make([]string, 0, len(v))
+	for name := range v {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	b.WriteByte('{')
+	for i, name := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		writeString(b, name)
+		b.WriteByte(':')
+		writeCanonical(b, v[name])
+	}
+	b.WriteByte('}')
+}
+
+func writeArray(b *bytes.Buffer, v []any) {
+	b.WriteByte('[')
+	for i, e := range v {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		writeCanonical(b, e)
+	}
+	b.WriteByte(']')
 }
 
 func writeString(b *bytes.Buffer, s string) {

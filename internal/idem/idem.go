@@ -285,6 +285,12 @@ func (m *Idem) claim(ctx context.Context, user int64, key, fp string, required b
 	if err != nil {
 		return 0, "", record{}, fmt.Errorf("idem: claim key: %w", err)
 	}
+	return parseClaim(res)
+}
+
+// parseClaim reads claim.lua's reply: a verdict, with the run number when
+// it is "claimed" and the record's fields when it is "record".
+func parseClaim(res []string) (v verdict, run string, rec record, err error) {
 	if len(res) == 0 || (res[0] == "claimed" && len(res) < 2) || (res[0] == "record" && len(res) < 6) {
 		return 0, "", record{}, fmt.Errorf("idem: claim key: unexpected reply %q", res)
 	}

@@ -76,57 +76,81 @@ func (m *Idem) Optional() gin.HandlerFunc { return m.Guard(Policy{}) }
 // middleware: keys belong to users.
 func (m *Idem) Guard(p Policy) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		values := c.Request.Header.Values(KeyHeader)
-		switch {
-		case len(values) == 0 && p.Required:
-			problem.Write(c, missing())
-			return
-		case len(values) == 0:
-			c.Next()
-			return
-		case len(values) > 1:
-			problem.Write(c, invalid(fmt.Sprintf("send one Idempotency-Key header, not %d", len(values))))
-			return
-		}
-		key, err := parseKey(values[0])
-		if err != nil {
-			problem.Write(c, invalid(err.Error()))
-			return
-		}
-		user := auth.UserID(c)
-		body, err := io.ReadAll(c.Request.Body)
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				problem.Write(c, problem.New(http.StatusRequestEntityTooLarge, "body-too-large",
-					fmt.Sprintf("the body is larger than %d bytes", mbe.Limit)))
-				return
-			}
-			problem.Write(c, err)
-			return
-		}
-		c.Request.Body = io.NopCloser(bytes.NewReader(body))
-		fp := fingerprint(c.Request.Method, c.Request.URL.EscapedPath(), c.Request.URL.Query().Encode(), user, body)
-
-		claimed := time.Now() // Redis starts the lease later than this
-		v, run, rec, err := m.claim(c.Request.Context(), user, key, fp, p.Required)
+		key, present, err := headerKey(c.Request.Header.Values(KeyHeader), p.Required)
 		switch {
 		case err != nil:
 			problem.Write(c, err)
-		case v == unknownKey:
-			m.unknownOrRecorded(c, user, key, fp)
-		case v == inUse:
-			problem.Write(c, inUseError())
-		case v == decided && rec.status != 0 && rec.fp == fp:
-			replay(c, rec)
-		case v == decided:
-			// Another request's response, or another request that ran
-			// and crashed or failed half-way: the key is its.
-			problem.Write(c, reused())
-		default:
-			c.Set(tokenKey, key)
-			m.runOrReplay(c, p, user, key, run, fp, claimed)
+			return
+		case !present:
+			c.Next()
+			return
 		}
+		user := auth.UserID(c)
+		body, err := keepBody(c.Request)
+		if err != nil {
+			problem.Write(c, err)
+			return
+		}
+		fp := fingerprint(c.Request.Method, c.Request.URL.EscapedPath(), c.Request.URL.Query().Encode(), user, body)
+		m.admit(c, p, user, key, fp)
+	}
+}
+
+// headerKey reads the request's one Idempotency-Key from values; present
+// is false when there is none and p does not require one.
+func headerKey(values []string, required bool) (key string, present bool, err error) {
+	switch {
+	case len(values) == 0 && required:
+		return "", false, missing()
+	case len(values) == 0:
+		return "", false, nil
+	case len(values) > 1:
+		return "", false, invalid(fmt.Sprintf("send one Idempotency-Key header, not %d", len(values)))
+	}
+	key, err = parseKey(values[0])
+	if err != nil {
+		return "", false, invalid(err.Error())
+	}
+	return key, true, nil
+}
+
+// keepBody reads r's body for the fingerprint and puts it back for the
+// handler. A body over the route's limit is 413.
+func keepBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, problem.New(http.StatusRequestEntityTooLarge, "body-too-large",
+				fmt.Sprintf("the body is larger than %d bytes", mbe.Limit))
+		}
+		return nil, err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
+}
+
+// admit claims key for the request: it runs, or is answered from the
+// key's record, or is refused.
+func (m *Idem) admit(c *gin.Context, p Policy, user int64, key, fp string) {
+	claimed := time.Now() // Redis starts the lease later than this
+	v, run, rec, err := m.claim(c.Request.Context(), user, key, fp, p.Required)
+	switch {
+	case err != nil:
+		problem.Write(c, err)
+	case v == unknownKey:
+		m.unknownOrRecorded(c, user, key, fp)
+	case v == inUse:
+		problem.Write(c, inUseError())
+	case v == decided && rec.status != 0 && rec.fp == fp:
+		replay(c, rec)
+	case v == decided:
+		// Another request's response, or another request that ran
+		// and crashed or failed half-way: the key is its.
+		problem.Write(c, reused())
+	default:
+		c.Set(tokenKey, key)
+		m.runOrReplay(c, p, user, key, run, fp, claimed)
 	}
 }
 
@@ -245,7 +269,40 @@ func (p Policy) stores(c *gin.Context, status int) bool {
 func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, claimed time.Time) {
 	recKey, leaseKey := m.keys(user, key)
 	parent := c.Request.Context()
-	lease := m.lease(recKey, leaseKey, run, claimed)
+	w := &capture{ResponseWriter: c.Writer}
+	c.Writer = w
+	a := &attempt{user: user, key: key, fp: fp, rid: w.Header().Get(problem.RequestIDHeader)}
+	panicked, stack := leased(c, a, m.lease(recKey, leaseKey, run, claimed), recKey, run)
+	// The writes after the handler get their own time, from when it ends:
+	// a handler may wait long for its locks.
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
+	defer fcancel()
+	if panicked != nil {
+		if p.RerunServerErrors {
+			m.free(fctx, recKey, leaseKey, run)
+			c.Writer = w.ResponseWriter
+			panic(panicked) // Recover, further out, answers 500
+		}
+		if panicked == http.ErrAbortHandler {
+			defer panic(panicked) // after the store: net/http still cuts the connection
+		}
+		answerPanic(fctx, c, w, panicked, stack)
+	}
+	c.Writer = w.ResponseWriter
+	// a.taken: another run of this key recorded its change first; this
+	// one's 409 sends the client back for that run's answer.
+	if !p.stores(c, w.Status()) || w.overflow || a.taken {
+		m.free(fctx, recKey, leaseKey, run)
+		return
+	}
+	m.store(fctx, w, recKey, leaseKey, run, fp)
+}
+
+// leased runs the rest of the chain for attempt a under lease, with a
+// context that ends if the lease is lost, and returns what it panicked
+// with. After leased, nothing renews the lease.
+func leased(c *gin.Context, a *attempt, lease *runLease, recKey, run string) (panicked any, stack []byte) {
+	parent := c.Request.Context()
 	ctx, stop := lockkit.Watch(parent, lease)
 	logLost := context.AfterFunc(ctx, func() {
 		if errors.Is(context.Cause(ctx), lockkit.ErrLeaseLost) {
@@ -253,55 +310,40 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, cl
 		}
 	})
 	defer logLost()
-	// The writes after the handler get their own time, from when it ends:
-	// a handler may wait long for its locks.
-	var fctx context.Context
-	release := func() {
-		if err := releaseScript.Run(fctx, m.client, []string{recKey, leaseKey}, run).Err(); err != nil {
-			// The lease expires on its own; the key is blocked until then.
-			slog.WarnContext(fctx, "idem: free key", "key", recKey, "run", run, "err", err)
-		}
-	}
-
-	w := &capture{ResponseWriter: c.Writer}
-	c.Writer = w
-	a := &attempt{user: user, key: key, fp: fp, rid: w.Header().Get(problem.RequestIDHeader)}
 	c.Request = c.Request.WithContext(withAttempt(ctx, a))
-	panicked, stack := next(c)
+	panicked, stack = next(c)
 	logLost()
 	stop()
 	lease.end(parent)
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
-	defer fcancel()
-	if panicked != nil {
-		if p.RerunServerErrors {
-			release()
-			c.Writer = w.ResponseWriter
-			panic(panicked) // Recover, further out, answers 500
-		}
-		// A panic may come after a write that landed, also one after the
-		// answer was sent or one that aborts the connection: the key keeps
-		// what the client was sent, or a 500 written here through the
-		// capture, so that a retry does not run the handler again.
-		if panicked == http.ErrAbortHandler {
-			defer panic(panicked) // after the store: net/http still cuts the connection
-		} else {
-			slog.ErrorContext(fctx, "panic in handler", "request_id", w.Header().Get(problem.RequestIDHeader),
-				"panic", panicked, "stack", string(stack))
-		}
-		if !w.Written() {
-			problem.Write(c, errors.New("panic"))
-		}
-	}
-	c.Writer = w.ResponseWriter
+	return panicked, stack
+}
 
-	status := w.Status()
-	// a.taken: another run of this key recorded its change first; this
-	// one's 409 sends the client back for that run's answer.
-	if !p.stores(c, status) || w.overflow || a.taken {
-		release()
-		return
+// answerPanic logs a handler's panic and, unless the client was sent an
+// answer already, answers 500 through the capture w, so that the key keeps
+// what the client was sent: a panic may come after a write that landed,
+// also one after the answer was sent or one that aborts the connection,
+// and a retry must not run the handler again.
+func answerPanic(ctx context.Context, c *gin.Context, w *capture, panicked any, stack []byte) {
+	if panicked != http.ErrAbortHandler {
+		slog.ErrorContext(ctx, "panic in handler", "request_id", w.Header().Get(problem.RequestIDHeader),
+			"panic", panicked, "stack", string(stack))
 	}
+	if !w.Written() {
+		problem.Write(c, errors.New("panic"))
+	}
+}
+
+// free releases the key for a retry to run, unless a later run claimed it.
+func (m *Idem) free(ctx context.Context, recKey, leaseKey, run string) {
+	if err := releaseScript.Run(ctx, m.client, []string{recKey, leaseKey}, run).Err(); err != nil {
+		// The lease expires on its own; the key is blocked until then.
+		slog.WarnContext(ctx, "idem: free key", "key", recKey, "run", run, "err", err)
+	}
+}
+
+// store keeps the response captured in w as the key's answer, unless a
+// later run claimed the key.
+func (m *Idem) store(ctx context.Context, w *capture, recKey, leaseKey, run, fp string) {
 	header := map[string]string{}
 	for _, name := range storedHeaders {
 		if v := w.Header().Get(name); v != "" {
@@ -310,14 +352,15 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, cl
 	}
 	hj, _ := json.Marshal(header)
 	rid := w.Header().Get(problem.RequestIDHeader)
-	stored, err := storeScript.Run(fctx, m.client, []string{recKey, leaseKey}, run, fp, status, hj, w.body.Bytes(), rid).Int()
+	status := w.Status()
+	stored, err := storeScript.Run(ctx, m.client, []string{recKey, leaseKey}, run, fp, status, hj, w.body.Bytes(), rid).Int()
 	switch {
 	case err != nil:
 		// The client has its answer; a retry once the lease expires runs
 		// again, and the handler's own fences and uniqueness must catch it.
-		slog.ErrorContext(fctx, "idem: store response", "key", recKey, "status", status, "err", err)
+		slog.ErrorContext(ctx, "idem: store response", "key", recKey, "status", status, "err", err)
 	case stored == 0:
-		slog.WarnContext(fctx, "idem: response not stored: the key expired, or was claimed again after this request's lease lapsed",
+		slog.WarnContext(ctx, "idem: response not stored: the key expired, or was claimed again after this request's lease lapsed",
 			"key", recKey, "run", run, "status", status)
 	}
 }

@@ -89,7 +89,22 @@ func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantit
 		return c.single.Purchase(ctx, user, sku, quantity)
 	}
 	o := &queued{ctx: ctx, user: user, quantity: quantity, done: make(chan queuedResult, 1), lead: make(chan struct{}, 1)}
+	q := c.enqueue(sku, o)
+	for {
+		select {
+		case r := <-o.done:
+			return r.p, r.err
+		case <-o.lead:
+			c.serveNext(sku, q)
+		}
+	}
+}
+
+// enqueue queues o on sku's queue, and gives it the lead when no
+// goroutine serves the queue.
+func (c *combined) enqueue(sku string, o *queued) *skuQueue {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	q := c.queues[sku]
 	if q == nil {
 		q = &skuQueue{}
@@ -100,16 +115,7 @@ func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantit
 		q.leading = true
 		o.lead <- struct{}{}
 	}
-	c.mu.Unlock()
-
-	for {
-		select {
-		case r := <-o.done:
-			return r.p, r.err
-		case <-o.lead:
-			c.serveNext(sku, q)
-		}
-	}
+	return q
 }
 
 // serveNext serves up to maxBatch of q's pending purchases, then hands the
@@ -137,6 +143,32 @@ func (c *combined) serveNext(sku string, q *skuQueue) {
 // serve sells batch under one grant. Buyers who left while queued are
 // answered with their context's error and take no part.
 func (c *combined) serve(sku string, batch []*queued) {
+	live := answerDeparted(batch)
+	switch len(live) {
+	case 0:
+		return
+	case 1:
+		c.serveAlone(sku, live[0])
+		return
+	}
+	purchases, sold, err := c.sellBatch(sku, live)
+	c.countFencedBuyers(err, len(live))
+	// A key that another run recorded rolled the whole batch back; alone,
+	// it is refused by itself and the others are sold their units.
+	if errors.Is(err, errNotCombinable) || errors.Is(err, idem.ErrKeyTaken) {
+		for _, o := range live {
+			c.serveAlone(sku, o)
+		}
+		return
+	}
+	for i, o := range live {
+		o.done <- batchResult(err, sold[i], purchases[i], o.quantity)
+	}
+}
+
+// answerDeparted answers the buyers of batch whose context ended with its
+// error, and returns the others.
+func answerDeparted(batch []*queued) []*queued {
 	live := batch[:0:0]
 	for _, o := range batch {
 		if err := context.Cause(o.ctx); err != nil {
@@ -145,21 +177,24 @@ func (c *combined) serve(sku string, batch []*queued) {
 		}
 		live = append(live, o)
 	}
-	if len(live) == 0 {
-		return
-	}
-	if len(live) == 1 {
-		o := live[0]
-		p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
-		o.done <- queuedResult{p: p, err: err}
-		return
-	}
+	return live
+}
+
+// serveAlone sells to o on the single path.
+func (c *combined) serveAlone(sku string, o *queued) {
+	p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
+	o.done <- queuedResult{p: p, err: err}
+}
+
+// sellBatch sells to live in one transaction under one grant of sku's
+// lock: purchases[i] is live[i]'s, sold to it if sold[i].
+func (c *combined) sellBatch(sku string, live []*queued) (purchases []Purchase, sold []bool, err error) {
 	// The batch outlives any one buyer's request: it serves them all. The
 	// lock's wait timeout still bounds the wait.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(live[0].ctx), writeTimeout+time.Minute)
 	defer cancel()
-	purchases := make([]Purchase, len(live))
-	sold := make([]bool, len(live))
+	purchases = make([]Purchase, len(live))
+	sold = make([]bool, len(live))
 	buyers := make([]context.Context, len(live))
 	for i, o := range live {
 		buyers[i] = o.ctx
@@ -167,39 +202,37 @@ func (c *combined) serve(sku string, batch []*queued) {
 	// Sales the store accepted under an unbeaten fence stand even if the
 	// lease is found lost after (guard.Do).
 	k := Key(sku)
-	err := c.single.guard.Do(ctx, []lockkey.Key{k}, func(ctx context.Context, f guard.Fences) error {
+	err = c.single.guard.Do(ctx, []lockkey.Key{k}, func(ctx context.Context, f guard.Fences) error {
 		for i, o := range live {
 			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: f.Of(k)}
 		}
 		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay, buyers)
 	})
-	// The guard counted the refused batch once; every buyer in it is
-	// answered ErrFenced, and shop_fenced_writes_total counts refused
-	// purchases, one per buyer.
-	if c.metrics != nil && errors.Is(err, lockkit.ErrFenced) {
-		for range len(live) - 1 {
-			c.metrics.Fenced(lockkey.Stock)
-		}
-	}
-	// A key that another run recorded rolled the whole batch back; alone,
-	// it is refused by itself and the others are sold their units.
-	if errors.Is(err, errNotCombinable) || errors.Is(err, idem.ErrKeyTaken) {
-		for _, o := range live {
-			p, err := c.single.Purchase(o.ctx, o.user, sku, o.quantity)
-			o.done <- queuedResult{p: p, err: err}
-		}
+	return purchases, sold, err
+}
+
+// countFencedBuyers counts a batch of buyers refused as fenced (err) in
+// shop_fenced_writes_total, one per buyer: the guard counted the batch
+// once, and every buyer in it is answered ErrFenced.
+func (c *combined) countFencedBuyers(err error, buyers int) {
+	if c.metrics == nil || !errors.Is(err, lockkit.ErrFenced) {
 		return
 	}
-	for i, o := range live {
-		switch {
-		case err != nil:
-			o.done <- queuedResult{err: err}
-		case sold[i]:
-			o.done <- queuedResult{p: purchases[i]}
-		default:
-			o.done <- queuedResult{err: soldOut(0, o.quantity)}
-		}
+	for range buyers - 1 {
+		c.metrics.Fenced(lockkey.Stock)
 	}
+}
+
+// batchResult is a batch buyer's answer: the batch's error, the purchase
+// it was sold, or sold out.
+func batchResult(err error, sold bool, p Purchase, quantity int64) queuedResult {
+	switch {
+	case err != nil:
+		return queuedResult{err: err}
+	case sold:
+		return queuedResult{p: p}
+	}
+	return queuedResult{err: soldOut(0, quantity)}
 }
 
 // errNotCombinable: the product gained a per-user limit since the buyers
@@ -214,54 +247,18 @@ var errNotCombinable = errors.New("inventory: product has a per-user limit; not 
 // sold.
 func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []Purchase, sold []bool, delay time.Duration,
 	buyers []context.Context) error {
-	if err := s.claim(ctx, sku, fence); err != nil {
-		return err
-	}
-	prod, err := s.Get(ctx, sku)
+	prod, err := s.claimCombinable(ctx, sku, fence)
 	if err != nil {
 		return err
 	}
-	if prod.PerUserLimit > 0 {
-		return errNotCombinable
-	}
-	var rows []Purchase
-	var rowBuyers []context.Context
-	for i := range ps {
-		if prod.Stock >= ps[i].Quantity {
-			prod.Stock -= ps[i].Quantity
-			sold[i] = true
-			rows = append(rows, ps[i])
-			rowBuyers = append(rowBuyers, buyers[i])
-		}
-	}
+	rows, rowBuyers := allot(&prod, ps, sold, buyers)
 	if len(rows) == 0 {
 		return nil
 	}
-	if err := guard.Work(ctx, delay); err != nil {
-		clear(sold)
-		return err
+	err = guard.Work(ctx, delay)
+	if err == nil {
+		err = s.writeBatch(ctx, sku, prod, fence, rows, rowBuyers)
 	}
-	if s.beforeWrite != nil {
-		s.beforeWrite(ctx)
-	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	defer cancel()
-	err = s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
-		if err := writeStock(tx, prod, fence); err != nil {
-			return err
-		}
-		sale, err := currentSale(tx, sku)
-		if err != nil {
-			return err
-		}
-		for i := range rows {
-			rows[i].Sale = sale
-		}
-		if err := tx.Create(&rows).Error; err != nil {
-			return err
-		}
-		return saveAnswers(tx, rowBuyers, rows)
-	})
 	if err != nil {
 		clear(sold)
 		return err
@@ -275,6 +272,63 @@ func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []P
 		}
 	}
 	return nil
+}
+
+// claimCombinable claims sku's row with fence and reads it, unless the
+// product has a per-user limit.
+func (s *Store) claimCombinable(ctx context.Context, sku string, fence uint64) (Product, error) {
+	if err := s.claim(ctx, sku, fence); err != nil {
+		return Product{}, err
+	}
+	prod, err := s.Get(ctx, sku)
+	if err != nil {
+		return Product{}, err
+	}
+	if prod.PerUserLimit > 0 {
+		return Product{}, errNotCombinable
+	}
+	return prod, nil
+}
+
+// allot sells prod's stock to each of ps in order while it lasts, marking
+// sold[i], and returns the purchases sold with their buyers.
+func allot(prod *Product, ps []Purchase, sold []bool, buyers []context.Context) (rows []Purchase, rowBuyers []context.Context) {
+	for i := range ps {
+		if prod.Stock >= ps[i].Quantity {
+			prod.Stock -= ps[i].Quantity
+			sold[i] = true
+			rows = append(rows, ps[i])
+			rowBuyers = append(rowBuyers, buyers[i])
+		}
+	}
+	return rows, rowBuyers
+}
+
+// writeBatch writes prod's stock and inserts rows in one transaction, with
+// the answers of their buyers.
+func (s *Store) writeBatch(ctx context.Context, sku string, prod Product, fence uint64, rows []Purchase,
+	buyers []context.Context) error {
+	if s.beforeWrite != nil {
+		s.beforeWrite(ctx)
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	return s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
+		if err := writeStock(tx, prod, fence); err != nil {
+			return err
+		}
+		sale, err := currentSale(tx, sku)
+		if err != nil {
+			return err
+		}
+		for i := range rows {
+			rows[i].Sale = sale
+		}
+		if err := tx.Create(&rows).Error; err != nil {
+			return err
+		}
+		return saveAnswers(tx, buyers, rows)
+	})
 }
 
 // saveAnswers records, in the batch's transaction tx, each keyed buyer's

@@ -277,27 +277,29 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicRedis}
 	idem.Answer(ctx, http.StatusCreated, &p)
 	err = s.store.Decrement(ctx, &p)
-	if err == nil && !taken {
-		// A sale that bypassed the mirror drops it, as every such change
-		// does: a mirror loaded meanwhile may not count it.
-		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		s.mirror.Forget(gctx, sku)
-	}
-	if err != nil && taken {
-		// On a context of their own: the request may be gone, the mirror
-		// must not stay short. A refusal the database decided (a limit,
-		// a key another run recorded) wrote nothing: the units go back.
-		// Anything else may have committed (a lost COMMIT reply) or says
-		// the mirror was wrong (sold out in the database): drop the
-		// mirror, the next sale reloads it from the database.
-		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		if errors.Is(err, ErrLimitExceeded) || errors.Is(err, idem.ErrKeyTaken) {
-			s.mirror.GiveBack(gctx, sku, quantity, from)
-		} else {
-			s.mirror.Forget(gctx, sku)
-		}
-	}
+	s.settle(ctx, sku, quantity, from, taken, err)
 	return p, err
+}
+
+// settle brings sku's mirror in line with the database's answer err to a
+// sale whose units the mirror gave (taken) or did not. On a context of its
+// own: the request may be gone, the mirror must not stay short.
+func (s *atomicRedis) settle(ctx context.Context, sku string, quantity int64, from Taken, taken bool, err error) {
+	if (err == nil) == taken {
+		return // the mirror and the database agree
+	}
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if taken && (errors.Is(err, ErrLimitExceeded) || errors.Is(err, idem.ErrKeyTaken)) {
+		// A refusal the database decided (a limit, a key another run
+		// recorded) wrote nothing: the units go back.
+		s.mirror.GiveBack(gctx, sku, quantity, from)
+		return
+	}
+	// A sale that bypassed the mirror drops it, as every such change does:
+	// a mirror loaded meanwhile may not count it. A failure after the
+	// mirror gave units may have committed (a lost COMMIT reply) or says
+	// the mirror was wrong (sold out in the database): drop the mirror,
+	// the next sale reloads it from the database.
+	s.mirror.Forget(gctx, sku)
 }

@@ -289,6 +289,28 @@ func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
 	}
 }
 
+// putAndSell puts the products open and lim (limit 2 per user), which
+// starts a new sale of each, sells 3 units of open to 3 users and tries 3
+// of lim for one, and wants the audit without drift.
+func putAndSell(t *testing.T, store *Store, svc Service, sale int) {
+	t.Helper()
+	for _, p := range []Product{
+		{SKU: "open", Name: "open", Stock: 10, PriceCents: 1},
+		{SKU: "lim", Name: "lim", Stock: 10, PriceCents: 1, PerUserLimit: 2},
+	} {
+		if _, err := store.Put(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sold, soldOut, _ := buyAll(t, svc, "open", 3, func(i int) int64 { return int64(i + 1) }); sold != 3 || soldOut != 0 {
+		t.Errorf("sale %d: sold %d, sold out %d; want 3 and 0", sale, sold, soldOut)
+	}
+	if sold, _, limited := buyAll(t, svc, "lim", 3, func(int) int64 { return 7 }); sold != 2 || limited != 1 {
+		t.Errorf("sale %d, one user, limit 2: sold %d, limited %d; want 2 and 1", sale, sold, limited)
+	}
+	assertNoDrift(t, store)
+}
+
 // TestANewSaleCountsOnlyItsOwnPurchases: an admin PUT starts a new sale.
 // The old sale's purchase rows stay (orders reconcile against them) but
 // the stock audit and the per-user limit count the new sale's only,
@@ -314,21 +336,7 @@ func TestANewSaleCountsOnlyItsOwnPurchases(t *testing.T) {
 					t.Fatal(err)
 				}
 				for sale := range 2 {
-					for _, p := range []Product{
-						{SKU: "open", Name: "open", Stock: 10, PriceCents: 1},
-						{SKU: "lim", Name: "lim", Stock: 10, PriceCents: 1, PerUserLimit: 2},
-					} {
-						if _, err := store.Put(ctx, p); err != nil {
-							t.Fatal(err)
-						}
-					}
-					if sold, soldOut, _ := buyAll(t, svc, "open", 3, func(i int) int64 { return int64(i + 1) }); sold != 3 || soldOut != 0 {
-						t.Errorf("sale %d: sold %d, sold out %d; want 3 and 0", sale, sold, soldOut)
-					}
-					if sold, _, limited := buyAll(t, svc, "lim", 3, func(int) int64 { return 7 }); sold != 2 || limited != 1 {
-						t.Errorf("sale %d, one user, limit 2: sold %d, limited %d; want 2 and 1", sale, sold, limited)
-					}
-					assertNoDrift(t, store)
+					putAndSell(t, store, svc, sale)
 				}
 				for sku, want := range map[string]int64{"open": 7, "lim": 8} {
 					if p, err := store.Get(ctx, sku); err != nil || p.Stock != want {

@@ -87,17 +87,8 @@ func Return(tx *gorm.DB, p *Purchase, fence uint64) error {
 		return nil
 	}
 	sale := sales[0]
-	switch err := moveStock(tx, p.SKU, p.Quantity, fence, &sale); {
-	case errors.Is(err, errOtherSale):
-	case err != nil:
+	if err := giveBack(tx, *p, fence, sale); err != nil {
 		return err
-	default:
-		// The units no longer count against the user's limit: they were
-		// never sold. No row means no limit applied to them.
-		if err := tx.Exec("UPDATE purchase_limits SET units = units - ? WHERE user_id = ? AND sku = ? AND units >= ?",
-			p.Quantity, p.UserID, p.SKU, p.Quantity).Error; err != nil {
-			return err
-		}
 	}
 	ret := *p
 	ret.Quantity, ret.Strategy, ret.Fence, ret.Sale = -p.Quantity, StrategyOrderReturn, fence, sale
@@ -106,6 +97,21 @@ func Return(tx *gorm.DB, p *Purchase, fence uint64) error {
 	}
 	*p = ret
 	return nil
+}
+
+// giveBack returns p's units to the stock and to the user's total, unless
+// sale is no longer the product's.
+func giveBack(tx *gorm.DB, p Purchase, fence uint64, sale int64) error {
+	switch err := moveStock(tx, p.SKU, p.Quantity, fence, &sale); {
+	case errors.Is(err, errOtherSale):
+		return nil
+	case err != nil:
+		return err
+	}
+	// The units no longer count against the user's limit: they were
+	// never sold. No row means no limit applied to them.
+	return tx.Exec("UPDATE purchase_limits SET units = units - ? WHERE user_id = ? AND sku = ? AND units >= ?",
+		p.Quantity, p.UserID, p.SKU, p.Quantity).Error
 }
 
 // errOtherSale: moveStock was told a sale that is no longer the product's.
@@ -135,6 +141,12 @@ func moveStock(tx *gorm.DB, sku string, delta int64, fence uint64, sale *int64) 
 	if res.RowsAffected > 0 {
 		return nil
 	}
+	return whyNotMoved(tx, sku, delta, fence, sale)
+}
+
+// whyNotMoved reads sku's row to tell why moveStock's UPDATE matched
+// nothing: no product, a newer fence, another sale, or too little stock.
+func whyNotMoved(tx *gorm.DB, sku string, delta int64, fence uint64, sale *int64) error {
 	var prod Product
 	err := tx.Where("sku = ?", sku).Take(&prod).Error
 	switch {
@@ -168,21 +180,10 @@ type Span struct {
 // Single reports whether the rows all moved stock of one SKU in one sale.
 func (s Span) Single() bool { return s.MinSKU == s.MaxSKU && s.MinSale == s.MaxSale }
 
-// OrderStock returns the purchase rows of orders by order id, read with tx
-// so that the caller can read them in the same snapshot as the orders.
-func OrderStock(tx *gorm.DB) (map[int64]OrderUnits, error) {
-	var rows []struct {
-		OrderID                int64
-		Reserved, ResRows      int64
-		Returned, RetRows      int64
-		ResMinSKU, ResMaxSKU   string
-		ResMinSale, ResMaxSale int64
-		RetMinSKU, RetMaxSKU   string
-		RetMinSale, RetMaxSale int64
-	}
-	// MIN and MAX skip the NULLs of the other kind's rows; COALESCE makes
-	// "no row of this kind" read as an empty span.
-	err := tx.Raw(`SELECT order_id,
+// orderStockQuery sums the purchase rows of each order. MIN and MAX skip
+// the NULLs of the other kind's rows; COALESCE makes "no row of this kind"
+// read as an empty span.
+const orderStockQuery = `SELECT order_id,
 		COALESCE(SUM(CASE WHEN quantity > 0 THEN quantity ELSE 0 END), 0) AS reserved,
 		COALESCE(SUM(CASE WHEN quantity > 0 THEN 1 ELSE 0 END), 0) AS res_rows,
 		COALESCE(SUM(CASE WHEN quantity < 0 THEN -quantity ELSE 0 END), 0) AS returned,
@@ -195,7 +196,21 @@ func OrderStock(tx *gorm.DB) (map[int64]OrderUnits, error) {
 		COALESCE(MAX(CASE WHEN quantity < 0 THEN sku END), '') AS ret_max_sku,
 		COALESCE(MIN(CASE WHEN quantity < 0 THEN sale END), 0) AS ret_min_sale,
 		COALESCE(MAX(CASE WHEN quantity < 0 THEN sale END), 0) AS ret_max_sale
-		FROM purchases WHERE order_id <> 0 GROUP BY order_id`).Scan(&rows).Error
+		FROM purchases WHERE order_id <> 0 GROUP BY order_id`
+
+// OrderStock returns the purchase rows of orders by order id, read with tx
+// so that the caller can read them in the same snapshot as the orders.
+func OrderStock(tx *gorm.DB) (map[int64]OrderUnits, error) {
+	var rows []struct {
+		OrderID                int64
+		Reserved, ResRows      int64
+		Returned, RetRows      int64
+		ResMinSKU, ResMaxSKU   string
+		ResMinSale, ResMaxSale int64
+		RetMinSKU, RetMaxSKU   string
+		RetMinSale, RetMaxSale int64
+	}
+	err := tx.Raw(orderStockQuery).Scan(&rows).Error
 	out := make(map[int64]OrderUnits, len(rows))
 	for _, r := range rows {
 		out[r.OrderID] = OrderUnits{Reserved: r.Reserved, ReservedRows: r.ResRows, Returned: r.Returned, ReturnedRows: r.RetRows,

@@ -12,6 +12,24 @@ import (
 	"github.com/lockbench/shop/internal/shoptest"
 )
 
+// oneInsertReadsTheSale wants statements to hold one purchase INSERT and
+// no other statement that names the sale.
+func oneInsertReadsTheSale(t *testing.T, statements []string) {
+	t.Helper()
+	var inserts int
+	for _, sql := range statements {
+		switch {
+		case strings.HasPrefix(sql, "INSERT INTO `purchases`"):
+			inserts++
+		case strings.Contains(sql, "sale"):
+			t.Errorf("a statement of its own reads the sale: %s", sql)
+		}
+	}
+	if inserts != 1 {
+		t.Errorf("%d purchase inserts, want 1 in %q", inserts, statements)
+	}
+}
+
 // TestTheReservationsSaleCostsNoStatement: an order's reservation reads
 // the product's sale inside its purchase row's INSERT, never in a
 // statement of its own: the order flows pay every round trip inside their
@@ -46,19 +64,7 @@ func TestTheReservationsSaleCostsNoStatement(t *testing.T) {
 				}); err != nil {
 					t.Fatal(err)
 				}
-				statements := log.Take()
-				var inserts int
-				for _, sql := range statements {
-					switch {
-					case strings.HasPrefix(sql, "INSERT INTO `purchases`"):
-						inserts++
-					case strings.Contains(sql, "sale"):
-						t.Errorf("a statement of its own reads the sale: %s", sql)
-					}
-				}
-				if inserts != 1 {
-					t.Errorf("%d purchase inserts, want 1 in %q", inserts, statements)
-				}
+				oneInsertReadsTheSale(t, log.Take())
 				var rows []Purchase
 				if err := db.DB.Where("order_id = ?", p.OrderID).Find(&rows).Error; err != nil {
 					t.Fatal(err)

@@ -86,17 +86,24 @@ func (s *Store) Update(ctx context.Context, p *Purchase, fence uint64, fn func(c
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	return s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
-		if err := countLimit(tx, prod, *p); err != nil {
-			return err
-		}
-		if err := writeStock(tx, prod, fence); err != nil {
-			return err
-		}
-		if err := insertInSale(tx, p); err != nil {
-			return err
-		}
-		return idem.Save(ctx, tx)
+		return writeSale(ctx, tx, prod, p, fence)
 	})
+}
+
+// writeSale writes, in tx, the sale Update decided: the per-user total,
+// the stock prod now has (fenced), the purchase row p and the record of
+// the request that made it (ctx's).
+func writeSale(ctx context.Context, tx *gorm.DB, prod Product, p *Purchase, fence uint64) error {
+	if err := countLimit(tx, prod, *p); err != nil {
+		return err
+	}
+	if err := writeStock(tx, prod, fence); err != nil {
+		return err
+	}
+	if err := insertInSale(tx, p); err != nil {
+		return err
+	}
+	return idem.Save(ctx, tx)
 }
 
 // claim raises the product's fence to the token before Update reads it,
@@ -170,25 +177,8 @@ func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 			return res.Error
 		}
 		if res.RowsAffected == 0 {
-			var prod Product
-			if err := tx.Where("sku = ?", p.SKU).Take(&prod).Error; errors.Is(err, gorm.ErrRecordNotFound) {
-				return fmt.Errorf("%w: no product %q", ErrNotFound, p.SKU)
-			} else if err != nil {
+			if err := decrementRead(tx, p); err != nil {
 				return err
-			}
-			if prod.PerUserLimit <= 0 {
-				return decrementSoldOut(p.Quantity)
-			}
-			if err := countLimit(tx, prod, *p); err != nil {
-				return err
-			}
-			res = tx.Exec("UPDATE products SET stock = stock - ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock >= ?",
-				p.Quantity, time.Now().UTC(), p.SKU, p.Quantity)
-			if res.Error != nil {
-				return res.Error
-			}
-			if res.RowsAffected == 0 {
-				return decrementSoldOut(p.Quantity)
 			}
 		}
 		if err := insertInSale(tx, p); err != nil {
@@ -196,6 +186,33 @@ func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 		}
 		return idem.Save(ctx, tx)
 	})
+}
+
+// decrementRead is Decrement's path when its UPDATE matched nothing: it
+// reads the row to tell an unknown SKU or a sold-out product from a limit
+// to count, and with a limit counts p's units and decrements.
+func decrementRead(tx *gorm.DB, p *Purchase) error {
+	var prod Product
+	if err := tx.Where("sku = ?", p.SKU).Take(&prod).Error; errors.Is(err, gorm.ErrRecordNotFound) {
+		return fmt.Errorf("%w: no product %q", ErrNotFound, p.SKU)
+	} else if err != nil {
+		return err
+	}
+	if prod.PerUserLimit <= 0 {
+		return decrementSoldOut(p.Quantity)
+	}
+	if err := countLimit(tx, prod, *p); err != nil {
+		return err
+	}
+	res := tx.Exec("UPDATE products SET stock = stock - ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock >= ?",
+		p.Quantity, time.Now().UTC(), p.SKU, p.Quantity)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		return decrementSoldOut(p.Quantity)
+	}
+	return nil
 }
 
 // insertInSale inserts p as a row of its product's current sale. Call it
@@ -360,19 +377,9 @@ func (s *Store) Reset(ctx context.Context, fixture string) error {
 		skus[i] = ps[i].SKU
 	}
 	var old []string
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Model(&Product{}).Pluck("sku", &old).Error; err != nil {
-			return err
-		}
-		for _, m := range []any{&Purchase{}, &PurchaseLimit{}} {
-			if err := tx.Where("1 = 1").Delete(m).Error; err != nil {
-				return err
-			}
-		}
-		if err := tx.Where("sku NOT IN ?", skus).Delete(&Product{}).Error; err != nil {
-			return err
-		}
-		return upsert(tx, ps)
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) (err error) {
+		old, err = replaceProducts(tx, ps, skus)
+		return err
 	})
 	if err == nil && s.mirror != nil {
 		for _, sku := range append(old, skus...) {
@@ -380,6 +387,24 @@ func (s *Store) Reset(ctx context.Context, fixture string) error {
 		}
 	}
 	return err
+}
+
+// replaceProducts deletes, in tx, every purchase, every per-user total and
+// the products not in skus, and upserts ps (whose SKUs skus are). It
+// returns the SKUs there were before.
+func replaceProducts(tx *gorm.DB, ps []Product, skus []string) (old []string, err error) {
+	if err := tx.Model(&Product{}).Pluck("sku", &old).Error; err != nil {
+		return nil, err
+	}
+	for _, m := range []any{&Purchase{}, &PurchaseLimit{}} {
+		if err := tx.Where("1 = 1").Delete(m).Error; err != nil {
+			return nil, err
+		}
+	}
+	if err := tx.Where("sku NOT IN ?", skus).Delete(&Product{}).Error; err != nil {
+		return nil, err
+	}
+	return old, upsert(tx, ps)
 }
 
 // sold is the audit's view of one product in its current sale, read in one

@@ -158,21 +158,9 @@ func decodeCursor(s string) (int64, bool) {
 // next_cursor of the page before: keyset pagination on the id, so a page
 // neither repeats nor skips an order when new ones are placed meanwhile.
 func (d *Domain) list(c *gin.Context) error {
-	limit := defaultPageSize
-	if raw, ok := c.GetQuery("limit"); ok {
-		n, err := strconv.Atoi(raw)
-		if err != nil || n < 1 || n > maxPageSize {
-			return problem.BadRequest(fmt.Sprintf("limit must be an integer from 1 to %d, got %q", maxPageSize, raw))
-		}
-		limit = n
-	}
-	var before int64
-	if raw, ok := c.GetQuery("cursor"); ok {
-		id, valid := decodeCursor(raw)
-		if !valid {
-			return problem.BadRequest(fmt.Sprintf("cursor %q is not a next_cursor this API returned", raw))
-		}
-		before = id
+	limit, before, err := pageQuery(c)
+	if err != nil {
+		return err
 	}
 	orders, more, err := d.Service.List(c.Request.Context(), auth.UserID(c), before, limit)
 	if err != nil {
@@ -187,4 +175,25 @@ func (d *Domain) list(c *gin.Context) error {
 	}
 	c.JSON(http.StatusOK, p)
 	return nil
+}
+
+// pageQuery reads a list's limit (defaultPageSize when absent) and the id
+// its cursor names (0 when absent).
+func pageQuery(c *gin.Context) (limit int, before int64, err error) {
+	limit = defaultPageSize
+	if raw, ok := c.GetQuery("limit"); ok {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > maxPageSize {
+			return 0, 0, problem.BadRequest(fmt.Sprintf("limit must be an integer from 1 to %d, got %q", maxPageSize, raw))
+		}
+		limit = n
+	}
+	if raw, ok := c.GetQuery("cursor"); ok {
+		id, valid := decodeCursor(raw)
+		if !valid {
+			return 0, 0, problem.BadRequest(fmt.Sprintf("cursor %q is not a next_cursor this API returned", raw))
+		}
+		before = id
+	}
+	return limit, before, nil
 }

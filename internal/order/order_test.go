@@ -294,6 +294,32 @@ func TestFiftyDuplicatesPlaceOneOrder(t *testing.T) {
 	close(start)
 	wg.Wait()
 
+	first := oneCreatedTheRestReplayed(t, res)
+	want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2}
+	if got := s.state(); got != want {
+		t.Fatalf("stores hold %+v; want %+v", got, want)
+	}
+	o := decode[Order](t, first)
+	if o.Status != StatusPaid || o.AmountCents != 2*price || o.UserID != user || o.PaidAt == nil {
+		t.Fatalf("order %+v", o)
+	}
+	if loc := first.Header().Get("Location"); loc != "/api/v1/orders/"+jsonID(o) {
+		t.Fatalf("Location %q", loc)
+	}
+	other := s.do("POST", "/api/v1/orders", user, key, `{"sku":"widget","quantity":3}`)
+	if other.Code != http.StatusUnprocessableEntity || !strings.Contains(other.Body.String(), "idempotency-key-reused") {
+		t.Fatalf("same key, other body: %d %s", other.Code, other.Body)
+	}
+	if got := s.state(); got != want {
+		t.Fatalf("after the retries the stores hold %+v; want %+v", got, want)
+	}
+	s.auditOK()
+}
+
+// oneCreatedTheRestReplayed wants every answer of res to be 409 or 201,
+// and the 201s to be one original and its replays, and returns the first.
+func oneCreatedTheRestReplayed(t *testing.T, res []*httptest.ResponseRecorder) *httptest.ResponseRecorder {
+	t.Helper()
 	var created []*httptest.ResponseRecorder
 	conflicts := 0
 	for _, w := range res {
@@ -322,25 +348,7 @@ func TestFiftyDuplicatesPlaceOneOrder(t *testing.T) {
 	if originals != 1 {
 		t.Fatalf("%d responses were not replays; want exactly 1", originals)
 	}
-	want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2}
-	if got := s.state(); got != want {
-		t.Fatalf("stores hold %+v; want %+v", got, want)
-	}
-	o := decode[Order](t, first)
-	if o.Status != StatusPaid || o.AmountCents != 2*price || o.UserID != user || o.PaidAt == nil {
-		t.Fatalf("order %+v", o)
-	}
-	if loc := first.Header().Get("Location"); loc != "/api/v1/orders/"+jsonID(o) {
-		t.Fatalf("Location %q", loc)
-	}
-	other := s.do("POST", "/api/v1/orders", user, key, `{"sku":"widget","quantity":3}`)
-	if other.Code != http.StatusUnprocessableEntity || !strings.Contains(other.Body.String(), "idempotency-key-reused") {
-		t.Fatalf("same key, other body: %d %s", other.Code, other.Body)
-	}
-	if got := s.state(); got != want {
-		t.Fatalf("after the retries the stores hold %+v; want %+v", got, want)
-	}
-	s.auditOK()
+	return first
 }
 
 func TestRefusalsChangeNothingAndAreReplayed(t *testing.T) {
@@ -396,15 +404,7 @@ func TestRefusalsChangeNothingAndAreReplayed(t *testing.T) {
 // reserved, paid once, read alone and in pages.
 func TestLifecycle(t *testing.T) {
 	s := newShop(t, Options{})
-	place := func(body string) Order {
-		t.Helper()
-		w := s.do("POST", "/api/v1/orders", user, s.token(user), body)
-		if w.Code != http.StatusCreated {
-			t.Fatalf("place %s: %d %s", body, w.Code, w.Body)
-		}
-		return decode[Order](t, w)
-	}
-	o := place(`{"sku":"widget","quantity":3}`)
+	o := s.place(`{"sku":"widget","quantity":3}`)
 	if o.Status != StatusAwaitingPayment || o.PaidAt != nil || o.AmountCents != 3*price {
 		t.Fatalf("placed %+v", o)
 	}
@@ -414,6 +414,42 @@ func TestLifecycle(t *testing.T) {
 	s.auditOK()
 
 	pay := "/api/v1/orders/" + jsonID(o) + "/pay"
+	s.payTwiceDebitsOnce(o, pay)
+	s.badPaysAreRefused(pay)
+
+	// A free product is ordered and paid without a debit.
+	free := s.place(`{"sku":"sticker","quantity":2,"pay":true}`)
+	if free.Status != StatusPaid || free.AmountCents != 0 {
+		t.Fatalf("free order %+v", free)
+	}
+	// Paying more than the balance is refused and changes nothing.
+	big := s.place(`{"sku":"widget","quantity":16}`)
+	if err := s.db.Exec("UPDATE accounts SET balance = 100, opening = opening - ? WHERE id = ?", opening-3*price-100, user).Error; err != nil {
+		t.Fatal(err)
+	}
+	if w := s.do("POST", "/api/v1/orders/"+jsonID(big)+"/pay", user, "", ""); w.Code != 422 || !strings.Contains(w.Body.String(), "insufficient-funds") {
+		t.Fatalf("pay without funds: %d %s", w.Code, w.Body)
+	}
+	s.auditOK()
+
+	s.pagesList([]int64{big.ID, free.ID, o.ID})
+}
+
+// place places an order of user's with a fresh token, and wants 201.
+func (s *shop) place(body string) Order {
+	s.t.Helper()
+	w := s.do("POST", "/api/v1/orders", user, s.token(user), body)
+	if w.Code != http.StatusCreated {
+		s.t.Fatalf("place %s: %d %s", body, w.Code, w.Body)
+	}
+	return decode[Order](s.t, w)
+}
+
+// payTwiceDebitsOnce pays o (of 3 widgets) through pay twice: both answer
+// the paid order, which GET answers too, and one debit is taken.
+func (s *shop) payTwiceDebitsOnce(o Order, pay string) {
+	t := s.t
+	t.Helper()
 	first := s.do("POST", pay, user, "", "")
 	if first.Code != http.StatusOK {
 		t.Fatalf("pay: %d %s", first.Code, first.Body)
@@ -432,6 +468,12 @@ func TestLifecycle(t *testing.T) {
 	if got := s.state(); got.debits != 1 || got.balance != opening-3*price || got.stock != stock-3 {
 		t.Fatalf("after paying twice: %+v; want one debit", got)
 	}
+}
+
+// badPaysAreRefused pays user's order at pay as another user, and orders
+// that do not exist or cannot be named.
+func (s *shop) badPaysAreRefused(pay string) {
+	s.t.Helper()
 	for _, tc := range []struct {
 		name   string
 		as     int64
@@ -444,26 +486,17 @@ func TestLifecycle(t *testing.T) {
 		{"pay-bad-id-400", user, "/api/v1/orders/x/pay", 400, "invalid-input"},
 	} {
 		if w := s.do("POST", tc.path, tc.as, "", ""); w.Code != tc.status || !strings.Contains(w.Body.String(), tc.slug) {
-			t.Errorf("%s: %d %s", tc.name, w.Code, w.Body)
+			s.t.Errorf("%s: %d %s", tc.name, w.Code, w.Body)
 		}
 	}
+}
 
-	// A free product is ordered and paid without a debit.
-	free := place(`{"sku":"sticker","quantity":2,"pay":true}`)
-	if free.Status != StatusPaid || free.AmountCents != 0 {
-		t.Fatalf("free order %+v", free)
-	}
-	// Paying more than the balance is refused and changes nothing.
-	big := place(`{"sku":"widget","quantity":16}`)
-	if err := s.db.Exec("UPDATE accounts SET balance = 100, opening = opening - ? WHERE id = ?", opening-3*price-100, user).Error; err != nil {
-		t.Fatal(err)
-	}
-	if w := s.do("POST", "/api/v1/orders/"+jsonID(big)+"/pay", user, "", ""); w.Code != 422 || !strings.Contains(w.Body.String(), "insufficient-funds") {
-		t.Fatalf("pay without funds: %d %s", w.Code, w.Body)
-	}
-	s.auditOK()
-
-	// Pages: newest first, the cursor continues where the page ended.
+// pagesList reads user's orders two to a page, newest first, the cursor
+// continuing where the page ended, and wants the ids want; another user
+// lists none, and a bad cursor or limit is 400.
+func (s *shop) pagesList(want []int64) {
+	t := s.t
+	t.Helper()
 	var ids []int64
 	path := "/api/v1/orders?limit=2"
 	for range 5 {
@@ -480,7 +513,7 @@ func TestLifecycle(t *testing.T) {
 		}
 		path = "/api/v1/orders?limit=2&cursor=" + p.NextCursor
 	}
-	if want := []int64{big.ID, free.ID, o.ID}; !slices.Equal(ids, want) {
+	if !slices.Equal(ids, want) {
 		t.Fatalf("pages list %v; want %v", ids, want)
 	}
 	if w := s.do("GET", "/api/v1/orders", user+1, "", ""); w.Code != 200 || w.Body.String() != `{"orders":[]}` {
@@ -516,21 +549,30 @@ func TestCloserCancelsUnpaidOrders(t *testing.T) {
 	if n, err := s.service.CloseExpired(ctx, slog.Default()); n != 1 || err != nil {
 		t.Fatalf("closed %d, %v; want 1", n, err)
 	}
-	got, err := s.service.Get(ctx, user, unpaid.ID)
-	if err != nil || got.Status != StatusCancelled || got.CancelledAt == nil {
-		t.Fatalf("unpaid order %+v, %v", got, err)
-	}
-	if _, err := s.service.Pay(ctx, user, unpaid.ID); !errors.Is(err, ErrCancelled) {
-		t.Fatalf("pay a cancelled order: %v", err)
-	}
-	w := s.do("POST", "/api/v1/orders/"+jsonID(unpaid)+"/pay", user, "", "")
-	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "order-cancelled") {
-		t.Fatalf("pay a cancelled order: %d %s", w.Code, w.Body)
-	}
+	s.cancelledRefusesPay(unpaid)
 	if st := s.state(); st.stock != stock-1 || st.balance != opening-price || st.returns != 1 {
 		t.Fatalf("after closing: %+v", st)
 	}
 	s.auditOK()
+}
+
+// cancelledRefusesPay wants order o cancelled, and a pay of it refused
+// with ErrCancelled, 409 order-cancelled over HTTP.
+func (s *shop) cancelledRefusesPay(o Order) {
+	t := s.t
+	t.Helper()
+	ctx := context.Background()
+	got, err := s.service.Get(ctx, user, o.ID)
+	if err != nil || got.Status != StatusCancelled || got.CancelledAt == nil {
+		t.Fatalf("unpaid order %+v, %v", got, err)
+	}
+	if _, err := s.service.Pay(ctx, user, o.ID); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("pay a cancelled order: %v", err)
+	}
+	w := s.do("POST", "/api/v1/orders/"+jsonID(o)+"/pay", user, "", "")
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "order-cancelled") {
+		t.Fatalf("pay a cancelled order: %d %s", w.Code, w.Body)
+	}
 }
 
 // instances are n order services on one database and one locker, as n shop

@@ -57,12 +57,24 @@ func (s *Store) Reconcile(ctx context.Context, stuckBefore time.Time) (Reconcili
 		MiscountedRecords: map[string]int64{}, PaidAndCancelled: map[string]int64{},
 		StockReturnedTwice: map[string]int64{}, Stuck: map[string]int64{}, Misattributed: map[string]int64{},
 	}
-	var (
-		orders []Order
-		money  map[int64]account.OrderDebits
-		units  map[int64]inventory.OrderUnits
-	)
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	orders, money, units, err := s.orderRecords(ctx)
+	if err != nil {
+		return r, err
+	}
+	seen := make(map[int64]bool, len(orders))
+	for _, o := range orders {
+		seen[o.ID] = true
+		r.addOrder(o, money[o.ID], units[o.ID], stuckBefore)
+	}
+	r.addOrphans(money, units, seen)
+	return r, nil
+}
+
+// orderRecords reads the orders with the ledger and purchase rows that
+// carry their ids, in one transaction.
+func (s *Store) orderRecords(ctx context.Context) (orders []Order, money map[int64]account.OrderDebits,
+	units map[int64]inventory.OrderUnits, err error) {
+	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Select("id", "user_id", "sku", "status", "quantity", "amount_cents", "created_at").Find(&orders).Error; err != nil {
 			return err
 		}
@@ -73,44 +85,69 @@ func (s *Store) Reconcile(ctx context.Context, stuckBefore time.Time) (Reconcili
 		units, err = inventory.OrderStock(tx)
 		return err
 	})
-	if err != nil {
-		return r, err
+	return orders, money, units, err
+}
+
+// owed is what an order's status says its rows should have moved.
+type owed struct {
+	cents, debits int64 // the debit's cents (negative) and rows
+	units         int64 // units held: reserved and not returned
+	returns       int64 // stock return rows
+}
+
+// owedBy is what o's rows should have moved in its status. A status no
+// version of shop writes now owes nothing (and is stuck).
+func owedBy(o Order) owed {
+	switch o.Status {
+	case StatusPaid:
+		if o.AmountCents > 0 {
+			return owed{cents: -o.AmountCents, debits: 1, units: o.Quantity}
+		}
+		return owed{units: o.Quantity}
+	case StatusAwaitingPayment:
+		return owed{units: o.Quantity}
+	case StatusCancelled:
+		return owed{returns: 1}
 	}
-	seen := make(map[int64]bool, len(orders))
-	for _, o := range orders {
-		seen[o.ID] = true
-		key := strconv.FormatInt(o.ID, 10)
-		m, u := money[o.ID], units[o.ID]
-		var wantCents, wantDebits, wantUnits, wantReturns int64
-		switch o.Status {
-		case StatusPaid:
-			wantUnits = o.Quantity
-			if o.AmountCents > 0 {
-				wantCents, wantDebits = -o.AmountCents, 1
-			}
-		case StatusAwaitingPayment:
-			wantUnits = o.Quantity
-			if o.CreatedAt.Before(stuckBefore) {
-				r.Stuck[key] = 1
-			}
-		case StatusCancelled:
-			wantReturns = 1
-		default:
-			r.Stuck[key] = 1
-		}
-		r.UnreconciledCents[key] = m.Cents - wantCents
-		r.UnreconciledUnits[key] = u.Reserved - u.Returned - wantUnits
-		r.MiscountedRecords[key] = abs(m.Rows-wantDebits) + abs(u.ReservedRows-1) + abs(u.ReturnedRows-wantReturns)
-		if m.Rows > 0 && u.ReturnedRows > 0 {
-			r.PaidAndCancelled[key] = 1
-		}
-		if u.ReturnedRows > 1 {
-			r.StockReturnedTwice[key] = u.ReturnedRows - 1
-		}
-		if n := misattributed(o, m, u); n > 0 {
-			r.Misattributed[key] = n
-		}
+	return owed{}
+}
+
+// stuck reports whether o awaits payment since before stuckBefore or has a
+// status no version of shop writes now.
+func stuck(o Order, stuckBefore time.Time) bool {
+	switch o.Status {
+	case StatusPaid, StatusCancelled:
+		return false
+	case StatusAwaitingPayment:
+		return o.CreatedAt.Before(stuckBefore)
 	}
+	return true
+}
+
+// addOrder compares order o with its ledger rows m and purchase rows u.
+func (r *Reconciliation) addOrder(o Order, m account.OrderDebits, u inventory.OrderUnits, stuckBefore time.Time) {
+	key := strconv.FormatInt(o.ID, 10)
+	want := owedBy(o)
+	if stuck(o, stuckBefore) {
+		r.Stuck[key] = 1
+	}
+	r.UnreconciledCents[key] = m.Cents - want.cents
+	r.UnreconciledUnits[key] = u.Reserved - u.Returned - want.units
+	r.MiscountedRecords[key] = abs(m.Rows-want.debits) + abs(u.ReservedRows-1) + abs(u.ReturnedRows-want.returns)
+	if m.Rows > 0 && u.ReturnedRows > 0 {
+		r.PaidAndCancelled[key] = 1
+	}
+	if u.ReturnedRows > 1 {
+		r.StockReturnedTwice[key] = u.ReturnedRows - 1
+	}
+	if n := misattributed(o, m, u); n > 0 {
+		r.Misattributed[key] = n
+	}
+}
+
+// addOrphans counts the ledger and purchase rows of ids with no order in
+// seen: money or stock moved for nothing.
+func (r *Reconciliation) addOrphans(money map[int64]account.OrderDebits, units map[int64]inventory.OrderUnits, seen map[int64]bool) {
 	for id, m := range money {
 		if !seen[id] {
 			key := strconv.FormatInt(id, 10)
@@ -125,7 +162,6 @@ func (s *Store) Reconcile(ctx context.Context, stuckBefore time.Time) (Reconcili
 			r.MiscountedRecords[key] += u.ReservedRows + u.ReturnedRows
 		}
 	}
-	return r, nil
 }
 
 // misattributed counts what o's rows moved for someone or something else:

@@ -70,51 +70,74 @@ func NewService(store *Store, o Options) *Service {
 // nothing changed. Placing again with a key that has an order returns that
 // order as it now stands, with existing true, and changes nothing.
 func (s *Service) Place(ctx context.Context, user int64, key, sku string, quantity int64, pay bool) (o Order, existing bool, err error) {
-	if !inventory.ValidSKU(sku) {
-		return Order{}, false, fmt.Errorf("%w: no product %q", inventory.ErrNotFound, sku)
-	}
-	if quantity <= 0 {
-		return Order{}, false, fmt.Errorf("%w: quantity must be a positive integer, got %d", inventory.ErrInvalidQuantity, quantity)
+	if err := validatePlace(sku, quantity); err != nil {
+		return Order{}, false, err
 	}
 	if found, ok, err := s.store.ByKey(ctx, user, key); err != nil || ok {
 		return found, ok, err
 	}
-	// Unknown SKUs and accounts are turned away before they name a lock: a
-	// backend keeps a fence counter for every key ever locked.
-	if _, err := s.store.products.Get(ctx, sku); err != nil {
+	keys, err := s.placeLocks(ctx, user, sku, pay)
+	if err != nil {
 		return Order{}, false, err
 	}
-	// Paying locks the account even for a free product: the price is read
-	// again under the stock's lock and may have changed meanwhile.
 	stock, acct := inventory.Key(sku), account.Key(user)
-	keys := []lockkey.Key{stock}
-	if pay {
-		if _, err := s.store.accounts.Get(ctx, user); err != nil {
-			return Order{}, false, err
-		}
-		keys = append(keys, acct)
-	}
 	o = Order{UserID: user, IdempotencyKey: key, SKU: sku, Quantity: quantity}
 	idem.Answer(ctx, http.StatusCreated, &o)
 	err = s.guard.Do(ctx, keys, func(ctx context.Context, f guard.Fences) error {
-		existing, err = s.store.Create(ctx, &o, Fences{Stock: f.Of(stock), Account: f.Of(acct)}, func(ctx context.Context, o *Order, p inventory.Product) error {
-			if p.PriceCents > 0 && quantity > math.MaxInt64/p.PriceCents {
-				return fmt.Errorf("%w: %d × %d cents", ErrTooLarge, quantity, p.PriceCents)
-			}
-			if p.Stock < quantity {
-				return soldOut(p.Stock, quantity)
-			}
-			// The price is read under the stock's lock: the order costs what
-			// the product cost when its stock was taken.
-			o.AmountCents, o.Status, o.CreatedAt = p.PriceCents*quantity, StatusAwaitingPayment, now()
-			if pay {
-				o.Status, o.PaidAt = StatusPaid, &o.CreatedAt
-			}
-			return guard.Work(ctx, s.o.CriticalSectionDelay)
-		})
+		existing, err = s.store.Create(ctx, &o, Fences{Stock: f.Of(stock), Account: f.Of(acct)}, s.decide(quantity, pay))
 		return err
 	})
 	return o, existing, err
+}
+
+func validatePlace(sku string, quantity int64) error {
+	if !inventory.ValidSKU(sku) {
+		return fmt.Errorf("%w: no product %q", inventory.ErrNotFound, sku)
+	}
+	if quantity <= 0 {
+		return fmt.Errorf("%w: quantity must be a positive integer, got %d", inventory.ErrInvalidQuantity, quantity)
+	}
+	return nil
+}
+
+// placeLocks returns the keys placing an order locks: the stock's and, to
+// pay, the account's. Unknown SKUs and accounts are turned away before
+// they name a lock: a backend keeps a fence counter for every key ever
+// locked.
+func (s *Service) placeLocks(ctx context.Context, user int64, sku string, pay bool) ([]lockkey.Key, error) {
+	if _, err := s.store.products.Get(ctx, sku); err != nil {
+		return nil, err
+	}
+	keys := []lockkey.Key{inventory.Key(sku)}
+	if !pay {
+		return keys, nil
+	}
+	// Paying locks the account even for a free product: the price is read
+	// again under the stock's lock and may have changed meanwhile.
+	if _, err := s.store.accounts.Get(ctx, user); err != nil {
+		return nil, err
+	}
+	return append(keys, account.Key(user)), nil
+}
+
+// decide is Create's decision for an order of quantity units, paid with
+// pay: refused if too large or sold out, else priced and given its status.
+func (s *Service) decide(quantity int64, pay bool) func(ctx context.Context, o *Order, p inventory.Product) error {
+	return func(ctx context.Context, o *Order, p inventory.Product) error {
+		if p.PriceCents > 0 && quantity > math.MaxInt64/p.PriceCents {
+			return fmt.Errorf("%w: %d × %d cents", ErrTooLarge, quantity, p.PriceCents)
+		}
+		if p.Stock < quantity {
+			return soldOut(p.Stock, quantity)
+		}
+		// The price is read under the stock's lock: the order costs what
+		// the product cost when its stock was taken.
+		o.AmountCents, o.Status, o.CreatedAt = p.PriceCents*quantity, StatusAwaitingPayment, now()
+		if pay {
+			o.Status, o.PaidAt = StatusPaid, &o.CreatedAt
+		}
+		return guard.Work(ctx, s.o.CriticalSectionDelay)
+	}
 }
 
 func soldOut(left, asked int64) error {

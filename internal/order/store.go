@@ -106,55 +106,72 @@ func (s *Store) Create(ctx context.Context, o *Order, f Fences,
 		*o = found
 		return ok, err
 	}
-	if err := s.products.Claim(ctx, o.SKU, f.Stock); err != nil {
-		return false, err
-	}
-	if f.Account != 0 {
-		if err := s.accounts.Claim(ctx, o.UserID, f.Account); err != nil {
-			return false, err
-		}
-	}
-	p, err := s.products.Get(ctx, o.SKU)
-	if err != nil {
-		return false, err
-	}
-	if err := decide(ctx, o, p); err != nil {
-		return false, err
-	}
-	if err := s.ready(ctx); err != nil {
+	if err := s.decideNew(ctx, o, f, decide); err != nil {
 		return false, err
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	err = s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Create(o).Error; err != nil {
-			return err
-		}
-		reservation := inventory.Purchase{SKU: o.SKU, UserID: o.UserID, Quantity: o.Quantity, OrderID: o.ID}
-		if err := inventory.Reserve(tx, &reservation, f.Stock); err != nil {
-			return err
-		}
-		if o.Status == StatusPaid && o.AmountCents > 0 {
-			if err := account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID); err != nil {
-				return err
-			}
-		}
-		// The token's record, so that a retry finds this order even when
-		// Redis has lost the token.
-		return idem.Save(ctx, tx)
+		return writeNew(ctx, tx, o, f)
 	})
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
 		// Another run of the same request committed first.
-		found, ok, ferr := s.ByKey(wctx, o.UserID, o.IdempotencyKey)
-		if ferr != nil || !ok {
-			return false, errors.Join(err, ferr)
-		}
-		*o = found
-		return true, nil
+		return s.placedByAnotherRun(wctx, o, err)
 	}
 	// Also after an error: a COMMIT whose reply was lost may have reserved.
 	s.products.StockChanged(wctx, o.SKU)
 	return false, err
+}
+
+// decideNew claims the rows a new order writes, reads its product and lets
+// decide fill in o, then makes the last check before the transaction.
+func (s *Store) decideNew(ctx context.Context, o *Order, f Fences,
+	decide func(ctx context.Context, o *Order, p inventory.Product) error) error {
+	if err := s.products.Claim(ctx, o.SKU, f.Stock); err != nil {
+		return err
+	}
+	if err := s.claimAccount(ctx, o.UserID, f.Account); err != nil {
+		return err
+	}
+	p, err := s.products.Get(ctx, o.SKU)
+	if err != nil {
+		return err
+	}
+	if err := decide(ctx, o, p); err != nil {
+		return err
+	}
+	return s.ready(ctx)
+}
+
+// writeNew writes, in tx, the order row, its reservation, its debit if it
+// is paid, and the record of the request that placed it (ctx's).
+func writeNew(ctx context.Context, tx *gorm.DB, o *Order, f Fences) error {
+	if err := tx.Create(o).Error; err != nil {
+		return err
+	}
+	reservation := inventory.Purchase{SKU: o.SKU, UserID: o.UserID, Quantity: o.Quantity, OrderID: o.ID}
+	if err := inventory.Reserve(tx, &reservation, f.Stock); err != nil {
+		return err
+	}
+	if o.Status == StatusPaid && o.AmountCents > 0 {
+		if err := account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID); err != nil {
+			return err
+		}
+	}
+	// The token's record, so that a retry finds this order even when
+	// Redis has lost the token.
+	return idem.Save(ctx, tx)
+}
+
+// placedByAnotherRun reads into o the order that the run whose commit beat
+// this one's (err, a duplicate key) placed with o's user and key.
+func (s *Store) placedByAnotherRun(ctx context.Context, o *Order, err error) (bool, error) {
+	found, ok, ferr := s.ByKey(ctx, o.UserID, o.IdempotencyKey)
+	if ferr != nil || !ok {
+		return false, errors.Join(err, ferr)
+	}
+	*o = found
+	return true, nil
 }
 
 // Update is the read-modify-write of order id, in the shape of a
@@ -165,6 +182,30 @@ func (s *Store) Create(ctx context.Context, o *Order, f Fences,
 // paid, the stock's return for cancelled. When fn leaves the status as it
 // was, nothing is written. Update returns the order as it now stands.
 func (s *Store) Update(ctx context.Context, id int64, f Fences, fn func(ctx context.Context, o *Order) error) (Order, error) {
+	o, err := s.claimAndGet(ctx, id, f)
+	if err != nil {
+		return o, err
+	}
+	before := o
+	if err := fn(ctx, &o); err != nil {
+		return before, err
+	}
+	if o.Status == before.Status {
+		return o, nil
+	}
+	if err := s.ready(ctx); err != nil {
+		return before, err
+	}
+	if err := s.writeChange(ctx, o, f); err != nil {
+		return before, err
+	}
+	return o, nil
+}
+
+// claimAndGet claims order id with f.Order, reads it, and claims the stock
+// and account rows it may move with f.Stock and f.Account. The order is
+// zero when it could not be read.
+func (s *Store) claimAndGet(ctx context.Context, id int64, f Fences) (Order, error) {
 	if err := s.claim(ctx, id, f.Order); err != nil {
 		return Order{}, err
 	}
@@ -177,47 +218,48 @@ func (s *Store) Update(ctx context.Context, id int64, f Fences, fn func(ctx cont
 			return o, err
 		}
 	}
-	if f.Account != 0 {
-		if err := s.accounts.Claim(ctx, o.UserID, f.Account); err != nil {
-			return o, err
-		}
+	return o, s.claimAccount(ctx, o.UserID, f.Account)
+}
+
+// claimAccount claims account user with fence; 0 claims nothing.
+func (s *Store) claimAccount(ctx context.Context, user int64, fence uint64) error {
+	if fence == 0 {
+		return nil
 	}
-	before := o
-	if err := fn(ctx, &o); err != nil {
-		return before, err
-	}
-	if o.Status == before.Status {
-		return o, nil
-	}
-	if err := s.ready(ctx); err != nil {
-		return before, err
-	}
+	return s.accounts.Claim(ctx, user, fence)
+}
+
+// writeChange writes o's new status and what it moves in one transaction.
+func (s *Store) writeChange(ctx context.Context, o Order, f Fences) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
-	err = s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
+	err := s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
 		if err := writeStatus(tx, o, f.Order); err != nil {
 			return err
 		}
-		switch o.Status {
-		case StatusPaid:
-			if o.AmountCents > 0 {
-				return account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID)
-			}
-		case StatusCancelled:
-			back := inventory.Purchase{SKU: o.SKU, UserID: o.UserID, Quantity: o.Quantity, OrderID: o.ID}
-			return inventory.Return(tx, &back, f.Stock)
-		}
-		return nil
+		return writeMoves(tx, o, f)
 	})
 	if o.Status == StatusCancelled {
 		// Also after an error: a COMMIT whose reply was lost may have
 		// returned the units.
 		s.products.StockChanged(wctx, o.SKU)
 	}
-	if err != nil {
-		return before, err
+	return err
+}
+
+// writeMoves writes in tx what o's new status moves: a debit for paid, the
+// stock's return for cancelled.
+func writeMoves(tx *gorm.DB, o Order, f Fences) error {
+	switch o.Status {
+	case StatusPaid:
+		if o.AmountCents > 0 {
+			return account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID)
+		}
+	case StatusCancelled:
+		back := inventory.Purchase{SKU: o.SKU, UserID: o.UserID, Quantity: o.Quantity, OrderID: o.ID}
+		return inventory.Return(tx, &back, f.Stock)
 	}
-	return o, nil
+	return nil
 }
 
 // ready is the last check before a transaction: a lost lease or a client

@@ -5,6 +5,7 @@ package storage
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,56 +49,12 @@ type DB struct {
 
 // Open connects and checks the connection. The caller closes the DB.
 func Open(ctx context.Context, o Options) (*DB, error) {
-	// gorm's own logger prints to stdout; shop logs through slog.
-	var gl logger.Interface = logger.Discard
-	if o.SlowQuery > 0 {
-		gl = slowLog{log: cmp.Or(o.Log, slog.Default()), threshold: o.SlowQuery}
-	}
-	gcfg := &gorm.Config{Logger: gl, TranslateError: true}
 	db := &DB{}
-	var dial gorm.Dialector
-	if o.MySQLDSN != "" {
-		db.Dialect = "mysql"
-		cfg, err := driver.ParseDSN(o.MySQLDSN)
-		if err != nil {
-			return nil, fmt.Errorf("storage: %w", err)
-		}
-		// parseTime: DATETIME columns scan into time.Time. clientFoundRows:
-		// RowsAffected counts the rows the WHERE matched, not those whose
-		// values changed; an unfenced write of the value a row already has
-		// is still a write, and 0 would read as "refused".
-		cfg.ParseTime, cfg.ClientFoundRows = true, true
-		// interpolateParams: a statement with arguments is one round trip
-		// instead of three packets (prepare, execute, close) and two waits.
-		// Inside a critical section every round trip is paid by each buyer
-		// queued behind it. The driver refuses to interpolate under a
-		// charset where escaping is unsafe, so this cannot open an injection.
-		cfg.InterpolateParams = true
-		// A reply that never comes (a connection dropped without a reset)
-		// would block its caller for ever; a COMMIT so blocked also keeps
-		// the request's lock, renewed by its watchdog. The driver honours no
-		// context during COMMIT, so only a read deadline ends it: the
-		// request then gets ErrInvalidConn, answered outcome-unknown.
-		if cfg.ReadTimeout == 0 {
-			cfg.ReadTimeout = DefaultReadTimeout
-		}
-		dial = mysql.Open(cfg.FormatDSN())
-	} else {
-		db.Dialect = "sqlite"
-		path := o.SQLitePath
-		if path == "" {
-			dir, err := os.MkdirTemp("", "shop-sqlite-")
-			if err != nil {
-				return nil, err
-			}
-			db.tempDir = dir
-			path = filepath.Join(dir, "shop.db")
-		}
-		// busy_timeout makes a second process wait for the write lock instead
-		// of failing at once; WAL lets readers run while one writes.
-		dial = sqlite.Open("file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)")
+	dial, err := db.dialector(o)
+	if err != nil {
+		return nil, err
 	}
-	g, err := gorm.Open(dial, gcfg)
+	g, err := gorm.Open(dial, &gorm.Config{Logger: gormLogger(o), TranslateError: true})
 	if err != nil {
 		db.removeTemp()
 		return nil, fmt.Errorf("storage: open %s: %w", db.Dialect, err)
@@ -108,16 +65,7 @@ func Open(ctx context.Context, o Options) (*DB, error) {
 		db.Close()
 		return nil, err
 	}
-	if db.Dialect == "sqlite" {
-		// SQLite has one writer per file. One connection queues writers in
-		// the pool rather than in SQLITE_BUSY retries, and a transaction
-		// never meets another of this process half-way.
-		sqlDB.SetMaxOpenConns(1)
-	} else {
-		sqlDB.SetMaxOpenConns(max(o.MaxConns, 1))
-		sqlDB.SetMaxIdleConns(max(o.MaxConns, 1))
-		sqlDB.SetConnMaxLifetime(5 * time.Minute)
-	}
+	db.sizePool(sqlDB, o.MaxConns)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := sqlDB.PingContext(pctx); err != nil {
@@ -125,6 +73,83 @@ func Open(ctx context.Context, o Options) (*DB, error) {
 		return nil, fmt.Errorf("storage: ping %s: %w", db.Dialect, err)
 	}
 	return db, nil
+}
+
+// gormLogger is gorm's logger for o: gorm's own prints to stdout, and shop
+// logs through slog, only the slow statements.
+func gormLogger(o Options) logger.Interface {
+	if o.SlowQuery > 0 {
+		return slowLog{log: cmp.Or(o.Log, slog.Default()), threshold: o.SlowQuery}
+	}
+	return logger.Discard
+}
+
+// dialector is the driver of the database o names; it sets db's Dialect,
+// and its tempDir when SQLite gets a file of its own.
+func (db *DB) dialector(o Options) (gorm.Dialector, error) {
+	if o.MySQLDSN != "" {
+		db.Dialect = "mysql"
+		dsn, err := mysqlDSN(o.MySQLDSN)
+		if err != nil {
+			return nil, err
+		}
+		return mysql.Open(dsn), nil
+	}
+	db.Dialect = "sqlite"
+	path := o.SQLitePath
+	if path == "" {
+		dir, err := os.MkdirTemp("", "shop-sqlite-")
+		if err != nil {
+			return nil, err
+		}
+		db.tempDir = dir
+		path = filepath.Join(dir, "shop.db")
+	}
+	// busy_timeout makes a second process wait for the write lock instead
+	// of failing at once; WAL lets readers run while one writes.
+	return sqlite.Open("file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)"), nil
+}
+
+// mysqlDSN is dsn with the driver settings shop's statements rely on.
+func mysqlDSN(dsn string) (string, error) {
+	cfg, err := driver.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("storage: %w", err)
+	}
+	// parseTime: DATETIME columns scan into time.Time. clientFoundRows:
+	// RowsAffected counts the rows the WHERE matched, not those whose
+	// values changed; an unfenced write of the value a row already has
+	// is still a write, and 0 would read as "refused".
+	cfg.ParseTime, cfg.ClientFoundRows = true, true
+	// interpolateParams: a statement with arguments is one round trip
+	// instead of three packets (prepare, execute, close) and two waits.
+	// Inside a critical section every round trip is paid by each buyer
+	// queued behind it. The driver refuses to interpolate under a
+	// charset where escaping is unsafe, so this cannot open an injection.
+	cfg.InterpolateParams = true
+	// A reply that never comes (a connection dropped without a reset)
+	// would block its caller for ever; a COMMIT so blocked also keeps
+	// the request's lock, renewed by its watchdog. The driver honours no
+	// context during COMMIT, so only a read deadline ends it: the
+	// request then gets ErrInvalidConn, answered outcome-unknown.
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	return cfg.FormatDSN(), nil
+}
+
+// sizePool sizes the connection pool for db's dialect.
+func (db *DB) sizePool(sqlDB *sql.DB, maxConns int) {
+	if db.Dialect == "sqlite" {
+		// SQLite has one writer per file. One connection queues writers in
+		// the pool rather than in SQLITE_BUSY retries, and a transaction
+		// never meets another of this process half-way.
+		sqlDB.SetMaxOpenConns(1)
+		return
+	}
+	sqlDB.SetMaxOpenConns(max(maxConns, 1))
+	sqlDB.SetMaxIdleConns(max(maxConns, 1))
+	sqlDB.SetConnMaxLifetime(5 * time.Minute)
 }
 
 // Ping checks that the database answers.
