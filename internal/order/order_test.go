@@ -527,9 +527,12 @@ func (s *shop) pagesList(want []int64) {
 }
 
 // The closer cancels an unpaid order once its timeout passed, returns its
-// stock, and a late pay is refused with 409.
+// stock, and a late pay is refused with 409. The order is aged in the
+// database rather than by sleeping, so a slow machine cannot pass the
+// timeout before the first round.
 func TestCloserCancelsUnpaidOrders(t *testing.T) {
-	s := newShop(t, Options{PayTimeout: 200 * time.Millisecond})
+	const payTimeout = time.Hour
+	s := newShop(t, Options{PayTimeout: payTimeout})
 	ctx := context.Background()
 	unpaid, _, err := s.service.Place(ctx, user, "k-unpaid", "widget", 2, false)
 	if err != nil {
@@ -545,7 +548,10 @@ func TestCloserCancelsUnpaidOrders(t *testing.T) {
 	if n, err := s.service.CloseExpired(ctx, slog.Default()); n != 0 || err != nil {
 		t.Fatalf("closed %d, %v before the timeout", n, err)
 	}
-	time.Sleep(250 * time.Millisecond)
+	aged := unpaid.CreatedAt.Add(-payTimeout - time.Second)
+	if err := s.db.Exec("UPDATE orders SET created_at = ? WHERE id = ?", aged, unpaid.ID).Error; err != nil {
+		t.Fatal(err)
+	}
 	if n, err := s.service.CloseExpired(ctx, slog.Default()); n != 1 || err != nil {
 		t.Fatalf("closed %d, %v; want 1", n, err)
 	}
