@@ -52,11 +52,11 @@ client() {
 	echo $(((long - short) / cycles))
 }
 
-# client_run SUBJECT N: the instructions of one run of N cycles. Two Ps, so
-# that the scheduler does not hand a P in a syscall to another thread while
-# the other P idles (with one it would, whenever the machine is slow to
-# return from the syscall); no GC, whose cost is the allocations column;
-# no preemption signals.
+# client_run SUBJECT N: the instructions of one run of N cycles. Two Ps:
+# with one, the runtime hands the P of a syscall that a loaded machine is
+# slow to finish to another thread, and counts on a busy machine spread by
+# 15 % instead of 5. No GC: its cost is the allocations column. No
+# preemption signals: callgrind does not survive them.
 client_run() {
 	GOMAXPROCS=2 GOGC=off GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind \
 		--callgrind-out-file="$work/client.out" --log-file="$work/client.log" \

@@ -9,10 +9,10 @@
 //
 //	rediscycles -addr 127.0.0.1:6379 -subject shop-redis -cycles 1000
 //
-// Two things keep the Go scheduler's timing out of the count, so that a
-// count repeats on a loaded machine: the cycle yields once per cycle, and
-// a read waits for its reply outside the scheduler (answeredConn). Both
-// cost every subject the same.
+// Beside the script's settings, two things keep the Go scheduler's timing
+// out of the count, so that it repeats on a loaded machine: the loop yields
+// once per cycle, and a read waits for its reply outside the scheduler
+// (answeredConn). Both cost every subject the same.
 package main
 
 import (
