@@ -66,9 +66,10 @@ $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.js
 # subject always follows the same one; the table takes every ratio inside
 # a round (scripts/benchtable.awk). Wall clock is only read that way. The
 # Redis subjects are also measured in instruments that repeat whatever the
-# machine does (scripts/redis-instructions.sh: server instructions under
-# callgrind, calls on the wire, client allocations). Both tables go to
-# docs/results/bench-<date>.md with the command, the machine and the commit.
+# machine does (scripts/redis-instructions.sh: server and client
+# instructions under callgrind, calls on the wire, client allocations). Both
+# tables go to docs/results/bench-<date>.md with the command, the machine and
+# the commit.
 BENCH_ROUNDS ?= 15
 BENCH_UNCONTENDED ?= 300ms
 BENCH_CONTENDED ?= 1s
@@ -77,21 +78,22 @@ BENCH_RESULTS := docs/results/bench-$(shell date -u +%Y-%m-%d).md
 # The commit the benchmark binary is built from, read when make starts.
 BENCH_COMMIT := $(shell git rev-parse --short HEAD)$(shell git diff --quiet HEAD -- . ':!docs/results' || echo ', with uncommitted changes')
 
-bench: ## Every backend beside its peer and its server's raw round trip, interleaved rounds; Redis in callgrind instructions too; writes docs/results/bench-<date>.md
-	@command -v valgrind >/dev/null || { echo "bench: needs valgrind (apt-get install valgrind) for the server instruction counts" >&2; exit 1; }
+bench: ## Every backend beside its peer and its server's raw round trip, interleaved rounds; Redis in server and client callgrind instructions too; writes docs/results/bench-<date>.md
+	@command -v valgrind >/dev/null || { echo "bench: needs valgrind (apt-get install valgrind) for the instruction counts" >&2; exit 1; }
 	$(GO) test -c -o $(BIN)/lockbench.test ./internal/lockkit/lockbench/
+	$(GO) build -o $(BIN)/rediscycles ./internal/lockkit/lockbench/rediscycles
 	set -o pipefail; $(WITH_SERVERS) bash -c 'for r in $$(seq $(BENCH_ROUNDS)); do echo "round $$r"; \
 		SHOP_BENCH_ROUND=$$r $(BIN)/lockbench.test -test.run "^$$" -test.bench "Uncontended" -test.benchtime=$(BENCH_UNCONTENDED) || exit 1; \
 		SHOP_BENCH_ROUND=$$r SHOP_BENCH_DURATION=$(BENCH_CONTENDED) $(BIN)/lockbench.test -test.run "^$$" -test.bench "Contended" -test.benchtime=1x -test.timeout 30m || exit 1; \
 		done' | tee /tmp/shop-bench.txt
-	scripts/redis-instructions.sh $(BIN)/lockbench.test $(BENCH_CYCLES) 3 | tee /tmp/shop-bench-instructions.md
+	scripts/redis-instructions.sh $(BIN)/lockbench.test $(BIN)/rediscycles $(BENCH_CYCLES) 3 | tee /tmp/shop-bench-instructions.md
 	@mkdir -p docs/results
 	@{ echo "# make bench, $$(date -u '+%Y-%m-%d %H:%M') UTC"; echo; \
 		echo "- Command: \`make bench BENCH_ROUNDS=$(BENCH_ROUNDS) BENCH_UNCONTENDED=$(BENCH_UNCONTENDED) BENCH_CONTENDED=$(BENCH_CONTENDED) BENCH_CYCLES=$(BENCH_CYCLES)\`"; \
 		echo "- Machine: $$(nproc) cores, $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $$(redis-server --version | cut -d' ' -f1-3)"; \
 		echo "- Commit: $(BENCH_COMMIT)"; echo; \
 		echo "## Uncontended Redis cycle, in instruments that repeat"; echo; \
-		echo "Server instructions: callgrind on a private redis-server, the same wall time idle subtracted (its timer); median and range of 3 interleaved runs of $(BENCH_CYCLES) cycles. Calls: counted on the wire (no pipelining: round trips). Allocations: the client's, per cycle."; echo; \
+		echo "Medians and ranges of 3 interleaved runs of $(BENCH_CYCLES) cycles. Server instructions: callgrind on a private redis-server, the same wall time idle subtracted (its timer). Client instructions: callgrind on internal/lockkit/lockbench/rediscycles, the difference of runs of 200 and 200 + $(BENCH_CYCLES) cycles (start-up cancels); GC off (its cost is the allocations), each reply read once it has arrived (no wait in the Go scheduler, whose cost depends on timing). Calls: counted on the wire (no pipelining: round trips). Allocations: the client's, per cycle (testing.B)."; echo; \
 		cat /tmp/shop-bench-instructions.md; echo; \
 		echo "## Wall clock: medians and ranges of $(BENCH_ROUNDS) interleaved rounds"; echo; \
 		echo '```'; awk -f scripts/benchtable.awk /tmp/shop-bench.txt; echo '```'; } > $(BENCH_RESULTS)
