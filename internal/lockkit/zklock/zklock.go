@@ -330,7 +330,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 			return nil, l.giveUp(ctx, waitCtx, node, err)
 		}
 		cuts = 0
-		if seq, _ := sequence(name); seq < 0 || seq >= retireAt {
+		if pastRetirement(name) {
 			l.abandon(node)
 			return nil, l.retire(ctx, waitCtx, dir, wait)
 		}
@@ -347,36 +347,54 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 		l.mu.Lock()
 		ahead := l.nodes[dir+"/"+pred] // nil unless it is ours
 		l.mu.Unlock()
-		// A data watch, not exists: on a node already gone it leaves no
-		// watch behind (Curator's choice). Its deletion, or any change,
-		// wakes us to look again.
-		_, _, changed, err := l.conn.GetW(dir + "/" + pred)
-		if errors.Is(err, zk.ErrNoNode) {
+		changed, err := l.watchAhead(dir+"/"+pred, node, e)
+		switch {
+		case errors.Is(err, errVanished):
+			return nil, err
+		case l.cutOff(waitCtx, err, &cuts):
 			continue
+		case err != nil:
+			return nil, l.giveUp(ctx, waitCtx, node, err)
+		case changed == nil:
+			continue // gone already
 		}
-		if err == nil {
-			err = l.watchQueued(node, e)
-		}
-		if errors.Is(err, errVanished) {
+		ev, err := l.awaitChange(ctx, waitCtx, node, changed)
+		if err != nil {
 			return nil, err
 		}
-		if l.cutOff(waitCtx, err, &cuts) {
-			continue
+		if fence, epoch, ok := l.inherit(waitCtx, e, ahead, ev); ok {
+			return l.grant(key, node, e, epoch, session, fence, o, watchdog)
 		}
-		if err != nil {
-			return nil, l.giveUp(ctx, waitCtx, node, err)
-		}
-		select {
-		case ev := <-changed:
-			if fence, epoch, ok := l.inherit(waitCtx, e, ahead, ev); ok {
-				return l.grant(key, node, e, epoch, session, fence, o, watchdog)
-			}
-		case <-waitCtx.Done():
-			l.abandon(node)
-			return nil, backend.WaitErr(ctx, waitCtx)
-		case <-l.background.Done():
-			return nil, lockkit.ErrClosed
-		}
+	}
+}
+
+// watchAhead sets the watches a waiter needs: one on pred, the node just
+// ahead of ours, whose deletion or any change wakes us to look again, and
+// one on our own node (watchQueued). changed is nil if pred is gone.
+func (l *Locker) watchAhead(pred, node string, e *entry) (changed <-chan zk.Event, err error) {
+	// A data watch, not exists: on a node already gone it leaves no
+	// watch behind (Curator's choice).
+	_, _, changed, err = l.conn.GetW(pred)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err == nil {
+		err = l.watchQueued(node, e)
+	}
+	return changed, err
+}
+
+// awaitChange waits for the event on the node ahead of ours; a wait that
+// ends first abandons our node.
+func (l *Locker) awaitChange(ctx, waitCtx context.Context, node string, changed <-chan zk.Event) (zk.Event, error) {
+	select {
+	case ev := <-changed:
+		return ev, nil
+	case <-waitCtx.Done():
+		l.abandon(node)
+		return zk.Event{}, backend.WaitErr(ctx, waitCtx)
+	case <-l.background.Done():
+		return zk.Event{}, lockkit.ErrClosed
 	}
 }
 
@@ -776,6 +794,13 @@ func sequence(name string) (int64, bool) {
 	}
 	seq, err := strconv.ParseInt(name[i+len("-lock-"):], 10, 64)
 	return seq, err == nil
+}
+
+// pastRetirement says whether a node named name was numbered at or past
+// retireAt, or past the wrap: it must not queue (see retireAt).
+func pastRetirement(name string) bool {
+	seq, _ := sequence(name)
+	return seq < 0 || seq >= retireAt
 }
 
 // predecessor returns the node queued just ahead of mine ("" when mine is
