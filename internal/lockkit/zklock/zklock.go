@@ -58,7 +58,9 @@ const (
 	// dropped connection before it gives up with ErrUnavailable.
 	maxCuts = 3
 	// reconnectSettle is how long after its session is back a cut-off
-	// waiter waits before it asks again (see cutOff).
+	// waiter waits before it asks again (see cutOff): a guard against a
+	// data race in the client on reconnecting, not a speed-up; it is
+	// paid only after a dropped connection.
 	reconnectSettle = 20 * time.Millisecond
 )
 
@@ -526,6 +528,11 @@ func (l *Locker) watchQueued(node string, e *entry) error {
 // still below every later listing's pzxid, and above the predecessor's.
 // It saves the listing that follows a hand-off, the one request of it
 // that queues behind the session's pending writes.
+//
+// It earns its place: with the waiter listing the queue again instead
+// (the recipe's way), lockbench's Contended run made 0.87× the cycles/s
+// (0.37-1.18 per round) on one server and 0.82× (0.41-1.05) on 3 members:
+// medians of 15 interleaved A/B rounds (docs/backends-zk-etcd.md).
 func (l *Locker) inherit(ctx context.Context, e, ahead *entry, ev zk.Event) (fence, epoch uint64, ok bool) {
 	if ahead == nil || ev.Type != zk.EventNodeDeleted {
 		return 0, 0, false
