@@ -110,15 +110,7 @@ func (l *Line) leave(p *place, granted lockkit.Lease, outage error) {
 	i := slices.Index(q.places, p)
 	q.places = slices.Delete(q.places, i, i+1)
 	if i == 0 && granted != nil {
-		if !p.woken {
-			q.handOffs = 0
-		}
-		switch {
-		case p.yielded && p.yieldUsed:
-			q.run = HandOffRun
-		case p.yielded:
-			q.run = min(2*max(q.run, HandOffRun), MaxHandOffRun)
-		}
+		q.countGrant(p)
 	}
 	if len(q.places) == 0 {
 		// Two goroutines taking turns empty the line at every hand-off:
@@ -129,18 +121,39 @@ func (l *Line) leave(p *place, granted lockkit.Lease, outage error) {
 		}
 		return
 	}
-	if i != 0 {
-		return
+	if i == 0 {
+		q.passTurn(p, granted, outage)
 	}
+}
+
+// countGrant updates the run of hand-offs for a grant to head, which
+// leaves: a grant that came from a poll ends the run; a yield nobody used
+// doubles the next run, one somebody used brings it back (see HandOffRun).
+func (q *queue) countGrant(head *place) {
+	if !head.woken {
+		q.handOffs = 0
+	}
+	switch {
+	case head.yielded && head.yieldUsed:
+		q.run = HandOffRun
+	case head.yielded:
+		q.run = min(2*max(q.run, HandOffRun), MaxHandOffRun)
+	}
+}
+
+// passTurn makes the next waiter head after head left, telling it what
+// head leaves it: the lease granted here to wait out, or the outage that
+// ends everyone's wait.
+func (q *queue) passTurn(head *place, granted lockkit.Lease, outage error) {
 	next := q.places[0]
 	switch {
 	case granted != nil:
 		// Lost arms the lease's expiry timer: only when someone waits.
 		next.held = granted.Lost()
-	case outage == nil && p.held != nil && !IsClosed(p.held):
+	case outage == nil && head.held != nil && !IsClosed(head.held):
 		// A head that gives up while its process holds the key passes on
 		// what it waited for: the next head need not ask the store either.
-		next.held = p.held
+		next.held = head.held
 	}
 	if outage != nil {
 		for _, w := range q.places {

@@ -3,9 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
-	mrand "math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -132,152 +130,6 @@ func TestHandOffAcrossLockersReadsOnce(t *testing.T) {
 	_ = lease.Release(ctx)
 }
 
-// Many goroutines on two Lockers, some giving up at random while they
-// wait, hand one key around: never two holders at once (checked by the
-// holders and by a TryAcquire of another Locker), every grant's fence
-// above the one before it, and no waiter left behind.
-func TestHandOffsKeepExclusionAndRisingFences(t *testing.T) {
-	endpoints := serverEndpoints(t)
-	a, akv := countedLocker(t)
-	b, bkv := countedLocker(t)
-	probe := open(t, endpoints)
-	key := "etcdlock:test:" + t.Name()
-	const goroutines, grants = 8, 300
-	var (
-		mu        sync.Mutex
-		holder    lockkit.Lease // inside the critical section, nil if none
-		last      uint64
-		granted   int
-		gaveUp    int
-		lost      int
-		failures  []string
-		wg        sync.WaitGroup
-		probeStop = make(chan struct{})
-	)
-	fail := func(format string, args ...any) {
-		mu.Lock()
-		failures = append(failures, fmt.Sprintf(format, args...))
-		mu.Unlock()
-	}
-	// A lease whose Lost has closed (a session lost under load: its
-	// keep-alives are late) is held no longer, as the lock says.
-	isLost := func(lease lockkit.Lease) bool {
-		select {
-		case <-lease.Lost():
-			return true
-		default:
-			return false
-		}
-	}
-	enter := func(lease lockkit.Lease) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if isLost(lease) {
-			lost++
-			return false
-		}
-		if holder != nil && !isLost(holder) {
-			failures = append(failures, fmt.Sprintf("fence %d granted while fence %d is held", lease.Fence(), holder.Fence()))
-		}
-		if lease.Fence() <= last {
-			failures = append(failures, fmt.Sprintf("fence %d granted after %d", lease.Fence(), last))
-		}
-		holder, last = lease, lease.Fence()
-		granted++
-		return true
-	}
-	leave := func(lease lockkit.Lease) {
-		mu.Lock()
-		if holder == lease {
-			holder = nil
-		}
-		mu.Unlock()
-		if err := lease.Release(context.Background()); err != nil && !(errors.Is(err, lockkit.ErrNotHeld) && isLost(lease)) {
-			fail("Release of fence %d: %v", lease.Fence(), err)
-		}
-	}
-	for g := range goroutines {
-		l := []*Locker{a, b}[g%2]
-		wg.Go(func() {
-			r := mrand.New(mrand.NewPCG(uint64(g), 1))
-			for {
-				mu.Lock()
-				done := granted >= grants || len(failures) > 0
-				mu.Unlock()
-				if done {
-					return
-				}
-				timeout := 10 * time.Second
-				if r.IntN(4) == 0 {
-					timeout = time.Duration(r.IntN(3000)) * time.Microsecond
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				t0 := time.Now()
-				lease, err := l.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
-				cancel()
-				if waited := time.Since(t0); waited > 5*time.Second {
-					// Critical sections are short: a wait this long is a
-					// waiter left behind a key nobody will delete.
-					fail("an Acquire waited %v (err %v)", waited, err)
-				}
-				if err != nil {
-					// The server may see a short deadline pass first, and
-					// say so in its own words.
-					if timeout > time.Second && !errors.Is(err, context.DeadlineExceeded) {
-						fail("Acquire: %v", err)
-					}
-					mu.Lock()
-					gaveUp++
-					mu.Unlock()
-					continue
-				}
-				if enter(lease) {
-					time.Sleep(time.Duration(r.IntN(500)) * time.Microsecond)
-				}
-				leave(lease)
-			}
-		})
-	}
-	// A third Locker keeps trying the key: it must never get it while it
-	// is held (it may between holders).
-	wg.Go(func() {
-		for {
-			select {
-			case <-probeStop:
-				return
-			default:
-			}
-			lease, err := probe.TryAcquire(context.Background(), key, lockkit.WithTTL(time.Minute))
-			if err == nil {
-				enter(lease)
-				leave(lease)
-			} else if !errors.Is(err, lockkit.ErrNotAcquired) {
-				fail("TryAcquire: %v", err)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	})
-	for {
-		mu.Lock()
-		done := granted >= grants || len(failures) > 0
-		mu.Unlock()
-		if done {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	close(probeStop)
-	wg.Wait()
-	for _, f := range failures {
-		t.Error(f)
-	}
-	calls := sum(akv.snapshot()) + sum(bkv.snapshot())
-	t.Logf("%d grants, %d give-ups, %d leases born lost, %d calls of the two Lockers", granted, gaveUp, lost, calls)
-	if gaveUp == 0 {
-		t.Error("nobody gave up: the run tested less than it should")
-	}
-}
-
 // A waiter whose own key an operator deleted is not handed the lock by
 // the release ahead of it: the release's compare finds the key gone, the
 // waiter reads the queue, queues again, and the lease it gets is backed
@@ -391,6 +243,7 @@ type slowTxn struct {
 }
 
 func (t *slowTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+
 func (t *slowTxn) Then(ops ...clientv3.Op) clientv3.Txn {
 	for _, op := range ops {
 		t.deletes = t.deletes || op.IsDelete()
@@ -398,7 +251,9 @@ func (t *slowTxn) Then(ops ...clientv3.Op) clientv3.Txn {
 	t.Txn = t.Txn.Then(ops...)
 	return t
 }
+
 func (t *slowTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
 func (t *slowTxn) Commit() (*clientv3.TxnResponse, error) {
 	resp, err := t.Txn.Commit()
 	if t.deletes {

@@ -44,6 +44,38 @@ func echo(t *testing.T) (addr string, received *atomic.Int64) {
 	return ln.Addr().String(), received
 }
 
+// echoClient talks to echo through a Wire.
+type echoClient struct {
+	t        *testing.T
+	conn     net.Conn
+	r        *bufio.Reader
+	received *atomic.Int64
+}
+
+func (c *echoClient) ask(line string) {
+	c.t.Helper()
+	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *echoClient) answer(within time.Duration) (string, bool) {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(within))
+	got, err := c.r.ReadString('\n')
+	return got, err == nil
+}
+
+// waitFor waits until the server has received n lines.
+func (c *echoClient) waitFor(n int64) {
+	c.t.Helper()
+	for end := time.Now().Add(5 * time.Second); c.received.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			c.t.Fatalf("server received %d lines, want %d", c.received.Load(), n)
+		}
+	}
+}
+
 func TestWire(t *testing.T) {
 	// Registered first, so it runs after the wire and the server closed.
 	before := goleak.IgnoreCurrent()
@@ -55,30 +87,10 @@ func TestWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	r := bufio.NewReader(conn)
-	ask := func(line string) {
-		t.Helper()
-		if _, err := conn.Write([]byte(line + "\n")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	answer := func(within time.Duration) (string, bool) {
-		t.Helper()
-		_ = conn.SetReadDeadline(time.Now().Add(within))
-		got, err := r.ReadString('\n')
-		return got, err == nil
-	}
-	waitFor := func(n int64) {
-		t.Helper()
-		for end := time.Now().Add(5 * time.Second); received.Load() < n; time.Sleep(time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("server received %d lines, want %d", received.Load(), n)
-			}
-		}
-	}
+	c := &echoClient{t: t, conn: conn, r: bufio.NewReader(conn), received: received}
 
-	ask("one")
-	if got, ok := answer(5 * time.Second); !ok || got != "one\n" {
+	c.ask("one")
+	if got, ok := c.answer(5 * time.Second); !ok || got != "one\n" {
 		t.Fatalf("through a healthy wire: %q", got)
 	}
 	if w.Calls() != 1 || w.Bytes() != 4 {
@@ -86,18 +98,18 @@ func TestWire(t *testing.T) {
 	}
 
 	w.HoldReplies()
-	ask("two")
-	waitFor(2) // the request got through
-	if got, ok := answer(100 * time.Millisecond); ok {
+	c.ask("two")
+	c.waitFor(2) // the request got through
+	if got, ok := c.answer(100 * time.Millisecond); ok {
 		t.Fatalf("a held reply arrived: %q", got)
 	}
 	w.HealRepliesNewestFirst()
-	if got, ok := answer(5 * time.Second); !ok || got != "two\n" {
+	if got, ok := c.answer(5 * time.Second); !ok || got != "two\n" {
 		t.Fatalf("held reply after healing: %q", got)
 	}
 
 	w.BlackHole()
-	ask("three")
+	c.ask("three")
 	time.Sleep(100 * time.Millisecond)
 	if received.Load() != 2 {
 		t.Fatal("a request crossed a silent wire")
@@ -106,7 +118,7 @@ func TestWire(t *testing.T) {
 		t.Fatalf("counted %d calls; what the client sent counts while silent too", w.Calls())
 	}
 	w.Heal()
-	if got, ok := answer(5 * time.Second); !ok || got != "three\n" {
+	if got, ok := c.answer(5 * time.Second); !ok || got != "three\n" {
 		t.Fatalf("request held while silent, after healing: %q", got)
 	}
 }

@@ -3,8 +3,8 @@ package zklock
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"github.com/lockbench/shop/internal/lockkit"
 	"net"
 	"path"
 	"runtime"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/lockbench/shop/internal/lockkit"
 )
 
 // A session's end deletes all its ephemeral nodes in one transaction, so
@@ -307,4 +309,126 @@ func TestInheritedGrantLosesItsNode(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A hand-off from a holder to a waiter of the same Locker costs the waiter
+// no request: it was behind a granted node, so that node's deletion makes
+// it first, and its fence is one above the holder's.
+func TestHandOffWithinLockerListsNothing(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	l := open(t, addrs, withDialer(tp.dial))
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	next := acquireLater(t, l, key)
+	settle(t, l, key, 2)
+
+	before := tp.sent()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	after := tp.sent()
+	if n := after[opGetChildren2] - before[opGetChildren2]; n != 0 {
+		t.Errorf("the hand-off listed the queue %d times, want 0", n)
+	}
+	if lease.Fence() <= holder.Fence() {
+		t.Errorf("fence %d after the hand-off, not above the holder's %d", lease.Fence(), holder.Fence())
+	}
+	assertHeld(t, addrs, key)
+	_ = lease.Release(ctx)
+}
+
+// A waiter whose predecessor gave up (it was never granted) is not first:
+// it looks again, finds the holder, and waits for it.
+func TestWaiterBehindCancelledWaiterWaitsForHolder(t *testing.T) {
+	addrs := serverAddrs(t)
+	l := open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	pctx, cancel := context.WithCancel(ctx)
+	cancelled := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(pctx, key)
+		cancelled <- err
+	}()
+	settle(t, l, key, 2)
+	next := acquireLater(t, l, key)
+	settle(t, l, key, 3)
+
+	cancel()
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire = %v", err)
+	}
+	select {
+	case <-next:
+		t.Fatal("granted while the holder still holds the key")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	if lease.Fence() <= holder.Fence() {
+		t.Errorf("fence %d, not above the holder's %d", lease.Fence(), holder.Fence())
+	}
+	_ = lease.Release(ctx)
+}
+
+// A waiter whose own node an operator deleted is not granted when its
+// predecessor goes: it queues again, and the lease it gets is backed by a
+// node that keeps everyone else out.
+func TestWaiterWithoutItsNodeIsNotGranted(t *testing.T) {
+	addrs := serverAddrs(t)
+	l := open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	holder := acquire(t, l, key)
+	next := acquireLater(t, l, key)
+	settle(t, l, key, 2)
+
+	if err := dialZK(t, addrs).Delete(queue(t, l, key)[1], -1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let the deletion's notification arrive first
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := take(t, next)
+	assertHeld(t, addrs, key)
+	select {
+	case <-lease.Lost():
+		t.Fatal("the lease is lost")
+	default:
+	}
+	_ = lease.Release(ctx)
+}
+
+// Fences rise along a queue that mixes hand-offs within a Locker
+// (inherited fences) and across Lockers (listed ones).
+func TestFencesRiseAcrossInheritedAndListedGrants(t *testing.T) {
+	addrs := serverAddrs(t)
+	a, b := open(t, addrs), open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	first := acquire(t, a, key)
+	var waiters []<-chan lockkit.Lease
+	for i, l := range []*Locker{a, b, b, a, a} {
+		waiters = append(waiters, acquireLater(t, l, key))
+		settle(t, l, key, i+2)
+	}
+	last := first
+	for _, w := range waiters {
+		if err := last.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lease := take(t, w)
+		if lease.Fence() <= last.Fence() {
+			t.Fatalf("fence %d after %d", lease.Fence(), last.Fence())
+		}
+		last = lease
+	}
+	_ = last.Release(ctx)
 }

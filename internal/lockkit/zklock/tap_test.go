@@ -1,0 +1,207 @@
+package zklock
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"maps"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// tap sits between the client and the server: it can cut the connection,
+// lose the reply to a create, and learn the session's password from the
+// handshake, which the client library keeps to itself.
+type tap struct {
+	mu        sync.Mutex
+	ops       map[int32]int // requests sent, by opcode
+	conn      *tappedConn
+	handshake []byte
+	dropCount int
+	dropArmed bool
+	createXid []byte
+	holed     bool
+	severOp   int32 // opcode whose next request cuts the connection once sent; 0 for none
+	refuse    bool  // dials fail: the server is gone
+}
+
+func (tp *tap) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	tp.mu.Lock()
+	refuse := tp.refuse
+	tp.mu.Unlock()
+	if refuse {
+		return nil, errors.New("tap: refused")
+	}
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	tc := &tappedConn{Conn: c, tap: tp}
+	tp.mu.Lock()
+	tp.conn, tp.handshake = tc, nil
+	tp.mu.Unlock()
+	return tc, nil
+}
+
+func (tp *tap) sever() {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	_ = tp.conn.Close()
+}
+
+// blackhole stops forwarding the client's requests, the connection left
+// open: a half-open connection, which the client notices only when its
+// read timeout (2/3 of the session timeout) passes without a reply.
+func (tp *tap) blackhole() {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.holed = true
+}
+
+// severForGood cuts the connection after the next request with opcode op
+// is sent, and refuses every dial after it.
+func (tp *tap) severForGood(op int32) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.severOp, tp.refuse = op, true
+}
+
+// severAfterNext cuts the connection right after the next request with
+// opcode op is sent: the server carries it out, its reply is lost.
+func (tp *tap) severAfterNext(op int32) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.severOp = op
+}
+
+func (tp *tap) dropNextCreateReply() {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.dropArmed = true
+}
+
+// Opcodes of go-zookeeper's requests.
+const (
+	opExists       = 3  // Exists, ExistsW
+	opGetData      = 4  // Get, GetW
+	opGetChildren2 = 12 // Children
+)
+
+// sent counts the requests sent so far, by opcode.
+func (tp *tap) sent() map[int32]int {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return maps.Clone(tp.ops)
+}
+
+func (tp *tap) dropped() bool {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.dropCount > 0
+}
+
+type tappedConn struct {
+	net.Conn
+	tap *tap
+}
+
+func (c *tappedConn) Write(b []byte) (int, error) {
+	tp := c.tap
+	tp.mu.Lock()
+	// A request is [length][xid][opcode]...; opcode 1 is create.
+	if len(b) >= 12 {
+		if tp.ops == nil {
+			tp.ops = map[int32]int{}
+		}
+		tp.ops[int32(binary.BigEndian.Uint32(b[8:12]))]++
+	}
+	if tp.dropArmed && len(b) >= 12 && int32(binary.BigEndian.Uint32(b[8:12])) == 1 {
+		tp.dropArmed, tp.createXid = false, bytes.Clone(b[4:8])
+	}
+	holed, sever := tp.holed, false
+	if tp.severOp != 0 && len(b) >= 12 && int32(binary.BigEndian.Uint32(b[8:12])) == tp.severOp {
+		tp.severOp, sever = 0, true
+	}
+	tp.mu.Unlock()
+	if holed {
+		return len(b), nil
+	}
+	n, err := c.Conn.Write(b)
+	if sever {
+		_ = c.Conn.Close()
+	}
+	return n, err
+}
+
+func (c *tappedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	tp := c.tap
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	if tp.conn == c && len(tp.handshake) < 64 {
+		tp.handshake = append(tp.handshake, b[:n]...)
+	}
+	// The client reads a reply's length, then its body: [xid][zxid][err]...
+	if tp.createXid != nil && n >= 16 && bytes.Equal(b[:4], tp.createXid) {
+		tp.createXid = nil
+		tp.dropCount++
+		_ = c.Conn.Close()
+		return 0, io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// expire closes the client's session from a second connection that
+// presents the same session id and password.
+func (tp *tap) expire(t *testing.T) {
+	t.Helper()
+	tp.mu.Lock()
+	hs := bytes.Clone(tp.handshake)
+	addr := tp.conn.RemoteAddr().String()
+	tp.mu.Unlock()
+	// [length][protocolVersion][timeout][sessionId][password length][password]
+	if len(hs) < 24 {
+		t.Fatalf("handshake not seen: %x", hs)
+	}
+	body := hs[4:]
+	session := binary.BigEndian.Uint64(body[8:16])
+	password := body[20 : 20+binary.BigEndian.Uint32(body[16:20])]
+
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	var req bytes.Buffer
+	for _, v := range []any{int32(0), int64(0), int32(sessionTimeout.Milliseconds()), session, int32(len(password)), password, false} {
+		_ = binary.Write(&req, binary.BigEndian, v)
+	}
+	send := func(body []byte) []byte {
+		if err := binary.Write(c, binary.BigEndian, int32(len(body))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(body); err != nil {
+			t.Fatal(err)
+		}
+		var n int32
+		if err := binary.Read(c, binary.BigEndian, &n); err != nil {
+			t.Fatal(err)
+		}
+		reply := make([]byte, n)
+		if _, err := io.ReadFull(c, reply); err != nil {
+			t.Fatal(err)
+		}
+		return reply
+	}
+	if reply := send(req.Bytes()); binary.BigEndian.Uint64(reply[8:16]) != session {
+		t.Fatalf("second connection did not join session %x: %x", session, reply)
+	}
+	closeSession := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, 1), uint32(0xfffffff5)) // xid 1, opcode -11
+	if reply := send(closeSession); len(reply) < 16 || binary.BigEndian.Uint32(reply[12:16]) != 0 {
+		t.Fatalf("closeSession failed: %x", reply)
+	}
+}
