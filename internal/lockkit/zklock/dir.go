@@ -18,7 +18,7 @@ import (
 // create makes our node in dir. If the reply is lost the node may exist
 // all the same, held by our live session and blocking the key for ever:
 // its GUID finds it again.
-func (l *Locker) create(dir string) (string, error) {
+func (l *Locker) create(waitCtx context.Context, dir string) (string, error) {
 	prefix := dir + "/" + protected + rand.Text() + "-lock-"
 	for attempt := 0; ; attempt++ {
 		node, err := l.conn.Create(prefix, nil, zk.FlagEphemeral|zk.FlagSequence, l.acl)
@@ -34,7 +34,7 @@ func (l *Locker) create(dir string) (string, error) {
 			}
 		case errors.Is(err, zk.ErrConnectionClosed):
 			// Sent, but the connection closed before the reply.
-			node, err := l.find(prefix)
+			node, err := l.findOnceBack(waitCtx, prefix)
 			if err != nil {
 				l.abandon(prefix)
 				return "", l.fail(err)
@@ -46,6 +46,19 @@ func (l *Locker) create(dir string) (string, error) {
 			// Whatever was created went with the session: try again.
 		default:
 			return "", l.fail(err)
+		}
+	}
+}
+
+// findOnceBack is find asked again, within the caller's wait, while the
+// connection is being re-established: the client fails a request queued
+// meanwhile without sending it.
+func (l *Locker) findOnceBack(waitCtx context.Context, prefix string) (string, error) {
+	cuts := 0
+	for {
+		node, err := l.find(prefix)
+		if !l.cutOff(waitCtx, err, &cuts) {
+			return node, err
 		}
 	}
 }

@@ -26,11 +26,15 @@ type tap struct {
 	holed     bool
 	severOp   int32 // opcode whose next request cuts the connection once sent; 0 for none
 	refuse    bool  // dials fail: the server is gone
+	refusals  int   // dials still to fail before they succeed again
 }
 
 func (tp *tap) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
 	tp.mu.Lock()
-	refuse := tp.refuse
+	refuse := tp.refuse || tp.refusals > 0
+	if tp.refusals > 0 {
+		tp.refusals--
+	}
 	tp.mu.Unlock()
 	if refuse {
 		return nil, errors.New("tap: refused")
@@ -75,6 +79,15 @@ func (tp *tap) severAfterNext(op int32) {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	tp.severOp = op
+}
+
+// refuseDials makes the next n dials fail: a reconnect that takes more
+// than one try, during which the client fails its queued requests with
+// zk.ErrNoServer.
+func (tp *tap) refuseDials(n int) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.refusals = n
 }
 
 func (tp *tap) dropNextCreateReply() {

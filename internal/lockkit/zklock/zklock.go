@@ -241,7 +241,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if waitCtx.Err() != nil {
 			return nil, backend.WaitErr(ctx, waitCtx)
 		}
-		node, err := l.create(dir)
+		node, err := l.create(waitCtx, dir)
 		if err != nil {
 			return nil, err
 		}
@@ -366,7 +366,9 @@ func (l *Locker) giveUp(ctx, waitCtx context.Context, node string, err error) er
 // time, the caller fails with err.
 func (l *Locker) cutOff(waitCtx context.Context, err error, cuts *int) bool {
 	var netErr net.Error // a request whose own write failed gets the socket's error
-	if !errors.Is(err, zk.ErrConnectionClosed) && !errors.As(err, &netErr) || *cuts == maxCuts {
+	// The client fails requests queued while it reconnects with ErrNoServer.
+	cut := errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer) || errors.As(err, &netErr)
+	if !cut || *cuts == maxCuts {
 		return false
 	}
 	if backend.IsClosed(l.background.Done()) {

@@ -133,6 +133,32 @@ func TestLostCreateReplyIsFound(t *testing.T) {
 	_ = lb.Release(ctx)
 }
 
+// The look for a node whose create reply was lost waits for the session
+// to come back: asked while the client is still reconnecting, it is
+// failed by the client (zk.ErrNoServer), not answered by the server.
+func TestLostCreateReplyIsFoundAfterASlowReconnect(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	a := open(t, addrs, withDialer(tp.dial))
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	if err := a.mkdirs(a.dir(key)); err != nil {
+		t.Fatal(err)
+	}
+	tp.dropNextCreateReply()
+	tp.refuseDials(1)
+	lease, err := a.Acquire(ctx, key, lockkit.WithWaitTimeout(20*time.Second))
+	if err != nil {
+		t.Fatalf("acquire across a lost create reply and a slow reconnect: %v", err)
+	}
+	if !tp.dropped() {
+		t.Fatal("no create reply was dropped")
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func BenchmarkUncontended(b *testing.B) {
 	addrs := serverAddrs(b)
 	ctx := context.Background()
