@@ -42,32 +42,31 @@ import (
 )
 
 var (
-	//go:embed fence.lua
-	fenceLua string
-	//go:embed wanted.lua
-	wantedLua string
 	//go:embed acquire.lua
 	acquireLua string
 	//go:embed fair_acquire.lua
 	fairAcquireLua string
+	//go:embed handover.lua
+	handOverLua string
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed release.lua
 	releaseLua string
+	//go:embed fair_release.lua
+	fairReleaseLua string
 	//go:embed extend.lua
 	extendLua string
 	//go:embed abandon.lua
 	abandonLua string
-	//go:embed handover.lua
-	handOverLua string
-	//go:embed unfenced_acquire.lua
-	unfencedAcquireLua string
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
-	// (a restarted or failed-over server has an empty script cache).
-	acquireScript     = redis.NewScript(fenceLua + wantedLua + acquireLua)
-	fairAcquireScript = redis.NewScript(fenceLua + wantedLua + fairAcquireLua)
-	unfencedScript    = redis.NewScript(wantedLua + unfencedAcquireLua)
+	// (a restarted or failed-over server has an empty script cache). Every
+	// script that grants ends with fence.lua.
+	acquireScript     = redis.NewScript(acquireLua + fenceLua)
+	fairAcquireScript = redis.NewScript(fairAcquireLua + fenceLua)
+	handOverScript    = redis.NewScript(handOverLua + fenceLua)
 	releaseScript     = redis.NewScript(releaseLua)
-	handOverScript    = redis.NewScript(fenceLua + handOverLua)
+	fairReleaseScript = redis.NewScript(fairReleaseLua)
 	extendScript      = redis.NewScript(extendLua)
 	abandonScript     = redis.NewScript(abandonLua)
 )
@@ -168,18 +167,32 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 
 // keyset names a lock's keys, all in one hash slot: the lock itself and
 // the names derived from it, built only when needed (an uncontended cycle
-// needs two of them). wanted is set by waiters and asks the release for a
-// message on channel (wanted.lua).
+// needs two of them).
 type keyset string
 
 func (l *Locker) keys(key string) keyset { return keyset("{" + l.prefix + key + "}") }
 
 func (k keyset) lock() string      { return string(k) }
 func (k keyset) fence() string     { return string(k) + ":fence" }
-func (k keyset) wanted() string    { return string(k) + ":wanted" }
 func (k keyset) queue() string     { return string(k) + ":queue" }
 func (k keyset) deadlines() string { return string(k) + ":waiters" }
+func (k keyset) wanted() string    { return string(k) + ":wanted" } // see fair_release.lua
 func (k keyset) channel() string   { return string(k) + ":released" }
+
+// acquisition is one call of Acquire or TryAcquire: what it asks for, and
+// the owner value its grant is made to.
+type acquisition struct {
+	key      string
+	ks       keyset
+	owner    string
+	o        lockkit.Options
+	watchdog bool
+}
+
+func (l *Locker) newAcquisition(key string, opts []lockkit.Option) acquisition {
+	o, watchdog := backend.Resolve(opts)
+	return acquisition{key: key, ks: l.keys(key), owner: l.newOwner(), o: o, watchdog: watchdog}
+}
 
 // TryAcquire makes one attempt. With WithFair it is refused while others
 // queue, even if the key is free: their turn comes first.
@@ -188,8 +201,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 		return nil, lockkit.ErrClosed
 	}
 	defer l.inflight.Done()
-	o, watchdog := backend.Resolve(opts)
-	lease, _, err := l.attempt(ctx, key, l.keys(key), l.newOwner(), o, watchdog, trying)
+	lease, _, err := l.attempt(ctx, l.newAcquisition(key, opts), trying)
 	if err == nil && lease == nil {
 		err = lockkit.ErrNotAcquired
 	}
@@ -207,100 +219,128 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		return nil, lockkit.ErrClosed
 	}
 	defer l.inflight.Done()
-	o, watchdog := backend.Resolve(opts)
-	owner := l.newOwner()
-	ks := l.keys(key)
-
+	a := l.newAcquisition(key, opts)
 	// The wait timeout bounds the first call too: a server that stopped
 	// answering must not hold it for the client's read timeout.
 	bounded := ctx
-	if o.WaitTimeout > 0 {
+	if a.o.WaitTimeout > 0 {
 		var cancel context.CancelFunc
-		bounded, cancel = backend.WaitContext(ctx, o)
+		bounded, cancel = backend.WaitContext(ctx, a.o)
 		defer cancel()
 	}
-	wait := time.Duration(0)
 	// A plain arrival tries at once unless others here wait already (no
-	// barging past them); a fair one always calls, to take its place.
-	if o.Fair || !l.room.busy(ks) {
-		lease, pttl, err := l.arrive(ctx, bounded, key, ks, owner, o, watchdog)
+	// barging past them); a fair one always calls, to take its place. It
+	// does without the Locker's closing signal: registering with it costs
+	// the uncontended path.
+	wait := time.Duration(0)
+	if a.o.Fair || !l.room.busy(a.ks) {
+		lease, pttl, err := l.attempt(bounded, a, arriving)
 		if lease != nil || err != nil {
-			return lease, err
+			return lease, l.waitErr(ctx, bounded, err)
 		}
 		wait = pttl
 	}
+	return l.wait(ctx, bounded, a, wait)
+}
 
+// wait queues a refused Acquire in the wait room until it is granted, or
+// its wait or the Locker ends. It looks at the key at most wait from now.
+func (l *Locker) wait(ctx, bounded context.Context, a acquisition, wait time.Duration) (lockkit.Lease, error) {
 	waitCtx, cancel := context.WithCancel(bounded)
 	defer cancel()
 	defer context.AfterFunc(l.closing, cancel)()
-	fail := func(err error) (lockkit.Lease, error) {
-		if !ended(waitCtx) {
-			return nil, err
-		}
-		switch {
-		case ended(ctx):
-			return nil, cmp.Or(ctx.Err(), context.DeadlineExceeded)
-		case l.closing.Err() != nil:
-			return nil, lockkit.ErrClosed
-		}
-		return nil, backend.WaitErr(ctx, waitCtx)
-	}
-	w, subscribed, err := l.room.join(waitCtx, ks.channel(), owner, o.Fair, o.TTL)
+	w, subscribed, err := l.room.join(waitCtx, a.ks.channel(), a.owner, a.o.Fair, a.o.TTL)
 	if err != nil {
-		if o.Fair {
-			l.abandonLater(ks, owner) // leave the queue
+		if a.o.Fair {
+			l.abandonLater(a.ks, a.owner) // leave the queue
 		}
-		return fail(err)
+		return nil, l.waitErr(ctx, waitCtx, err)
 	}
-	granted := time.Duration(0) // the TTL of our grant, if we got one
-	defer func() { l.room.leave(w, granted) }()
-
-	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
-	// leave a stale tick behind, so no draining is needed.
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	look := !subscribed // the confirmation of our SUBSCRIBE wakes us
+	// The confirmation of our SUBSCRIBE wakes us; otherwise a release may
+	// have come before we joined.
+	look := !subscribed
 	if w.heldHere > 0 {
 		// Our turn came because the waiter ahead was granted the key:
 		// asking now would be refused. Its release by this process wakes
 		// us, and a lease that ends otherwise has run out by then.
 		look, wait = false, w.heldHere
 	}
+	lease, err := l.waitTurn(waitCtx, a, w, look, wait)
+	granted := time.Duration(0) // the TTL of our grant, if we got one
+	if lease != nil {
+		granted = a.o.TTL
+	}
+	l.room.leave(w, granted)
+	if err != nil {
+		return nil, l.waitErr(ctx, waitCtx, err)
+	}
+	return lease, nil
+}
+
+// waitTurn asks Redis for the key whenever w is woken, or wait has passed
+// since it last heard, until it is granted (by Redis or by a release here)
+// or waitCtx ends. A fair waiter calls in at least every third of the
+// waiter timeout to keep its place.
+func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter, look bool, wait time.Duration) (lockkit.Lease, error) {
+	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
+	// leave a stale tick behind, so no draining is needed.
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
-		// Once closing, a grant handed here is not taken: leave frees it,
-		// and the caller gets ErrClosed, as Close promises.
-		if l.closing.Err() == nil {
-			if h := l.room.take(w); h != nil {
-				granted = o.TTL
-				return l.newLease(key, ks, h.owner, o, watchdog, h.fence, h.sent), nil
-			}
+		if lease := l.takeHandOver(a, w); lease != nil {
+			return lease, nil
 		}
 		if look {
-			lease, pttl, err := l.attempt(waitCtx, key, ks, owner, o, watchdog, waiting)
-			if lease != nil {
-				granted = o.TTL
-				return lease, nil
-			}
-			if err != nil {
-				return fail(err)
+			lease, pttl, err := l.attempt(waitCtx, a, waiting)
+			if lease != nil || err != nil {
+				return lease, err
 			}
 			wait = pttl
 		}
 		look = true
-		if o.Fair {
-			wait = min(wait, l.waiterTimeout/3) // keep our place in the queue
+		if a.o.Fair {
+			wait = min(wait, l.waiterTimeout/3)
 		}
 		timer.Reset(max(wait, time.Millisecond))
 		select {
 		case <-w.wake:
 		case <-timer.C:
 		case <-waitCtx.Done():
-			if o.Fair {
-				l.abandonLater(ks, owner)
+			if a.o.Fair {
+				l.abandonLater(a.ks, a.owner)
 			}
-			return fail(waitCtx.Err())
+			return nil, waitCtx.Err()
 		}
 	}
+}
+
+// takeHandOver returns the lease of a grant a release here handed to w,
+// if any. Once closing it is not taken: leave frees it, and the caller
+// gets ErrClosed, as Close promises.
+func (l *Locker) takeHandOver(a acquisition, w *waiter) lockkit.Lease {
+	if l.closing.Err() != nil {
+		return nil
+	}
+	h := l.room.take(w)
+	if h == nil {
+		return nil
+	}
+	return l.newLease(a, h.owner, h.fence, h.sent)
+}
+
+// waitErr is what Acquire answers when a call under waitCtx, which ctx
+// bounds, failed with err: err itself (nil too) if waitCtx had not ended,
+// and otherwise why it ended.
+func (l *Locker) waitErr(ctx, waitCtx context.Context, err error) error {
+	switch {
+	case err == nil || !ended(waitCtx):
+		return err
+	case ended(ctx):
+		return cmp.Or(ctx.Err(), context.DeadlineExceeded)
+	case l.closing.Err() != nil:
+		return lockkit.ErrClosed
+	}
+	return backend.WaitErr(ctx, waitCtx)
 }
 
 // ended reports whether ctx is done or past its deadline: a dial or read
@@ -309,22 +349,6 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 func ended(ctx context.Context) bool {
 	deadline, ok := ctx.Deadline()
 	return ctx.Err() != nil || ok && !time.Now().Before(deadline)
-}
-
-// arrive is Acquire's first attempt, under bounded: ctx and the wait
-// timeout. It does without the Locker's closing signal: registering with
-// it costs the uncontended path.
-func (l *Locker) arrive(ctx, bounded context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool) (lockkit.Lease, time.Duration, error) {
-	lease, pttl, err := l.attempt(bounded, key, ks, owner, o, watchdog, arriving)
-	switch {
-	case err == nil:
-		return lease, pttl, nil
-	case ended(ctx):
-		return nil, 0, cmp.Or(ctx.Err(), context.DeadlineExceeded)
-	case ended(bounded):
-		return nil, 0, lockkit.ErrNotAcquired
-	}
-	return nil, 0, err
 }
 
 // stage is where an attempt stands in its acquisition.
@@ -336,128 +360,122 @@ const (
 	waiting               // Acquire's attempts once it waits
 )
 
-// attempt runs the acquire script once. It returns a lease, or how long to
-// wait before the next attempt at the latest, or an error. A fair Acquire
-// takes or keeps its place in the queue. A waiting plain one marks the key
-// as wanted, so that the release sends a message; an arriving one need
-// not, since a refused arrival always calls again before it sleeps (at
-// once, or when its subscription is confirmed), and so the uncontended
-// call carries no more keys than it must: each costs the server time.
-func (l *Locker) attempt(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool, st stage) (lockkit.Lease, time.Duration, error) {
-	if o.Unfenced && !o.Fair {
-		return l.attemptUnfenced(ctx, key, ks, owner, o, watchdog, st)
-	}
+// attempt asks Redis for the key once. It returns a lease, or how long to
+// wait before the next attempt at the latest, or an error.
+func (l *Locker) attempt(ctx context.Context, a acquisition, st stage) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
-	var res int64
-	var err error
-	switch {
-	case o.Fair:
-		timeout := time.Duration(0)
-		if st != trying {
-			timeout = l.waiterTimeout
-		}
-		res, err = fairAcquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence(), ks.queue(), ks.deadlines(), ks.wanted()},
-			owner, o.TTL.Milliseconds(), timeout.Milliseconds()).Int64()
-	case st == waiting:
-		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence(), ks.wanted()}, owner, o.TTL.Milliseconds()).Int64()
-	default:
-		res, err = acquireScript.Run(ctx, l.client, []string{ks.lock(), ks.fence()}, owner, o.TTL.Milliseconds()).Int64()
-	}
+	res, err := l.grant(ctx, a, st)
 	if err != nil {
-		// The script may have run although its reply was lost.
-		l.abandonLater(ks, owner)
+		// The grant may have landed although its reply was lost.
+		l.abandonLater(a.ks, a.owner)
 		return nil, 0, unavailable(ctx, err)
 	}
-	if res <= 0 { // refused: -1 - how long to wait (fence.lua)
+	if res < 0 { // refused: -1 - how long to wait at most (fence.lua)
 		return nil, time.Duration(-1-res) * time.Millisecond, nil
 	}
-	return l.newLease(key, ks, owner, o, watchdog, uint64(res), sent), 0, nil
+	return l.newLease(a, a.owner, uint64(res), sent), 0, nil
 }
 
-// attemptUnfenced is attempt for a plain lease asked WithoutFence: a plain
-// SET NX PX on arrival, whose refusal makes the caller call again (as a
-// fenced arrival's does, see attempt); a waiter's call also reads the
-// holder's pttl and marks the key as wanted. A fair lease ignores
-// WithoutFence: its queue lives in the same script as its token.
-func (l *Locker) attemptUnfenced(ctx context.Context, key string, ks keyset, owner string, o lockkit.Options, watchdog bool, st stage) (lockkit.Lease, time.Duration, error) {
-	sent := time.Now()
-	var granted bool
-	var err error
-	if st == waiting {
-		var res int64
-		res, err = unfencedScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted()}, owner, o.TTL.Milliseconds()).Int64()
-		if err == nil && res < 0 {
-			return nil, time.Duration(-1-res) * time.Millisecond, nil
+// grant runs one acquisition call: the token (0 unfenced) on a grant,
+// otherwise -1 - the ms to wait at most. A fair one takes or keeps its
+// place in the queue (and ignores WithoutFence: its queue lives in the
+// same script as its token). A waiting plain one marks the lease, so that
+// its release sends a message; an arriving one need not, since a refused
+// arrival always calls again before it sleeps (at once, or when its
+// subscription is confirmed). So an uncontended grant carries no more than
+// it must: a fenced one two keys, an unfenced one is a plain SET NX PX.
+func (l *Locker) grant(ctx context.Context, a acquisition, st stage) (int64, error) {
+	ttl := a.o.TTL.Milliseconds()
+	switch {
+	case a.o.Fair:
+		timeout := l.waiterTimeout.Milliseconds()
+		if st == trying {
+			timeout = 0
 		}
-		granted = err == nil
-	} else {
-		granted, err = l.client.SetNX(ctx, ks.lock(), owner, o.TTL).Result()
+		keys := []string{a.ks.lock(), a.ks.fence(), a.ks.queue(), a.ks.deadlines(), a.ks.wanted()}
+		return fairAcquireScript.Run(ctx, l.client, keys, a.owner, ttl, timeout).Int64()
+	case a.o.Unfenced && st != waiting:
+		if ok, err := l.client.SetNX(ctx, a.ks.lock(), a.owner, a.o.TTL).Result(); !ok {
+			return -1, err
+		}
+		return 0, nil
 	}
-	if err != nil {
-		l.abandonLater(ks, owner) // the SET may have landed although its reply was lost
-		return nil, 0, unavailable(ctx, err)
+	keys := []string{a.ks.lock(), a.ks.fence()}
+	if a.o.Unfenced {
+		keys = keys[:1]
 	}
-	if !granted {
-		return nil, 0, nil
+	if st == waiting {
+		return acquireScript.Run(ctx, l.client, keys, a.owner, ttl, "1").Int64()
 	}
-	return l.newLease(key, ks, owner, o, watchdog, 0, sent), 0, nil
+	return acquireScript.Run(ctx, l.client, keys, a.owner, ttl).Int64()
 }
 
 // newLease is the lease of a grant to owner, made by a call sent at sent:
 // the lease's TTL counts from then, before the server granted it.
-func (l *Locker) newLease(key string, ks keyset, owner string, o lockkit.Options, watchdog bool, fence uint64, sent time.Time) lockkit.Lease {
+func (l *Locker) newLease(a acquisition, owner string, fence uint64, sent time.Time) lockkit.Lease {
 	return backend.NewLease(backend.Grant{
-		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
-		Extend: func(ctx context.Context, ttl time.Duration) error {
-			// The watchdog's renewals run on their own goroutine: Close
-			// ends one in flight and waits for it, so that the caller may
-			// close the client once Close returns.
-			if !l.enter() {
-				return lockkit.ErrClosed
-			}
-			defer l.inflight.Done()
-			ctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			defer context.AfterFunc(l.closing, cancel)()
-			ok, err := extendScript.Run(ctx, l.client, []string{ks.lock()}, owner, ttl.Milliseconds()).Int()
-			if err != nil {
-				return unavailable(ctx, err)
-			}
-			if ok == 0 {
-				return lockkit.ErrNotHeld
-			}
-			return nil
-		},
-		Release: func(ctx context.Context) error {
-			if !o.Fair {
-				if handled, err := l.handOver(ctx, ks, owner); handled {
-					return err
-				}
-			}
-			releaseKeys := []string{ks.lock(), ks.wanted()}
-			if o.Fair {
-				releaseKeys = append(releaseKeys, ks.queue(), ks.deadlines())
-			}
-			res, err := releaseScript.Run(ctx, l.client, releaseKeys, owner).Result()
-			next, freed := res.(string) // 0 (an integer): not ours
-			if freed {
-				l.room.freed(ks)
-			}
-			// Our own waiters need not wait for the message's round trip.
-			// Wake them whatever the outcome: the next one here may not
-			// have marked the key (it knew the key was held here), and a
-			// release that failed or found the lease gone sends nothing.
-			l.room.wake(ks, next)
-			if err != nil {
-				return unavailable(ctx, err)
-			}
-			if !freed {
-				return lockkit.ErrNotHeld
-			}
-			return nil
-		},
-		Closed: l.closing.Done(),
+		Key: a.key, Fence: fence, TTL: a.o.TTL, Watchdog: a.watchdog, Sent: sent,
+		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extend(ctx, a.ks, owner, ttl) },
+		Release: func(ctx context.Context) error { return l.release(ctx, a.ks, owner, a.o.Fair) },
+		Closed:  l.closing.Done(),
 	})
+}
+
+// extend is a lease's Extend. The watchdog's renewals run on their own
+// goroutine: Close ends one in flight and waits for it, so that the caller
+// may close the client once Close returns.
+func (l *Locker) extend(ctx context.Context, ks keyset, owner string, ttl time.Duration) error {
+	if !l.enter() {
+		return lockkit.ErrClosed
+	}
+	defer l.inflight.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(l.closing, cancel)()
+	ok, err := extendScript.Run(ctx, l.client, []string{ks.lock()}, owner, ttl.Milliseconds()).Int()
+	if err != nil {
+		return unavailable(ctx, err)
+	}
+	if ok == 0 {
+		return lockkit.ErrNotHeld
+	}
+	return nil
+}
+
+// release is a lease's Release: a plain lease hands the key to the plain
+// waiter at the head here if there is one (handOver), and otherwise frees
+// it and tells the waiters, if it was marked (release.lua); a fair one
+// names the queue's head (fair_release.lua).
+func (l *Locker) release(ctx context.Context, ks keyset, owner string, fair bool) error {
+	if !fair {
+		if handled, err := l.handOver(ctx, ks, owner); handled {
+			return err
+		}
+	}
+	script, keys := releaseScript, []string{ks.lock()}
+	if fair {
+		script, keys = fairReleaseScript, []string{ks.lock(), ks.queue(), ks.deadlines(), ks.wanted()}
+	}
+	res, err := script.Run(ctx, l.client, keys, owner).Result()
+	// 0: not ours; a plain release answers 1 if freed, a fair one the
+	// message it sent.
+	next, _ := res.(string)
+	freed := err == nil && res != int64(0)
+	if freed {
+		l.room.freed(ks)
+	}
+	// Our own waiters need not wait for the message's round trip. Wake
+	// them whatever the outcome: the next one here may not have marked the
+	// key (it knew the key was held here), and a release that failed or
+	// found the lease gone sends nothing.
+	l.room.wake(ks, next)
+	if err != nil {
+		return unavailable(ctx, err)
+	}
+	if !freed {
+		return lockkit.ErrNotHeld
+	}
+	return nil
 }
 
 // handOver releases a plain lease of owner by granting the key to the
@@ -484,7 +502,7 @@ func (l *Locker) handOver(ctx context.Context, ks keyset, owner string) (handled
 	if keep {
 		keepMarked = "1"
 	}
-	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.wanted(), ks.fence()}, owner, to, w.ttl.Milliseconds(), keepMarked).Int64()
+	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.fence()}, owner, to, w.ttl.Milliseconds(), keepMarked).Int64()
 	if err == nil && res > 0 {
 		l.room.handedOver(ks)
 		if !l.room.settle(w, &handover{ks: ks, owner: to, fence: uint64(res), sent: sent}) {

@@ -351,7 +351,7 @@ func newReplyDropper(t *testing.T, target string) *replyDropper {
 // A waiter whose turn came from a grant here (so it does not ask Redis
 // while that grant lasts) must still be woken when the grant's release
 // frees the key but its reply is lost: nothing else will tell it, since
-// it set no wanted mark, and it would sleep out the grant's whole TTL.
+// it did not mark the lease, and it would sleep out the grant's whole TTL.
 func TestWaiterBehindGrantHereWokenWhenReleaseReplyLost(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	d := newReplyDropper(t, addr)
