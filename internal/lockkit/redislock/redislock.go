@@ -23,7 +23,6 @@
 package redislock
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -74,11 +73,6 @@ var (
 // DefaultWaiterTimeout is how long a fair-queue waiter that stopped calling
 // in (it crashed) keeps its place before the next waiter may pass it.
 const DefaultWaiterTimeout = 3 * time.Second
-
-// yieldWake is how late a release that freed a marked key for the waiters
-// elsewhere wakes the head here, should the release message not reach
-// it: long after a waiter elsewhere has heard the message and asked.
-const yieldWake = 20 * time.Millisecond
 
 // Option configures a Locker.
 type Option func(*Locker)
@@ -232,123 +226,15 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	// barging past them); a fair one always calls, to take its place. It
 	// does without the Locker's closing signal: registering with it costs
 	// the uncontended path.
-	wait := time.Duration(0)
+	pttl := time.Duration(0)
 	if a.o.Fair || !l.room.busy(a.ks) {
-		lease, pttl, err := l.attempt(bounded, a, arriving)
+		lease, holderPTTL, err := l.attempt(bounded, a, arriving)
 		if lease != nil || err != nil {
 			return lease, l.waitErr(ctx, bounded, err)
 		}
-		wait = pttl
+		pttl = holderPTTL
 	}
-	return l.wait(ctx, bounded, a, wait)
-}
-
-// wait queues a refused Acquire in the wait room until it is granted, or
-// its wait or the Locker ends. It looks at the key at most wait from now.
-func (l *Locker) wait(ctx, bounded context.Context, a acquisition, wait time.Duration) (lockkit.Lease, error) {
-	waitCtx, cancel := context.WithCancel(bounded)
-	defer cancel()
-	defer context.AfterFunc(l.closing, cancel)()
-	w, subscribed, err := l.room.join(waitCtx, a.ks.channel(), a.owner, a.o.Fair, a.o.TTL)
-	if err != nil {
-		if a.o.Fair {
-			l.abandonLater(a.ks, a.owner) // leave the queue
-		}
-		return nil, l.waitErr(ctx, waitCtx, err)
-	}
-	// The confirmation of our SUBSCRIBE wakes us; otherwise a release may
-	// have come before we joined.
-	look := !subscribed
-	if w.heldHere > 0 {
-		// Our turn came because the waiter ahead was granted the key:
-		// asking now would be refused. Its release by this process wakes
-		// us, and a lease that ends otherwise has run out by then.
-		look, wait = false, w.heldHere
-	}
-	lease, err := l.waitTurn(waitCtx, a, w, look, wait)
-	granted := time.Duration(0) // the TTL of our grant, if we got one
-	if lease != nil {
-		granted = a.o.TTL
-	}
-	l.room.leave(w, granted)
-	if err != nil {
-		return nil, l.waitErr(ctx, waitCtx, err)
-	}
-	return lease, nil
-}
-
-// waitTurn asks Redis for the key whenever w is woken, or wait has passed
-// since it last heard, until it is granted (by Redis or by a release here)
-// or waitCtx ends. A fair waiter calls in at least every third of the
-// waiter timeout to keep its place.
-func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter, look bool, wait time.Duration) (lockkit.Lease, error) {
-	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
-	// leave a stale tick behind, so no draining is needed.
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		if lease := l.takeHandOver(a, w); lease != nil {
-			return lease, nil
-		}
-		if look {
-			lease, pttl, err := l.attempt(waitCtx, a, waiting)
-			if lease != nil || err != nil {
-				return lease, err
-			}
-			wait = pttl
-		}
-		look = true
-		if a.o.Fair {
-			wait = min(wait, l.waiterTimeout/3)
-		}
-		timer.Reset(max(wait, time.Millisecond))
-		select {
-		case <-w.wake:
-		case <-timer.C:
-		case <-waitCtx.Done():
-			if a.o.Fair {
-				l.abandonLater(a.ks, a.owner)
-			}
-			return nil, waitCtx.Err()
-		}
-	}
-}
-
-// takeHandOver returns the lease of a grant a release here handed to w,
-// if any. Once closing it is not taken: leave frees it, and the caller
-// gets ErrClosed, as Close promises.
-func (l *Locker) takeHandOver(a acquisition, w *waiter) lockkit.Lease {
-	if l.closing.Err() != nil {
-		return nil
-	}
-	h := l.room.take(w)
-	if h == nil {
-		return nil
-	}
-	return l.newLease(a, h.owner, h.fence, h.sent)
-}
-
-// waitErr is what Acquire answers when a call under waitCtx, which ctx
-// bounds, failed with err: err itself (nil too) if waitCtx had not ended,
-// and otherwise why it ended.
-func (l *Locker) waitErr(ctx, waitCtx context.Context, err error) error {
-	switch {
-	case err == nil || !ended(waitCtx):
-		return err
-	case ended(ctx):
-		return cmp.Or(ctx.Err(), context.DeadlineExceeded)
-	case l.closing.Err() != nil:
-		return lockkit.ErrClosed
-	}
-	return backend.WaitErr(ctx, waitCtx)
-}
-
-// ended reports whether ctx is done or past its deadline: a dial or read
-// that timed out on ctx's deadline can return before ctx itself is marked
-// done, and its error must still read as the wait's end, not an outage.
-func ended(ctx context.Context) bool {
-	deadline, ok := ctx.Deadline()
-	return ctx.Err() != nil || ok && !time.Now().Before(deadline)
+	return l.wait(ctx, bounded, a, pttl)
 }
 
 // stage is where an attempt stands in its acquisition.
@@ -478,97 +364,35 @@ func (l *Locker) release(ctx context.Context, ks keyset, owner string, fair bool
 	return nil
 }
 
-// handOver releases a plain lease of owner by granting the key to the
-// plain waiter at the head here, in the same script, unless a waiter
-// marked the key and the run of hand-overs here has reached
-// backend.HandOffRun (handover.lua); handled is false if there is no such
-// waiter, or Redis refused the script, and the caller releases as usual.
-//
-// The run is what a process with waiters of its own gains from a hand-over
-// in one call while others wait too. Without it every release with a
-// waiter elsewhere freed the key, and its waiters in every process raced
-// for it, a release, a message and an acquire later.
-// Like a plain release it runs on the caller's context alone and does not
-// hold Close up; a grant whose waiter left, or whose outcome is unknown,
-// is freed (free).
-func (l *Locker) handOver(ctx context.Context, ks keyset, owner string) (handled bool, err error) {
-	w, keep := l.room.offer(ks)
-	if w == nil {
-		return false, nil
-	}
-	to := l.newOwner()
-	sent := time.Now()
-	keepMarked := "0"
-	if keep {
-		keepMarked = "1"
-	}
-	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.fence()}, owner, to, w.ttl.Milliseconds(), keepMarked).Int64()
-	if err == nil && res > 0 {
-		l.room.handedOver(ks)
-		if !l.room.settle(w, &handover{ks: ks, owner: to, fence: uint64(res), sent: sent}) {
-			l.free(ks, to) // the waiter has left
-		}
-		return true, nil
-	}
-	l.room.settle(w, nil)
-	if err == nil && res < 0 {
-		// Freed for the waiters elsewhere, and all were told, the head
-		// here too: it races them on the same message, not ahead of it,
-		// or it would win nearly every time and start the next run. It
-		// is woken here as well, late, in case the message does not come
-		// (a stalled subscription): it may not have marked the key,
-		// knowing it held here.
-		l.room.freed(ks)
-		time.AfterFunc(yieldWake, func() { l.room.wakeIfHead(w) })
-		return true, nil
-	}
-	// Wake the head here whatever the outcome, as a plain release does: it
-	// may not have marked the key, knowing it held here, and a release
-	// that failed sends no message.
-	l.room.wake(ks, "")
-	var replyErr redis.Error
-	switch {
-	case errors.As(err, &replyErr) && !isLoading(replyErr):
-		// Redis refused the script (a write refused under maxmemory, say):
-		// free the key as a plain release does, and the grant, should the
-		// script have got that far.
-		l.free(ks, to)
-		return false, nil
-	case err != nil:
-		l.free(ks, to) // the key may have been handed over all the same
-		return true, unavailable(ctx, err)
-	case res == 0:
-		return true, lockkit.ErrNotHeld
-	}
-	return true, nil
-}
-
 // free gives up a grant to owner nobody will take: in the background, which
-// Close waits for, or, once closed, here and now (500 ms at most), as the
-// release that made it runs after Close too.
+// Close waits for, or, once closed, here and now, as the release that made
+// it runs after Close too.
 func (l *Locker) free(ks keyset, owner string) {
 	if l.enter() {
 		l.abandonLater(ks, owner)
 		l.inflight.Done()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	_ = abandonScript.Run(ctx, l.client, []string{ks.lock(), ks.queue(), ks.deadlines()}, owner, ks.channel()).Err()
+	l.abandon(ks, owner)
 }
 
 // abandonLater leaves the fair queue and frees a grant whose reply was
 // lost, in the background: the caller returns at once, whether or not
-// Redis answers, and Close waits for it. Its context is its own (the
-// caller's may be the one that just ended) and short.
+// Redis answers, and Close waits for it.
 func (l *Locker) abandonLater(ks keyset, owner string) {
 	l.inflight.Add(1) // the caller's own registration is still held
 	go func() {
 		defer l.inflight.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		defer cancel()
-		_ = abandonScript.Run(ctx, l.client, []string{ks.lock(), ks.queue(), ks.deadlines()}, owner, ks.channel()).Err()
+		l.abandon(ks, owner)
 	}()
+}
+
+// abandon runs abandon.lua on a context of its own (the caller's may be
+// the one that just ended), and a short one: 500 ms.
+func (l *Locker) abandon(ks keyset, owner string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_ = abandonScript.Run(ctx, l.client, []string{ks.lock(), ks.queue(), ks.deadlines()}, owner, ks.channel()).Err()
 }
 
 // Close ends every wait (waiters get ErrClosed and leave the fair queues),
