@@ -4,7 +4,8 @@
 -- ARGV: owner, channel.
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] or held == ARGV[1] .. '!' then
   redis.call('DEL', KEYS[1])
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then

@@ -1,22 +1,26 @@
 -- Releases a plain lease of owner ARGV[1] on KEYS[1] and, when the
 -- releasing process has a waiter of its own, grants it to that waiter in
--- the same step: owner ARGV[2] for ARGV[3] ms, its token from KEYS[3]. A
--- local hand-off so costs one round trip, not a release and then the
--- waiter's acquire. A waiter elsewhere marks the key (KEYS[2],
--- wanted.lua); a marked key is still handed on here while the process's
--- run of hand-offs lasts (ARGV[4] = '1', the mark kept), and then freed
--- and the waiters told, as release.lua does: that is what keeps the key
--- from staying in one process while others wait.
--- Returns the fence on a hand-over, -1 if freed, 0 if not ours (fence.lua).
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
+-- the same step: owner ARGV[2] for ARGV[3] ms, its token from KEYS[2]
+-- (fence.lua, which ends this script). A local hand-off so costs one round
+-- trip, not a release and then the waiter's acquire. A waiter elsewhere
+-- marks the lease (acquire.lua); a marked lease is still handed on here
+-- while the process's run of hand-offs lasts (ARGV[4] = '1', the mark
+-- passed on to the new owner), and then freed and the waiters told, as
+-- release.lua does: that is what keeps the key from staying in one process
+-- while others wait.
+-- Returns the fence on a hand-over, -1 if freed, 0 if not ours.
+local held, mark = redis.call('GET', KEYS[1]), ''
+if held ~= ARGV[1] then
+  if held ~= ARGV[1] .. '!' then
+    return 0
+  end
+  if ARGV[4] ~= '1' then
+    redis.call('DEL', KEYS[1])
+    redis.call('PUBLISH', KEYS[1] .. ':released', '')
+    return -1
+  end
+  mark = '!'
 end
-if ARGV[4] == '1' or redis.call('EXISTS', KEYS[2]) == 0 then
-  -- Ours: no NX. The new owner is fresh, so a clean-up of a hand-over
-  -- whose reply was lost cannot free a grant made otherwise.
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return next_fence(KEYS[3])
-end
-redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('PUBLISH', KEYS[1] .. ':released', '')
-return -1
+-- Ours: no NX. The new owner is fresh, so a clean-up of a hand-over whose
+-- reply was lost cannot free a grant made otherwise.
+redis.call('SET', KEYS[1], ARGV[2] .. mark, 'PX', ARGV[3])

@@ -19,6 +19,21 @@ import (
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 )
 
+// unmark takes the waiters' mark (a trailing '!', acquire.lua) off the
+// lease on KEYS[1], keeping its owner and TTL.
+var unmark = redis.NewScript(`
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, -1) == '!' then
+  redis.call('SET', KEYS[1], string.sub(held, 1, -2), 'KEEPTTL')
+end
+return 0`)
+
+// clearMark unmarks the lease on lock: a release that finds the mark
+// frees the key instead of handing it over here.
+func clearMark(ctx context.Context, c redis.Scripter, lock string) {
+	_ = unmark.Run(ctx, c, []string{lock}).Err()
+}
+
 // A release hands the key to a waiter of its own process for a run at most
 // while somebody elsewhere waits: a waiter of another process marks the key
 // when refused, and the release that ends the run frees it instead. Without
@@ -72,7 +87,7 @@ func TestHandOverToWaiterGivingUpStrandsNoGrant(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // queued, refused, subscribed
 		// Hand-overs that find the mark free the key instead: clear it,
 		// so that this release hands over.
-		admin.Del(ctx, lock+":wanted")
+		clearMark(ctx, admin, lock)
 		go func() {
 			time.Sleep(time.Duration(rand.IntN(400)) * time.Microsecond)
 			cancel()
@@ -114,7 +129,7 @@ func TestCloseDuringHandOverLeaksNothing(t *testing.T) {
 		holder := hold(t, l, key)
 		waiters := []<-chan acquired{acquireAsync(l, ctx, key), acquireAsync(l, ctx, key)}
 		time.Sleep(20 * time.Millisecond)
-		admin.Del(ctx, lock+":wanted")
+		clearMark(ctx, admin, lock)
 		released := make(chan struct{})
 		go func() {
 			defer close(released)
@@ -249,7 +264,7 @@ func TestReleaseFreesKeyWhenHandOverToWaiterFails(t *testing.T) {
 	// and it then waits for this process's release without asking Redis.
 	tiny := acquireAsync(l, ctx, key, lockkit.WithTTL(500*time.Microsecond), lockkit.WithWaitTimeout(2*time.Second))
 	time.Sleep(50 * time.Millisecond)
-	admin.Del(ctx, lock+":wanted") // so the release hands over to the head
+	clearMark(ctx, admin, lock) // so the release hands over to the head
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +296,7 @@ func TestHandOverRunsOnEmbeddedServer(t *testing.T) {
 		lease := hold(t, l, "embedded-handover")
 		waiter := acquireAsync(l, ctx, "embedded-handover", lockkit.WithWaitTimeout(2*time.Second))
 		time.Sleep(20 * time.Millisecond)
-		m.Del(lock + ":wanted") // so that the release hands over
+		clearMark(ctx, client, lock) // so that the release hands over
 		if err := lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -347,7 +362,7 @@ func TestHandOverStressOneLockerMarkCleared(t *testing.T) {
 	stressHandOver(t, []*redislock.Locker{newLocker(t, newClient(t, addr))}, true)
 }
 
-func stressHandOver(t *testing.T, lockers []*redislock.Locker, clearMark bool) {
+func stressHandOver(t *testing.T, lockers []*redislock.Locker, unmarking bool) {
 	if testing.Short() && os.Getenv("CI") != "true" {
 		t.Skip("stress: not with -short, except in CI, where nothing is skipped")
 	}
@@ -355,26 +370,11 @@ func stressHandOver(t *testing.T, lockers []*redislock.Locker, clearMark bool) {
 	admin := newClient(t, addr)
 	key := uniqueKey(t)
 	lock := "{" + testPrefix + key + "}"
-	stopClearing := make(chan struct{})
-	var clearing sync.WaitGroup
-	if clearMark {
-		clearing.Go(func() {
-			for {
-				select {
-				case <-stopClearing:
-					return
-				case <-time.After(500 * time.Microsecond):
-					admin.Del(context.Background(), lock+":wanted")
-				}
-			}
-		})
+	if unmarking {
+		defer keepUnmarking(admin, lock)()
 	}
-	defer func() { close(stopClearing); clearing.Wait() }()
 
-	var inside atomic.Int32
-	var mu sync.Mutex
-	var lastFence uint64
-	var grants, cancels atomic.Int64
+	var s stressHolders
 	deadline := time.Now().Add(8 * time.Second)
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -382,40 +382,18 @@ func stressHandOver(t *testing.T, lockers []*redislock.Locker, clearMark bool) {
 			l := lockers[g%len(lockers)]
 			for time.Now().Before(deadline) {
 				opts := []lockkit.Option{lockkit.WithTTL(time.Duration(200+rand.IntN(2000)) * time.Millisecond)}
-				if g == 7 && !clearMark && rand.IntN(2) == 0 {
+				if g == 7 && !unmarking && rand.IntN(2) == 0 {
 					opts = append(opts, lockkit.WithFair())
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(30))*time.Millisecond)
 				lease, err := l.Acquire(ctx, key, opts...)
 				cancel()
-				if err != nil {
-					if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-						t.Errorf("acquire: %v", err)
-					}
-					cancels.Add(1)
-					continue
-				}
-				if n := inside.Add(1); n != 1 {
-					t.Errorf("%d holders at once", n)
-				}
-				mu.Lock()
-				if f := lease.Fence(); f <= lastFence {
-					t.Errorf("fence %d after %d", f, lastFence)
-				} else {
-					lastFence = f
-				}
-				mu.Unlock()
-				grants.Add(1)
-				time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
-				inside.Add(-1)
-				if err := lease.Release(context.Background()); err != nil {
-					t.Errorf("release: %v", err)
-				}
+				s.hold(t, lease, err)
 			}
 		})
 	}
 	wg.Wait()
-	t.Logf("%d grants, %d cancelled waits", grants.Load(), cancels.Load())
+	t.Logf("%d grants, %d cancelled waits", s.grants.Load(), s.cancels.Load())
 	end := time.Now().Add(2 * time.Second)
 	for admin.Exists(context.Background(), lock).Val() != 0 {
 		if time.Now().After(end) {
@@ -423,5 +401,59 @@ func stressHandOver(t *testing.T, lockers []*redislock.Locker, clearMark bool) {
 				admin.Get(context.Background(), lock).Val(), admin.PTTL(context.Background(), lock).Val())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// keepUnmarking clears the lock's mark every 500 µs until the returned
+// stop is called.
+func keepUnmarking(admin *redis.Client, lock string) (stop func()) {
+	done := make(chan struct{})
+	var clearing sync.WaitGroup
+	clearing.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(500 * time.Microsecond):
+				clearMark(context.Background(), admin, lock)
+			}
+		}
+	})
+	return func() { close(done); clearing.Wait() }
+}
+
+// stressHolders checks the grants of a stress run: one holder at a time,
+// tokens rising.
+type stressHolders struct {
+	inside          atomic.Int32
+	mu              sync.Mutex
+	lastFence       uint64
+	grants, cancels atomic.Int64
+}
+
+// hold checks an Acquire's outcome, holds the lease a moment and releases it.
+func (s *stressHolders) hold(t *testing.T, lease lockkit.Lease, err error) {
+	if err != nil {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			t.Errorf("acquire: %v", err)
+		}
+		s.cancels.Add(1)
+		return
+	}
+	if n := s.inside.Add(1); n != 1 {
+		t.Errorf("%d holders at once", n)
+	}
+	s.mu.Lock()
+	if f := lease.Fence(); f <= s.lastFence {
+		t.Errorf("fence %d after %d", f, s.lastFence)
+	} else {
+		s.lastFence = f
+	}
+	s.mu.Unlock()
+	s.grants.Add(1)
+	time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+	s.inside.Add(-1)
+	if err := lease.Release(context.Background()); err != nil {
+		t.Errorf("release: %v", err)
 	}
 }

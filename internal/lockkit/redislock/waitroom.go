@@ -259,7 +259,7 @@ func (r *waitRoom) freed(ks keyset) {
 
 // wakeIfHead wakes w if it is still its key's head and has no grant
 // waiting: a later head, whose turn came from a grant here, must not ask
-// Redis (wanted.lua's mark, set by its refusal, would end the next run).
+// Redis (the mark its refusal sets, acquire.lua, would end the next run).
 func (r *waitRoom) wakeIfHead(w *waiter) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -303,36 +303,11 @@ func newReplyDropper(t *testing.T, target string) *replyDropper {
 			var subscriber atomic.Bool
 			wg.Go(func() {
 				defer s.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if bytes.Contains(bytes.ToLower(buf[:n]), []byte("$9\r\nsubscribe\r\n")) {
-							subscriber.Store(true)
-						}
-						if _, werr := s.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
+				forwardRequests(c, s, &subscriber)
 			})
 			wg.Go(func() {
 				defer c.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 && (subscriber.Load() || !d.drop.CompareAndSwap(true, false)) {
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
+				d.forwardReplies(s, c, &subscriber)
 			})
 		}
 	})
@@ -348,10 +323,47 @@ func newReplyDropper(t *testing.T, target string) *replyDropper {
 	return d
 }
 
+// forwardRequests copies a client's requests to the server and notes a
+// subscriber's connection.
+func forwardRequests(client, server net.Conn, subscriber *atomic.Bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			if bytes.Contains(bytes.ToLower(buf[:n]), []byte("$9\r\nsubscribe\r\n")) {
+				subscriber.Store(true)
+			}
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// forwardReplies copies the server's replies to the client, but for the
+// one drop asks for on a command connection.
+func (d *replyDropper) forwardReplies(server, client net.Conn, subscriber *atomic.Bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 && (subscriber.Load() || !d.drop.CompareAndSwap(true, false)) {
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
 // A waiter whose turn came from a grant here (so it does not ask Redis
 // while that grant lasts) must still be woken when the grant's release
 // frees the key but its reply is lost: nothing else will tell it, since
-// it set no wanted mark, and it would sleep out the grant's whole TTL.
+// it did not mark the lease, and it would sleep out the grant's whole TTL.
 func TestWaiterBehindGrantHereWokenWhenReleaseReplyLost(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	d := newReplyDropper(t, addr)

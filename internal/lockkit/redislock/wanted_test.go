@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,5 +136,46 @@ func TestWaitersHereHandOnWithOneCallEach(t *testing.T) {
 	t.Logf("%d hand-offs here took %d calls", handOffs, n)
 	if n > 3*handOffs/2 {
 		t.Errorf("%d hand-offs here took %d calls; want about 1 each", handOffs, n)
+	}
+}
+
+// A waiter's mark sits in the holder's value (acquire.lua): the holder
+// still extends and releases its lease, fair or plain, and the release
+// wakes the waiter of another process at once.
+func TestMarkedLeaseStaysItsHolders(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		var opts []lockkit.Option
+		if fair {
+			opts = append(opts, lockkit.WithFair())
+		}
+		holder, other := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
+		key := uniqueKey(t)
+		lease := hold(t, holder, key, opts...)
+		waiter := acquireAsync(other, ctx, key, append(opts, lockkit.WithWaitTimeout(30*time.Second))...)
+		lock := "{" + testPrefix + key + "}"
+		waitFor(t, 5*time.Second, "the waiter's mark", func() bool {
+			return strings.HasSuffix(admin.Get(ctx, lock).Val(), "!")
+		})
+		if err := lease.Extend(ctx, 2*time.Minute); err != nil {
+			t.Fatalf("fair=%v: extend of a marked lease: %v", fair, err)
+		}
+		if pttl := admin.PTTL(ctx, lock).Val(); pttl <= time.Minute {
+			t.Errorf("fair=%v: pttl %v after extending to 2m", fair, pttl)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("fair=%v: release of a marked lease: %v", fair, err)
+		}
+		released := time.Now()
+		got := <-waiter
+		if got.err != nil {
+			t.Fatalf("fair=%v: waiter: %v", fair, got.err)
+		}
+		if d := got.at.Sub(released); d > 2*time.Second {
+			t.Errorf("fair=%v: waiter granted %v after the release; want at once, not at the TTL", fair, d)
+		}
+		_ = got.lease.Release(ctx)
 	}
 }
