@@ -28,9 +28,10 @@ func (l *Locker) grant(key, me string, rev int64, s *session, o lockkit.Options,
 		Closed:  l.closed,
 	})
 	l.held[h] = struct{}{}
-	h.orphan = s.lost // lost since the put: born lost
+	bornLost := s.lost // lost since the put; read under mu, as watchSession writes h.orphan
+	h.orphan = bornLost
 	l.mu.Unlock()
-	if h.orphan {
+	if bornLost {
 		_ = h.lease.Release(context.Background())
 	}
 	return h.lease
