@@ -131,11 +131,34 @@ type apiCase struct {
 
 func (c *contract) run(t *testing.T, srv *httptest.Server, tc apiCase) []byte {
 	t.Helper()
+	req := tc.request(t, srv.URL)
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != tc.status {
+		t.Errorf("status %d, want %d: %s", res.StatusCode, tc.status, body)
+	}
+	if res.StatusCode >= 400 {
+		checkProblem(t, res, body, req.URL.Path, tc.detail)
+	}
+	// The validator reads the request body for nothing we check; give it
+	// an empty one.
+	req.Body = io.NopCloser(strings.NewReader(tc.body))
+	c.check(t, req, res, body)
+	return body
+}
+
+// request is tc's request to the server at base.
+func (tc apiCase) request(t *testing.T, base string) *http.Request {
+	t.Helper()
 	var rd io.Reader
 	if tc.body != "" {
 		rd = strings.NewReader(tc.body)
 	}
-	req, err := http.NewRequest(tc.method, srv.URL+tc.path, rd)
+	req, err := http.NewRequest(tc.method, base+tc.path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,36 +171,27 @@ func (c *contract) run(t *testing.T, srv *httptest.Server, tc apiCase) []byte {
 	for k, v := range tc.header {
 		req.Header.Set(k, v)
 	}
-	res, err := srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
+	return req
+}
+
+// checkProblem: an error answer is a problem document with every field
+// set, about the request's path, whose detail says detail.
+func checkProblem(t *testing.T, res *http.Response, body []byte, path, detail string) {
+	t.Helper()
+	if ct := res.Header.Get("Content-Type"); ct != problem.ContentType {
+		t.Errorf("Content-Type %q, want %s", ct, problem.ContentType)
 	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != tc.status {
-		t.Errorf("status %d, want %d: %s", res.StatusCode, tc.status, body)
+	var p problem.Details
+	if err := json.Unmarshal(body, &p); err != nil {
+		t.Errorf("not a problem: %v: %s", err, body)
 	}
-	if res.StatusCode >= 400 {
-		if ct := res.Header.Get("Content-Type"); ct != problem.ContentType {
-			t.Errorf("Content-Type %q, want %s", ct, problem.ContentType)
-		}
-		var p problem.Details
-		if err := json.Unmarshal(body, &p); err != nil {
-			t.Errorf("not a problem: %v: %s", err, body)
-		}
-		if p.Status != res.StatusCode || p.Title == "" || !strings.HasPrefix(p.Type, problem.TypeBase) ||
-			p.Instance != req.URL.Path || p.RequestID == "" {
-			t.Errorf("problem fields wrong: %+v", p)
-		}
-		if !strings.Contains(p.Detail, tc.detail) {
-			t.Errorf("detail %q does not say %q", p.Detail, tc.detail)
-		}
+	if p.Status != res.StatusCode || p.Title == "" || !strings.HasPrefix(p.Type, problem.TypeBase) ||
+		p.Instance != path || p.RequestID == "" {
+		t.Errorf("problem fields wrong: %+v", p)
 	}
-	// The validator reads the request body for nothing we check; give it
-	// an empty one.
-	req.Body = io.NopCloser(strings.NewReader(tc.body))
-	c.check(t, req, res, body)
-	return body
+	if !strings.Contains(p.Detail, detail) {
+		t.Errorf("detail %q does not say %q", p.Detail, detail)
+	}
 }
 
 func tokens(t *testing.T) map[string]string {

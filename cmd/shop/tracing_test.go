@@ -84,6 +84,14 @@ func checkPurchaseTrace(t *testing.T, spans tracetest.SpanStubs, callerSpan stri
 	}
 	wait := findSpan(t, spans, named("lock wait"))
 	hold := findSpan(t, spans, named("lock hold"))
+	checkLockSpans(t, request, wait, hold)
+	checkCallsInsideTheLock(t, spans, wait, hold)
+}
+
+// checkLockSpans: the lock wait and the lock hold are children of the
+// request span that say which lock, its fence, and how each ended.
+func checkLockSpans(t *testing.T, request, wait, hold tracetest.SpanStub) {
+	t.Helper()
 	for _, s := range []tracetest.SpanStub{wait, hold} {
 		if s.Parent.SpanID() != request.SpanContext.SpanID() {
 			t.Errorf("%s is not a child of the request span", s.Name)
@@ -98,6 +106,12 @@ func checkPurchaseTrace(t *testing.T, spans tracetest.SpanStubs, callerSpan stri
 	if attr(hold, "lock.outcome") != "released" {
 		t.Errorf("lock hold outcome %q, want released", attr(hold, "lock.outcome"))
 	}
+}
+
+// checkCallsInsideTheLock: the Redis commands of the wait and the SQL of
+// the hold are traced under their lock span.
+func checkCallsInsideTheLock(t *testing.T, spans tracetest.SpanStubs, wait, hold tracetest.SpanStub) {
+	t.Helper()
 	if !slices.ContainsFunc(spans, func(s tracetest.SpanStub) bool {
 		return s.Parent.SpanID() == wait.SpanContext.SpanID() && attr(s, "db.system") == "redis"
 	}) {

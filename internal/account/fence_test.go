@@ -235,10 +235,7 @@ func (u update) start(ctx context.Context, s *Store, seen *[]int64) <-chan error
 // balance. The store must refuse A's write: B has shown its token before
 // reading, so A finds a newer fence when it writes.
 func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		a, b update
-	}{
+	for _, tc := range []staleWriteCase{
 		{"withdraw-deposit",
 			update{"withdraw", []int64{1}, map[int64]uint64{1: 5}, []int64{-10}},
 			update{"deposit", []int64{1}, map[int64]uint64{1: 6}, []int64{10}}},
@@ -249,63 +246,78 @@ func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
 			update{"deposit", []int64{2}, map[int64]uint64{2: 6}, []int64{10}}},
 	} {
 		for dbName, open := range databases() {
-			t.Run(tc.name+"/"+dbName, func(t *testing.T) {
-				ctx := context.Background()
-				db := open(t)
-				a, b := NewStore(db.DB), NewStore(db.DB) // two shop instances
-				for id := int64(1); id <= 2; id++ {
-					if _, err := a.Put(ctx, id, 100); err != nil {
-						t.Fatal(err)
-					}
-				}
-				// Token 4 wrote last.
-				if err := db.DB.Exec("UPDATE accounts SET fence = 4").Error; err != nil {
-					t.Fatal(err)
-				}
-				aGate, bGate := pauseBeforeWrite(t, a), pauseBeforeWrite(t, b)
-
-				var aSeen, bSeen []int64
-				aDone := tc.a.start(ctx, a, &aSeen)
-				select {
-				case <-aGate.paused:
-				case err := <-aDone:
-					t.Fatalf("A ended before its write: %v", err)
-				}
-				bDone := tc.b.start(ctx, b, &bSeen)
-				select {
-				case <-bGate.paused:
-				case err := <-bDone:
-					t.Fatalf("B ended before its write: %v", err)
-				}
-				if bSeen[0] != 100 {
-					t.Fatalf("B read %d, want 100: the interleaving is not the one under test", bSeen[0])
-				}
-				aGate.release()
-				aErr := <-aDone
-				bGate.release()
-				bErr := <-bDone
-
-				if !errors.Is(aErr, lockkit.ErrFenced) {
-					t.Errorf("A (token 5, stale): %v, want ErrFenced", aErr)
-				}
-				if bErr != nil {
-					t.Errorf("B (token 6): %v, want success", bErr)
-				}
-				drift, err := a.Drift(ctx)
-				if err != nil || len(drift) != 0 {
-					t.Errorf("drift %v (%v), want none: balance = opening + ledger", drift, err)
-				}
-				for id, want := range map[int64]int64{1: 100, 2: 100} {
-					if id == tc.b.ids[0] {
-						want += tc.b.delta[0]
-					}
-					if got, err := a.Get(ctx, id); err != nil || got.Balance != want {
-						t.Errorf("account %d: balance %d (%v), want %d: B's change only", id, got.Balance, err, want)
-					}
-				}
-			})
+			t.Run(tc.name+"/"+dbName, func(t *testing.T) { tc.run(t, open(t)) })
 		}
 	}
+}
+
+// staleWriteCase is A's stale update (token 5) and B's newer one (token 6).
+type staleWriteCase struct {
+	name string
+	a, b update
+}
+
+func (tc staleWriteCase) run(t *testing.T, db *storage.DB) {
+	ctx := context.Background()
+	a, b := NewStore(db.DB), NewStore(db.DB) // two shop instances
+	for id := int64(1); id <= 2; id++ {
+		if _, err := a.Put(ctx, id, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Token 4 wrote last.
+	if err := db.DB.Exec("UPDATE accounts SET fence = 4").Error; err != nil {
+		t.Fatal(err)
+	}
+	aErr, bErr := tc.interleave(t, ctx, a, b)
+
+	if !errors.Is(aErr, lockkit.ErrFenced) {
+		t.Errorf("A (token 5, stale): %v, want ErrFenced", aErr)
+	}
+	if bErr != nil {
+		t.Errorf("B (token 6): %v, want success", bErr)
+	}
+	drift, err := a.Drift(ctx)
+	if err != nil || len(drift) != 0 {
+		t.Errorf("drift %v (%v), want none: balance = opening + ledger", drift, err)
+	}
+	for id, want := range map[int64]int64{1: 100, 2: 100} {
+		if id == tc.b.ids[0] {
+			want += tc.b.delta[0]
+		}
+		if got, err := a.Get(ctx, id); err != nil || got.Balance != want {
+			t.Errorf("account %d: balance %d (%v), want %d: B's change only", id, got.Balance, err, want)
+		}
+	}
+}
+
+// interleave runs A up to its write, then B up to its write (reading the
+// balance A has not changed yet), then lets A write, then B. It returns
+// what each update returned.
+func (tc staleWriteCase) interleave(t *testing.T, ctx context.Context, a, b *Store) (aErr, bErr error) {
+	t.Helper()
+	aGate, bGate := pauseBeforeWrite(t, a), pauseBeforeWrite(t, b)
+	var aSeen, bSeen []int64
+	aDone := tc.a.start(ctx, a, &aSeen)
+	select {
+	case <-aGate.paused:
+	case err := <-aDone:
+		t.Fatalf("A ended before its write: %v", err)
+	}
+	bDone := tc.b.start(ctx, b, &bSeen)
+	select {
+	case <-bGate.paused:
+	case err := <-bDone:
+		t.Fatalf("B ended before its write: %v", err)
+	}
+	if bSeen[0] != 100 {
+		t.Fatalf("B read %d, want 100: the interleaving is not the one under test", bSeen[0])
+	}
+	aGate.release()
+	aErr = <-aDone
+	bGate.release()
+	bErr = <-bDone
+	return aErr, bErr
 }
 
 // TestPutBetweenALockedReadAndItsWriteFencesTheWrite: a holder (token 5)

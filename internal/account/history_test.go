@@ -12,6 +12,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/shoptest"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // historyStrategies are the ways a ledger row is written: each balance
@@ -159,20 +160,7 @@ func TestAnOlderLedgerMigratesIntoHistoryZero(t *testing.T) {
 		t.Run(dbName, func(t *testing.T) {
 			ctx := context.Background()
 			db := newDB(t)
-			for _, table := range []string{"ledger_entries", "accounts"} {
-				if err := db.Migrator().DropTable(table); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := db.AutoMigrate(&oldAccount{}, &oldLedgerEntry{}); err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Create(&oldAccount{ID: 1, Balance: 9_000, Opening: 10_000}).Error; err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Create(&oldLedgerEntry{AccountID: 1, Amount: -1_000, Kind: KindOrder, OrderID: 3}).Error; err != nil {
-				t.Fatal(err)
-			}
+			createOlderLedger(t, db)
 			if err := db.Migrate(ctx, Models()...); err != nil {
 				t.Fatal(err)
 			}
@@ -195,6 +183,26 @@ func TestAnOlderLedgerMigratesIntoHistoryZero(t *testing.T) {
 				t.Fatalf("order 3's debit: %+v (%v), want the old row kept", debits[3], err)
 			}
 		})
+	}
+}
+
+// createOlderLedger replaces db's account tables with the previous
+// version's, holding account 1 and its debit of 10.00 for order 3.
+func createOlderLedger(t *testing.T, db *storage.DB) {
+	t.Helper()
+	for _, table := range []string{"ledger_entries", "accounts"} {
+		if err := db.Migrator().DropTable(table); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.AutoMigrate(&oldAccount{}, &oldLedgerEntry{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Create(&oldAccount{ID: 1, Balance: 9_000, Opening: 10_000}).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Create(&oldLedgerEntry{AccountID: 1, Amount: -1_000, Kind: KindOrder, OrderID: 3}).Error; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -30,31 +30,7 @@ func TestOptimisticLosesNoUpdate(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var wg sync.WaitGroup
-			start := make(chan struct{})
-			for g := range 32 {
-				wg.Go(func() {
-					<-start
-					for i := range 4 {
-						var err error
-						switch (g + i) % 4 {
-						case 0:
-							_, err = svc.Deposit(ctx, 1, 100)
-						case 1:
-							_, err = svc.Withdraw(ctx, 1, 30)
-						case 2:
-							_, err = svc.Transfer(ctx, 1, 2, 7)
-						case 3:
-							_, err = svc.Transfer(ctx, 2, 1, 5)
-						}
-						if err != nil {
-							t.Errorf("goroutine %d, op %d: %v", g, i, err)
-						}
-					}
-				})
-			}
-			close(start)
-			wg.Wait()
+			raceMixedOps(t, ctx, svc)
 			// 32 x 4 operations, each kind 32 times.
 			want := map[int64]int64{1: 100_000 + 32*(100-30-7+5), 2: 100_000 + 32*(7-5)}
 			for id, w := range want {
@@ -67,6 +43,42 @@ func TestOptimisticLosesNoUpdate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// raceMixedOps starts 32 goroutines together, each running 4 operations
+// in turn: a deposit of 100 and a withdrawal of 30 on account 1, a
+// transfer of 7 from 1 to 2 and one of 5 back.
+func raceMixedOps(t *testing.T, ctx context.Context, svc Service) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range 32 {
+		wg.Go(func() {
+			<-start
+			for i := range 4 {
+				if err := mixedOp(ctx, svc, (g+i)%4); err != nil {
+					t.Errorf("goroutine %d, op %d: %v", g, i, err)
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+}
+
+// mixedOp runs operation n of raceMixedOps' four.
+func mixedOp(ctx context.Context, svc Service, n int) error {
+	var err error
+	switch n {
+	case 0:
+		_, err = svc.Deposit(ctx, 1, 100)
+	case 1:
+		_, err = svc.Withdraw(ctx, 1, 30)
+	case 2:
+		_, err = svc.Transfer(ctx, 1, 2, 7)
+	case 3:
+		_, err = svc.Transfer(ctx, 2, 1, 5)
+	}
+	return err
 }
 
 // TestNoLockLosesUpdates is the baseline beside it: the same read-modify-

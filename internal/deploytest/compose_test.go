@@ -149,20 +149,7 @@ func TestComposeHealthchecks(t *testing.T) {
 		}
 	}
 	for _, name := range p.ServiceNames() {
-		s := p.Services[name]
-		if slices.Contains(oneShot, name) {
-			if s.Restart != "" && s.Restart != types.RestartPolicyNo {
-				t.Errorf("one-shot job %s has restart %q: a job that finished must stay finished", name, s.Restart)
-			}
-			continue
-		}
-		hc := s.HealthCheck
-		if hc == nil || hc.Disable || len(hc.Test) == 0 || hc.Test[0] == "NONE" {
-			t.Errorf("%s has no healthcheck: nothing can wait for it to be ready", name)
-		}
-		if s.Restart != types.RestartPolicyUnlessStopped {
-			t.Errorf("%s has restart %q, want unless-stopped", name, s.Restart)
-		}
+		checkReadinessAndRestart(t, name, p.Services[name])
 	}
 	// Distroless has no shell: the shop healthcheck must be the exec form
 	// of the binary itself, the path the Dockerfile copies it to.
@@ -171,6 +158,25 @@ func TestComposeHealthchecks(t *testing.T) {
 		if got := []string(s.HealthCheck.Test); len(got) < 2 || got[0] != "CMD" || got[1] != bin {
 			t.Errorf("%s healthcheck is %q, want [CMD %s ...] (no shell in the image)", s.Name, got, bin)
 		}
+	}
+}
+
+// checkReadinessAndRestart: a one-shot job stays finished; any other
+// service says when it is ready and comes back unless stopped.
+func checkReadinessAndRestart(t *testing.T, name string, s types.ServiceConfig) {
+	t.Helper()
+	if slices.Contains(oneShot, name) {
+		if s.Restart != "" && s.Restart != types.RestartPolicyNo {
+			t.Errorf("one-shot job %s has restart %q: a job that finished must stay finished", name, s.Restart)
+		}
+		return
+	}
+	hc := s.HealthCheck
+	if hc == nil || hc.Disable || len(hc.Test) == 0 || hc.Test[0] == "NONE" {
+		t.Errorf("%s has no healthcheck: nothing can wait for it to be ready", name)
+	}
+	if s.Restart != types.RestartPolicyUnlessStopped {
+		t.Errorf("%s has restart %q, want unless-stopped", name, s.Restart)
 	}
 }
 
@@ -253,11 +259,7 @@ func checkAddresses(t *testing.T, p *types.Project, s types.ServiceConfig, cfg c
 	if err != nil {
 		t.Fatalf("%s: SHOP_MYSQL_DSN: %v", s.Name, err)
 	}
-	vars := []struct {
-		name   string
-		server string // image repository
-		addrs  []string
-	}{
+	vars := []addressVar{
 		{"SHOP_MYSQL_DSN", "mariadb", []string{dsn.Addr}},
 		{"SHOP_REDIS_ADDRS", "redis", cfg.RedisAddrs},
 		{"SHOP_REDLOCK_ADDRS", "redis", cfg.RedlockAddrs},
@@ -271,39 +273,62 @@ func checkAddresses(t *testing.T, p *types.Project, s types.ServiceConfig, cfg c
 			t.Errorf("%s: %s is empty: the backends that need it would not start", s.Name, v.name)
 		}
 		for _, addr := range v.addrs {
-			host, port, err := splitAddr(addr)
-			if err != nil {
-				t.Errorf("%s: %s: %v", s.Name, v.name, err)
-				continue
+			if target, ok := checkAddress(t, p, s, v, addr); ok {
+				reached[v.name] = append(reached[v.name], target)
 			}
-			target, ok := p.Services[host]
-			if !ok {
-				t.Errorf("%s: %s names %s, which is not a service", s.Name, v.name, host)
-				continue
-			}
-			if got := imageRepo(target.Image); got != v.server {
-				t.Errorf("%s: %s names %s, which runs %s, not %s", s.Name, v.name, host, got, v.server)
-			}
-			if want := listenPort(t, target); port != want {
-				t.Errorf("%s: %s names %s:%d, but %s listens on %d", s.Name, v.name, host, port, host, want)
-			}
-			// migrate only needs MySQL; what it is given beyond that is
-			// there so that config.Load accepts the same environment.
-			waits := s.Name != "migrate" || v.server == "mariadb"
-			if _, ok := s.DependsOn[host]; waits && !ok && !clustered(target) {
-				t.Errorf("%s does not wait for %s, which %s names", s.Name, host, v.name)
-			}
-			if waits && clustered(target) {
-				if _, ok := s.DependsOn["redis-cluster-init"]; !ok {
-					t.Errorf("%s uses cluster node %s without waiting for redis-cluster-init", s.Name, host)
-				}
-			}
-			reached[v.name] = append(reached[v.name], target)
 		}
 	}
-	// Redlock's safety argument needs independent masters: one of them
-	// being also the main Redis, a cluster node or named twice would let
-	// one failure count as several.
+	checkRedlockMastersIndependent(t, s, reached)
+	return reached
+}
+
+// addressVar is one variable of addresses and the server it must name.
+type addressVar struct {
+	name   string
+	server string // image repository
+	addrs  []string
+}
+
+// checkAddress follows addr of v to the service it names, and checks that
+// the service runs v's server on that port and that s waits for it. It
+// returns the service, or false if addr names none.
+func checkAddress(t *testing.T, p *types.Project, s types.ServiceConfig, v addressVar, addr string) (types.ServiceConfig, bool) {
+	t.Helper()
+	host, port, err := splitAddr(addr)
+	if err != nil {
+		t.Errorf("%s: %s: %v", s.Name, v.name, err)
+		return types.ServiceConfig{}, false
+	}
+	target, ok := p.Services[host]
+	if !ok {
+		t.Errorf("%s: %s names %s, which is not a service", s.Name, v.name, host)
+		return types.ServiceConfig{}, false
+	}
+	if got := imageRepo(target.Image); got != v.server {
+		t.Errorf("%s: %s names %s, which runs %s, not %s", s.Name, v.name, host, got, v.server)
+	}
+	if want := listenPort(t, target); port != want {
+		t.Errorf("%s: %s names %s:%d, but %s listens on %d", s.Name, v.name, host, port, host, want)
+	}
+	// migrate only needs MySQL; what it is given beyond that is
+	// there so that config.Load accepts the same environment.
+	waits := s.Name != "migrate" || v.server == "mariadb"
+	if _, ok := s.DependsOn[host]; waits && !ok && !clustered(target) {
+		t.Errorf("%s does not wait for %s, which %s names", s.Name, host, v.name)
+	}
+	if waits && clustered(target) {
+		if _, ok := s.DependsOn["redis-cluster-init"]; !ok {
+			t.Errorf("%s uses cluster node %s without waiting for redis-cluster-init", s.Name, host)
+		}
+	}
+	return target, true
+}
+
+// checkRedlockMastersIndependent: Redlock's safety argument needs
+// independent masters: one of them being also the main Redis, a cluster
+// node or named twice would let one failure count as several.
+func checkRedlockMastersIndependent(t *testing.T, s types.ServiceConfig, reached map[string][]types.ServiceConfig) {
+	t.Helper()
 	seen := map[string]bool{}
 	for _, target := range reached["SHOP_REDIS_ADDRS"] {
 		seen[target.Name] = true
@@ -317,7 +342,6 @@ func checkAddresses(t *testing.T, p *types.Project, s types.ServiceConfig, cfg c
 	if n := len(reached["SHOP_REDLOCK_ADDRS"]); n < 3 {
 		t.Errorf("%s: %d redlock masters; a majority of fewer than 3 tolerates no failure", s.Name, n)
 	}
-	return reached
 }
 
 // splitAddr reads host:port or an etcd-style URL (http://host:port).
@@ -470,24 +494,7 @@ func TestComposeMountsExist(t *testing.T) {
 func TestComposeScrapesAndBalancesEveryInstance(t *testing.T) {
 	root := repoRoot(t)
 	p := loadCompose(t, nil)
-	var want, wantScraped []string
-	for _, s := range serving(p) {
-		_, port, err := net.SplitHostPort(envOf(s)["SHOP_HTTP_ADDR"])
-		if err != nil {
-			t.Fatalf("%s: SHOP_HTTP_ADDR: %v", s.Name, err)
-		}
-		want = append(want, s.Name+":"+port)
-		// /metrics is served on SHOP_METRICS_ADDR when set, and only there.
-		metricsPort := port
-		if addr := envOf(s)["SHOP_METRICS_ADDR"]; addr != "" {
-			if _, metricsPort, err = net.SplitHostPort(addr); err != nil {
-				t.Fatalf("%s: SHOP_METRICS_ADDR: %v", s.Name, err)
-			}
-		}
-		wantScraped = append(wantScraped, s.Name+":"+metricsPort)
-	}
-	slices.Sort(want)
-	slices.Sort(wantScraped)
+	want, wantScraped := shopInstanceAddrs(t, p)
 
 	scraped := prometheusTargets(t, filepath.Join(root, "deploy/prometheus/prometheus.yml"), "shop")
 	slices.Sort(scraped)
@@ -496,6 +503,48 @@ func TestComposeScrapesAndBalancesEveryInstance(t *testing.T) {
 	}
 
 	nginx := readFile(t, filepath.Join(root, "deploy/nginx/nginx.conf"))
+	if balanced := nginxUpstream(t, nginx); !slices.Equal(balanced, want) {
+		t.Errorf("nginx balances %v, the shop instances are %v", balanced, want)
+	}
+	checkLoadBalancer(t, p, nginx)
+
+	// k6 reaches nginx on loopback from inside its network namespace.
+	k6 := p.Services["k6"]
+	if k6.NetworkMode != "service:lb" {
+		t.Errorf("k6 runs in network %q, want service:lb (the scripts accept only loopback URLs)", k6.NetworkMode)
+	}
+	if got, want := envOf(k6)["SHOP_URLS"], "http://127.0.0.1:8080"; got != want || !strings.Contains(nginx, "listen 8080;") {
+		t.Errorf("k6 SHOP_URLS is %q, want %q where nginx listens", got, want)
+	}
+}
+
+// shopInstanceAddrs are the serving instances as host:port, sorted: where
+// each serves the API, and where each serves /metrics.
+func shopInstanceAddrs(t *testing.T, p *types.Project) (api, metrics []string) {
+	t.Helper()
+	for _, s := range serving(p) {
+		_, port, err := net.SplitHostPort(envOf(s)["SHOP_HTTP_ADDR"])
+		if err != nil {
+			t.Fatalf("%s: SHOP_HTTP_ADDR: %v", s.Name, err)
+		}
+		api = append(api, s.Name+":"+port)
+		// /metrics is served on SHOP_METRICS_ADDR when set, and only there.
+		metricsPort := port
+		if addr := envOf(s)["SHOP_METRICS_ADDR"]; addr != "" {
+			if _, metricsPort, err = net.SplitHostPort(addr); err != nil {
+				t.Fatalf("%s: SHOP_METRICS_ADDR: %v", s.Name, err)
+			}
+		}
+		metrics = append(metrics, s.Name+":"+metricsPort)
+	}
+	slices.Sort(api)
+	slices.Sort(metrics)
+	return api, metrics
+}
+
+// nginxUpstream are the servers of nginx.conf's shop upstream, sorted.
+func nginxUpstream(t *testing.T, nginx string) []string {
+	t.Helper()
 	upstream := regexp.MustCompile(`(?s)upstream shop \{(.*?)\}`).FindStringSubmatch(nginx)
 	if upstream == nil {
 		t.Fatal("deploy/nginx/nginx.conf has no upstream shop block")
@@ -505,9 +554,13 @@ func TestComposeScrapesAndBalancesEveryInstance(t *testing.T) {
 		balanced = append(balanced, m[1])
 	}
 	slices.Sort(balanced)
-	if !slices.Equal(balanced, want) {
-		t.Errorf("nginx balances %v, the shop instances are %v", balanced, want)
-	}
+	return balanced
+}
+
+// checkLoadBalancer: lb waits for every instance to be healthy and
+// publishes the port nginx listens on.
+func checkLoadBalancer(t *testing.T, p *types.Project, nginx string) {
+	t.Helper()
 	lb := p.Services["lb"]
 	for _, s := range serving(p) {
 		if d, ok := lb.DependsOn[s.Name]; !ok || d.Condition != types.ServiceConditionHealthy {
@@ -518,15 +571,6 @@ func TestComposeScrapesAndBalancesEveryInstance(t *testing.T) {
 		if port.Target != 8080 || !strings.Contains(nginx, "listen 8080;") {
 			t.Errorf("lb publishes container port %d; nginx.conf must listen on it", port.Target)
 		}
-	}
-
-	// k6 reaches nginx on loopback from inside its network namespace.
-	k6 := p.Services["k6"]
-	if k6.NetworkMode != "service:lb" {
-		t.Errorf("k6 runs in network %q, want service:lb (the scripts accept only loopback URLs)", k6.NetworkMode)
-	}
-	if got, want := envOf(k6)["SHOP_URLS"], "http://127.0.0.1:8080"; got != want || !strings.Contains(nginx, "listen 8080;") {
-		t.Errorf("k6 SHOP_URLS is %q, want %q where nginx listens", got, want)
 	}
 }
 

@@ -174,7 +174,14 @@ func TestDockerfile(t *testing.T) {
 	root := repoRoot(t)
 	ins := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
 	b := dockerfileBuild(t)
+	checkGoBuild(t, b)
+	build := checkStages(t, root, ins)
+	checkRuntimeStage(t, ins, b, build)
+}
 
+// checkGoBuild: the build line makes a static, path-free ./cmd/shop binary.
+func checkGoBuild(t *testing.T, b goBuild) {
+	t.Helper()
 	if !slices.Contains(b.env, "CGO_ENABLED=0") {
 		t.Errorf("go build runs with %v, without CGO_ENABLED=0: the binary would need a libc the final image does not have", b.env)
 	}
@@ -184,7 +191,12 @@ func TestDockerfile(t *testing.T) {
 	if b.pkg != "./cmd/shop" || b.output == "" {
 		t.Errorf("go build builds %q into %q, want ./cmd/shop into a path the last stage copies", b.pkg, b.output)
 	}
+}
 
+// checkStages: a named build stage on go.mod's toolchain and a minimal
+// runtime stage. It returns the build stage's FROM fields (image AS name).
+func checkStages(t *testing.T, root string, ins []instruction) []string {
+	t.Helper()
 	var froms []string
 	for _, in := range ins {
 		if in.cmd == "FROM" {
@@ -211,7 +223,13 @@ func TestDockerfile(t *testing.T) {
 	if !strings.HasPrefix(build[0], "golang:"+gomod[1]) {
 		t.Errorf("build stage uses %s, go.mod asks for go %s", build[0], gomod[1])
 	}
+	return build
+}
 
+// checkRuntimeStage: the last stage copies the built binary, runs it in
+// exec form, and not as root.
+func checkRuntimeStage(t *testing.T, ins []instruction, b goBuild, build []string) {
+	t.Helper()
 	bin := dockerfileBinary(t)
 	var copyLine, entrypoint, user string
 	for _, in := range ins {

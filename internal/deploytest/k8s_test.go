@@ -195,6 +195,16 @@ func checkContainer(t *testing.T, containers []corev1.Container, cfg config.Conf
 	if ports["http"] != int32(addrPort(t, cfg.HTTPAddr)) || ports["metrics"] != int32(addrPort(t, cfg.MetricsAddr)) {
 		t.Errorf("container ports %v; shop listens on %s and %s", ports, cfg.HTTPAddr, cfg.MetricsAddr)
 	}
+	checkProbes(t, c, ports)
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("resources %+v: want CPU and memory requests and a memory limit", c.Resources)
+	}
+}
+
+// checkProbes: the readiness and liveness probes ask their routes of
+// openapi.yaml on the http port, among the container's named ports.
+func checkProbes(t *testing.T, c corev1.Container, ports map[string]int32) {
+	t.Helper()
 	routes := openAPIPaths(t)
 	for name, probe := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
 		want := map[string]string{"readiness": "/readyz", "liveness": "/healthz"}[name]
@@ -205,9 +215,6 @@ func checkContainer(t *testing.T, containers []corev1.Container, cfg config.Conf
 		if g := probe.HTTPGet; g.Path != want || !routes[g.Path] || ports[g.Port.StrVal] != ports["http"] {
 			t.Errorf("%s probe GET %s on port %q; want %s, a route of openapi.yaml, on the http port", name, g.Path, g.Port.String(), want)
 		}
-	}
-	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-		t.Errorf("resources %+v: want CPU and memory requests and a memory limit", c.Resources)
 	}
 }
 

@@ -90,7 +90,66 @@ func TestRedisFailover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	master, replica, sentinels := sentinelSet(t)
+	f := newFailoverAccount(t, sentinels)
 
+	// A first grant, replicated: the replica knows the key's counter.
+	g0 := f.grant(t)
+	if err := f.deposit(g0.Fence(), 1); err != nil {
+		t.Fatalf("g0 deposit: %v", err)
+	}
+	if err := g0.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mc := redis.NewClient(&redis.Options{Addr: master.addr})
+	defer mc.Close()
+	if n, err := mc.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT for the replica: %d, %v", n, err)
+	}
+
+	cutReplication(t, mc)
+	var fo failover
+	fo.g1 = f.grant(t)
+	info, _ := mc.Info(ctx, "replication").Result()
+	if !strings.Contains(info, "connected_slaves:0") {
+		t.Fatalf("the replica is still attached:\n%s", info)
+	}
+	fo.g1Write = f.deposit(fo.g1.Fence(), 10)
+
+	killed := time.Now()
+	master.stop(syscall.SIGKILL)
+	awaitPromotion(t, replica, killed)
+	promoted := time.Now()
+
+	fo.g2 = f.grant(t)
+	granted := time.Now()
+	fo.overlap = !backend.IsClosed(fo.g1.Lost())
+	fo.g2Write = f.deposit(fo.g2.Fence(), 100)
+	fo.g1Again = f.deposit(fo.g1.Fence(), 1000) // the stale holder writes once more
+	_ = fo.g2.Release(ctx)
+
+	fo.extra, fo.g3Write = f.grantsUntilAccepted(t)
+
+	var err error
+	if fo.drift, err = f.store.Drift(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := fo.row(granted.Sub(killed))
+	report(res)
+	t.Logf("%+v (failover took %v)", res, promoted.Sub(killed).Round(time.Millisecond))
+	fo.check(t)
+}
+
+// failoverAccount is account 1 in the shop's MariaDB, under the lock of a
+// Redis found through Sentinel.
+type failoverAccount struct {
+	locker lockkit.Locker
+	store  *account.Store
+	id     int64
+}
+
+func newFailoverAccount(t *testing.T, sentinels []string) *failoverAccount {
+	t.Helper()
+	ctx := context.Background()
 	client := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: sentinels,
 		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
@@ -108,129 +167,128 @@ func TestRedisFailover(t *testing.T) {
 	if err := db.Migrate(ctx, account.Models()...); err != nil {
 		t.Fatal(err)
 	}
-	store := account.NewStore(db.DB)
-	const id = 1
-	if _, err := store.Put(ctx, id, opening); err != nil {
+	f := &failoverAccount{locker: locker, store: account.NewStore(db.DB), id: 1}
+	if _, err := f.store.Put(ctx, f.id, opening); err != nil {
 		t.Fatal(err)
 	}
-	key := account.Key(id).String()
-	deposit := func(fence uint64, amount int64) error {
-		return store.Update(ctx, "deposit", []int64{id}, map[int64]uint64{id: fence},
-			func(_ context.Context, a []*account.Account) error { a[0].Balance += amount; return nil })
+	return f
+}
+
+func (f *failoverAccount) deposit(fence uint64, amount int64) error {
+	return f.store.Update(context.Background(), "deposit", []int64{f.id}, map[int64]uint64{f.id: fence},
+		func(_ context.Context, a []*account.Account) error { a[0].Balance += amount; return nil })
+}
+
+func (f *failoverAccount) grant(t *testing.T) lockkit.Lease {
+	t.Helper()
+	key := account.Key(f.id).String()
+	l, err := f.locker.Acquire(context.Background(), key, lockkit.WithTTL(20*time.Second), lockkit.WithWaitTimeout(30*time.Second))
+	if err != nil {
+		t.Fatalf("acquire %s: %v", key, err)
 	}
-	grant := func() lockkit.Lease {
-		t.Helper()
-		l, err := locker.Acquire(ctx, key, lockkit.WithTTL(20*time.Second), lockkit.WithWaitTimeout(30*time.Second))
-		if err != nil {
-			t.Fatalf("acquire %s: %v", key, err)
+	return l
+}
+
+// grantsUntilAccepted counts the grants until a write is accepted again
+// (at most 100), and returns the last write's error.
+func (f *failoverAccount) grantsUntilAccepted(t *testing.T) (int, error) {
+	t.Helper()
+	extra := 0
+	var write error
+	for extra = 1; extra <= 100; extra++ {
+		g := f.grant(t)
+		write = f.deposit(g.Fence(), 1)
+		_ = g.Release(context.Background())
+		if write == nil {
+			break
 		}
-		return l
 	}
+	return extra, write
+}
 
-	// A first grant, replicated: the replica knows the key's counter.
-	g0 := grant()
-	if err := deposit(g0.Fence(), 1); err != nil {
-		t.Fatalf("g0 deposit: %v", err)
-	}
-	if err := g0.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	mc := redis.NewClient(&redis.Options{Addr: master.addr})
-	defer mc.Close()
-	if n, err := mc.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
-		t.Fatalf("WAIT for the replica: %d, %v", n, err)
-	}
-
-	// Cut replication before the next grant: the replica may no longer
-	// (re)synchronise, and its current link is dropped.
+// cutReplication cuts the master's replication before the next grant: the
+// replica may no longer (re)synchronise, and its current link is dropped.
+func cutReplication(t *testing.T, mc *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
 	if err := mc.Do(ctx, "ACL", "SETUSER", "default", "-psync", "-sync").Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
 		t.Fatal(err)
 	}
-	g1 := grant()
-	info, _ := mc.Info(ctx, "replication").Result()
-	if !strings.Contains(info, "connected_slaves:0") {
-		t.Fatalf("the replica is still attached:\n%s", info)
-	}
-	g1Write := deposit(g1.Fence(), 10)
+}
 
-	killed := time.Now()
-	master.stop(syscall.SIGKILL)
+// awaitPromotion waits up to 60 s from killed for Sentinel to promote
+// replica.
+func awaitPromotion(t *testing.T, replica *server, killed time.Time) {
+	t.Helper()
 	rc := redis.NewClient(&redis.Options{Addr: replica.addr})
 	defer rc.Close()
 	for {
-		role, _ := rc.Do(ctx, "ROLE").Slice()
+		role, _ := rc.Do(context.Background(), "ROLE").Slice()
 		if len(role) > 0 && role[0] == "master" {
-			break
+			return
 		}
 		if time.Since(killed) > 60*time.Second {
 			t.Fatalf("no failover within 60s; replica's role %v", role)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	promoted := time.Now()
+}
 
-	g2 := grant()
-	granted := time.Now()
-	overlap := !backend.IsClosed(g1.Lost())
-	g2Write := deposit(g2.Fence(), 100)
-	g1Again := deposit(g1.Fence(), 1000) // the stale holder writes once more
-	_ = g2.Release(ctx)
+// failover is what the grants around a failover got: g1 on the lost
+// master, g2 on the promoted replica, and the writes each made.
+type failover struct {
+	g1, g2                             lockkit.Lease
+	overlap                            bool // g1 still held when g2 was granted
+	g1Write, g2Write, g1Again, g3Write error
+	extra                              int // grants after g2 until a write was accepted
+	drift                              map[string]int64
+}
 
-	// How many grants until a write is accepted again.
-	extra := 0
-	var g3Write error
-	for extra = 1; extra <= 100; extra++ {
-		g := grant()
-		g3Write = deposit(g.Fence(), 1)
-		_ = g.Release(ctx)
-		if g3Write == nil {
-			break
-		}
-	}
-
-	drift, err := store.Drift(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+func (fo failover) row(recovery time.Duration) row {
 	fenced := 0
-	for _, e := range []error{g1Write, g2Write, g1Again} {
+	for _, e := range []error{fo.g1Write, fo.g2Write, fo.g1Again} {
 		if errors.Is(e, lockkit.ErrFenced) {
 			fenced++
 		}
 	}
-	res := row{Fault: "4 failover (Sentinel)", Backend: "redis", Fenced: fenced, LostCents: drift["1"],
-		Recovery: granted.Sub(killed),
+	res := row{Fault: "4 failover (Sentinel)", Backend: "redis", Fenced: fenced, LostCents: fo.drift["1"],
+		Recovery: recovery,
 		Stale: fmt.Sprintf("tokens g1=%d g2=%d; g1 write %s, g2 write %s, g1 again %s; writes accepted again after %d more grants",
-			g1.Fence(), g2.Fence(), errText(g1Write), errText(g2Write), errText(g1Again), extra)}
-	if overlap {
+			fo.g1.Fence(), fo.g2.Fence(), errText(fo.g1Write), errText(fo.g2Write), errText(fo.g1Again), fo.extra)}
+	if fo.overlap {
 		res.Overlap = 1
 	}
-	report(res)
-	t.Logf("%+v (failover took %v)", res, promoted.Sub(killed).Round(time.Millisecond))
+	return res
+}
 
-	if !overlap {
+// check: the failover made two live grants, the promoted replica's token
+// is the higher, the fenced store refused only the stale holder, and the
+// balance stayed whole.
+func (fo failover) check(t *testing.T) {
+	t.Helper()
+	if !fo.overlap {
 		t.Errorf("g1's lease was already lost when g2 was granted; the failover did not produce two live grants")
 	}
-	if g1Write != nil {
-		t.Errorf("g1's write while it alone held the lock: %v", g1Write)
+	if fo.g1Write != nil {
+		t.Errorf("g1's write while it alone held the lock: %v", fo.g1Write)
 	}
-	if g2.Fence() <= g1.Fence() {
-		t.Errorf("the promoted replica granted token %d after the lost master's %d", g2.Fence(), g1.Fence())
+	if fo.g2.Fence() <= fo.g1.Fence() {
+		t.Errorf("the promoted replica granted token %d after the lost master's %d", fo.g2.Fence(), fo.g1.Fence())
 	}
-	if g2Write != nil {
-		t.Errorf("the new holder's write was refused (liveness lost): %v", g2Write)
+	if fo.g2Write != nil {
+		t.Errorf("the new holder's write was refused (liveness lost): %v", fo.g2Write)
 	}
-	if !errors.Is(g1Again, lockkit.ErrFenced) {
-		t.Errorf("the stale holder's write after the new holder's: %v, want ErrFenced", g1Again)
+	if !errors.Is(fo.g1Again, lockkit.ErrFenced) {
+		t.Errorf("the stale holder's write after the new holder's: %v, want ErrFenced", fo.g1Again)
 	}
-	if len(drift) != 0 {
-		t.Errorf("the fenced store lost updates in the failover: drift %v", drift)
+	if len(fo.drift) != 0 {
+		t.Errorf("the fenced store lost updates in the failover: drift %v", fo.drift)
 	}
-	if g3Write != nil || extra != 1 {
-		t.Errorf("writes refused for %d grants after the new holder's: %v", extra-1, g3Write)
+	if fo.g3Write != nil || fo.extra != 1 {
+		t.Errorf("writes refused for %d grants after the new holder's: %v", fo.extra-1, fo.g3Write)
 	}
 }
 

@@ -161,17 +161,9 @@ func pauseFault(r *rig, backend string, a, b *shoptest.Instance) {
 	res := row{
 		Fault: "1 pause (SIGSTOP > TTL)", Backend: backend, Recovery: usable,
 		LostCents: lost, Oversold: oversold, Linearizable: verdict,
-		Stale: fmt.Sprintf("deposit %s, purchase %s", aDep, aBuy),
-	}
-	for _, o := range []*outcome{bDep, bBuy} {
-		if o.Err == nil && o.Status < 300 {
-			res.Overlap++
-		}
-	}
-	for _, o := range []*outcome{aDep, aBuy} {
-		if o.Type == "fenced" {
-			res.Fenced++
-		}
+		Stale:   fmt.Sprintf("deposit %s, purchase %s", aDep, aBuy),
+		Overlap: countOutcomes(succeeded, bDep, bBuy),
+		Fenced:  countOutcomes(func(o *outcome) bool { return o.Type == "fenced" }, aDep, aBuy),
 	}
 	report(res)
 	t.Logf("%+v", res)
@@ -188,11 +180,7 @@ func pauseFault(r *rig, backend string, a, b *shoptest.Instance) {
 		if lost != 0 || oversold != 0 || !lin {
 			t.Errorf("a fencing backend let a stale write through: audit %+v, linearizable %s\n%s", audit, verdict, r.hist.describe(id))
 		}
-		for _, o := range []*outcome{aDep, aBuy} {
-			if !o.refused() || o.Status != http.StatusServiceUnavailable {
-				t.Errorf("paused holder's request answered %s; want 503 (fenced or lease lost)", o)
-			}
-		}
+		checkRefused(t, aDep, aBuy)
 		return
 	}
 	// redlock and memcached cannot fence: whether the stale write lands
@@ -204,6 +192,30 @@ func pauseFault(r *rig, backend string, a, b *shoptest.Instance) {
 	}
 	if (aBuy.Status == http.StatusCreated) != (oversold != 0) {
 		t.Errorf("stale purchase answered %s, and the audit shows %d oversold", aBuy, oversold)
+	}
+}
+
+// countOutcomes counts the outcomes that match.
+func countOutcomes(match func(*outcome) bool, outcomes ...*outcome) int {
+	n := 0
+	for _, o := range outcomes {
+		if match(o) {
+			n++
+		}
+	}
+	return n
+}
+
+func succeeded(o *outcome) bool { return o.Err == nil && o.Status < 300 }
+
+// checkRefused: the paused holder's requests were each answered 503 with
+// a problem that promises nothing changed (fenced or lease lost).
+func checkRefused(t *testing.T, outcomes ...*outcome) {
+	t.Helper()
+	for _, o := range outcomes {
+		if !o.refused() || o.Status != http.StatusServiceUnavailable {
+			t.Errorf("paused holder's request answered %s; want 503 (fenced or lease lost)", o)
+		}
 	}
 }
 

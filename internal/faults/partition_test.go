@@ -160,13 +160,8 @@ func TestPartition(t *testing.T) {
 func partitionFault(t *testing.T, backend string) {
 	ns := newNetns(t)
 	shared := lockEnv(t, backend)
-	var target, addrVar string
-	switch backend {
-	case "zookeeper":
-		addrVar, target = "SHOP_ZK_ADDRS", shared["SHOP_ZK_ADDRS"]
-	case "etcd":
-		addrVar, target = "SHOP_ETCD_ENDPOINTS", shared["SHOP_ETCD_ENDPOINTS"]
-	}
+	addrVar := map[string]string{"zookeeper": "SHOP_ZK_ADDRS", "etcd": "SHOP_ETCD_ENDPOINTS"}[backend]
+	target := shared[addrVar]
 	lockPort := proxy(t, ns.lock, target)
 	r := newRig(t, map[string]string{
 		"SHOP_LOCK_BACKEND": backend, addrVar: target,
@@ -177,17 +172,7 @@ func partitionFault(t *testing.T, backend string) {
 	const id = 1
 	r.account(b.URL, id, opening)
 
-	// a: the same service, in the namespace, through the proxies.
-	dbPort := proxy(t, ns.host, "127.0.0.1:3306")
-	aEnv := map[string]string{}
-	for k, v := range r.env {
-		aEnv[k] = v
-	}
-	aEnv["SHOP_HTTP_ADDR"] = ns.inside + ":0"
-	aEnv[addrVar] = fmt.Sprintf("%s:%d", ns.lock, lockPort)
-	aEnv["SHOP_MYSQL_DSN"] = strings.Replace(r.env["SHOP_MYSQL_DSN"], "127.0.0.1:3306", fmt.Sprintf("%s:%d", ns.host, dbPort), 1)
-	aEnv["SHOP_CRITICAL_SECTION_DELAY"] = "40s"
-	a := shoptest.Start(t, ns.wrapper(r.bin), aEnv)
+	a := startInNamespace(t, r, ns, addrVar, lockPort)
 
 	aDep, _, aWait := r.enterDeposit(a, id, 100)
 	lostBefore, err := r.metric(a.URL, "shop_lock_lost_total")
@@ -199,17 +184,7 @@ func partitionFault(t *testing.T, backend string) {
 	// a's answer comes only after its release, which the partition makes
 	// wait for its timeout; the moment its work was cancelled is when its
 	// lost-lease counter moves (lockmetrics counts it as Release begins).
-	aLost := make(chan time.Time, 1)
-	go func() {
-		for time.Since(cut) < 60*time.Second {
-			if v, err := r.metric(a.URL, "shop_lock_lost_total"); err == nil && v > lostBefore {
-				aLost <- time.Now()
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		close(aLost)
-	}()
+	aLost := watchLeaseLost(r, a.URL, lostBefore, cut)
 	bWaited := r.waited(b)
 	bDep := r.hist.do(context.Background(), r.client, b.URL, r.token(id), id, accInput{Kind: "deposit", Amount: 10})
 	bGranted := bDep.Call.Add(r.waited(b) - bWaited)
@@ -250,6 +225,41 @@ func partitionFault(t *testing.T, backend string) {
 	if lost != 0 || !lin {
 		t.Errorf("partition lost updates: drift %d, linearizable %s\n%s", lost, verdict, r.hist.describe(id))
 	}
+}
+
+// startInNamespace starts another instance of r's service in ns, reaching
+// the lock server (addrVar) through the proxy on lockPort and MariaDB
+// through one of its own; its 40 s critical section is still running when
+// the partition cuts it off.
+func startInNamespace(t *testing.T, r *rig, ns *netns, addrVar string, lockPort int) *shoptest.Instance {
+	t.Helper()
+	dbPort := proxy(t, ns.host, "127.0.0.1:3306")
+	aEnv := map[string]string{}
+	for k, v := range r.env {
+		aEnv[k] = v
+	}
+	aEnv["SHOP_HTTP_ADDR"] = ns.inside + ":0"
+	aEnv[addrVar] = fmt.Sprintf("%s:%d", ns.lock, lockPort)
+	aEnv["SHOP_MYSQL_DSN"] = strings.Replace(r.env["SHOP_MYSQL_DSN"], "127.0.0.1:3306", fmt.Sprintf("%s:%d", ns.host, dbPort), 1)
+	aEnv["SHOP_CRITICAL_SECTION_DELAY"] = "40s"
+	return shoptest.Start(t, ns.wrapper(r.bin), aEnv)
+}
+
+// watchLeaseLost sends when the instance at url counts a lease lost
+// beyond lostBefore, or closes if it does not within 60 s of cut.
+func watchLeaseLost(r *rig, url string, lostBefore float64, cut time.Time) <-chan time.Time {
+	lost := make(chan time.Time, 1)
+	go func() {
+		for time.Since(cut) < 60*time.Second {
+			if v, err := r.metric(url, "shop_lock_lost_total"); err == nil && v > lostBefore {
+				lost <- time.Now()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		close(lost)
+	}()
+	return lost
 }
 
 // enterDeposit sends a deposit to in and returns once in holds the account

@@ -60,6 +60,63 @@ const restartDown = 4 * time.Second
 
 func restartFault(t *testing.T, backend, kind string) {
 	srv := newServer(t, kind, "127.0.0.1")
+	r := newRig(t, restartEnv(t, srv, backend, kind))
+	a, b := r.start(), r.start()
+	const id = 1
+	r.account(a.URL, id, opening)
+	tok := r.token(id)
+	load := startDepositLoad(t, r, []string{a.URL, b.URL}, tok, id)
+
+	time.Sleep(1500 * time.Millisecond)
+	var stale *staleWriter
+	if kind == "redis-volatile" {
+		stale = newStaleWriter(t, r, a.URL, srv.addr, id+1)
+	}
+	var w outage
+	w.downAt = time.Now()
+	srv.stop(syscall.SIGTERM)
+	w.stopped = time.Now()
+	time.Sleep(restartDown)
+	w.restarting = time.Now()
+	srv.start()
+	w.upAt = time.Now()
+
+	// Load continues until the service has answered 200 again for a while.
+	recovered := load.awaitRecovery(w.upAt, 90*time.Second)
+	load.stop()
+	r.hist.do(context.Background(), r.client, a.URL, tok, id, accInput{Kind: "get"})
+
+	tl := tallyOutcomes(load.outcomes, w)
+	audit := r.audit(a.URL)
+	lin, verdict := r.hist.check(id)
+	lost := audit.BalanceDrift.ByAccount["1"]
+	res := row{Fault: "3 restart (" + kind + ")", Backend: backend, LostCents: lost, Linearizable: verdict, Fenced: tl.refused["fenced"],
+		Stale: fmt.Sprintf("%d ok, 503: %s, outcome unknown: %d, other: %d", tl.ok, counts(tl.refused), tl.unknown, tl.bad)}
+	if !recovered.IsZero() {
+		res.Recovery = recovered.Sub(w.upAt)
+	}
+	if stale != nil {
+		res.Stale += stale.verify(t, r, a.URL)
+	}
+	report(res)
+	t.Logf("%+v (down %v, stop took %v)", res, w.upAt.Sub(w.downAt).Round(time.Millisecond), w.stopped.Sub(w.downAt).Round(time.Millisecond))
+
+	tl.check(t, kind, recovered)
+	if tl.bad != 0 || !lin {
+		logFailedRequests(t, a, b)
+	}
+	if fences(backend) && (lost != 0 || !lin) {
+		t.Errorf("restart lost updates: drift %d, linearizable %s\n%s", lost, verdict, r.hist.describe(id))
+	}
+	if (lost == 0) != lin {
+		t.Errorf("audit drift %d and history check %s disagree", lost, verdict)
+	}
+}
+
+// restartEnv is the environment of the shop processes that use srv, the
+// server of kind, through backend. A MariaDB server gets a database of
+// its own for everything the shop stores.
+func restartEnv(t *testing.T, srv *server, backend, kind string) map[string]string {
 	env := map[string]string{
 		"SHOP_LOCK_BACKEND": backend,
 		// A request waits at most this long for a lock before 503, so
@@ -69,181 +126,188 @@ func restartFault(t *testing.T, backend, kind string) {
 		"SHOP_CRITICAL_SECTION_DELAY": "20ms",
 	}
 	reg, _ := registry.Lookup(backend)
-	switch kind {
-	default:
+	if kind != registry.MariaDB {
 		env[reg.Server.Setting] = srv.addr
-	case registry.MariaDB:
-		root, err := sqlOpen(srv.dsn(""))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = root.Exec("CREATE DATABASE shop_faults")
-		root.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		env["SHOP_MYSQL_DSN"] = srv.dsn("shop_faults")
+		return env
 	}
-	r := newRig(t, env)
-	a, b := r.start(), r.start()
-	const id = 1
-	r.account(a.URL, id, opening)
-	tok := r.token(id)
+	root, err := sqlOpen(srv.dsn(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = root.Exec("CREATE DATABASE shop_faults")
+	root.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env["SHOP_MYSQL_DSN"] = srv.dsn("shop_faults")
+	return env
+}
 
-	type result struct {
-		outcome
-		write bool
-	}
-	var (
-		mu       sync.Mutex
-		outcomes []result
-		stopLoad = make(chan struct{})
-		wg       sync.WaitGroup
-	)
+// outage is when the server was told to stop, had stopped, was started
+// again and was ready.
+type outage struct {
+	downAt, stopped, restarting, upAt time.Time
+}
+
+// loadResult is one request of the load, and whether it was a write.
+type loadResult struct {
+	outcome
+	write bool
+}
+
+// depositLoad is four clients depositing on one account, and reading it
+// every fifth request, through the shop processes in turn, until stopped.
+type depositLoad struct {
+	mu       sync.Mutex
+	outcomes []loadResult
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func startDepositLoad(t *testing.T, r *rig, urls []string, tok string, id int64) *depositLoad {
+	l := &depositLoad{done: make(chan struct{})}
 	for w := range 4 {
-		url := []string{a.URL, b.URL}[w%2]
-		wg.Add(1)
+		url := urls[w%len(urls)]
+		l.wg.Add(1)
 		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stopLoad:
-					return
-				default:
-				}
-				in := accInput{Kind: "deposit", Amount: int64(w + 1)}
-				if i%5 == 4 {
-					in = accInput{Kind: "get"}
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				o := r.hist.do(ctx, r.client, url, tok, id, in)
-				cancel()
-				mu.Lock()
-				outcomes = append(outcomes, result{o, in.Kind != "get"})
-				mu.Unlock()
-				if o.Status != http.StatusOK {
-					time.Sleep(50 * time.Millisecond) // a client backing off, not spinning
-				}
-			}
+			defer l.wg.Done()
+			l.client(r, url, tok, id, int64(w+1))
 		}()
 	}
-	stopAll := func() {
+	t.Cleanup(l.stop)
+	return l
+}
+
+// client deposits amount at a time, reading every fifth request.
+func (l *depositLoad) client(r *rig, url, tok string, id, amount int64) {
+	for i := 0; ; i++ {
 		select {
-		case <-stopLoad:
+		case <-l.done:
+			return
 		default:
-			close(stopLoad)
-			wg.Wait()
+		}
+		in := accInput{Kind: "deposit", Amount: amount}
+		if i%5 == 4 {
+			in = accInput{Kind: "get"}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		o := r.hist.do(ctx, r.client, url, tok, id, in)
+		cancel()
+		l.mu.Lock()
+		l.outcomes = append(l.outcomes, loadResult{o, in.Kind != "get"})
+		l.mu.Unlock()
+		if o.Status != http.StatusOK {
+			time.Sleep(50 * time.Millisecond) // a client backing off, not spinning
 		}
 	}
-	t.Cleanup(stopAll)
+}
 
-	time.Sleep(1500 * time.Millisecond)
-	var stale *staleWriter
-	if kind == "redis-volatile" {
-		stale = newStaleWriter(t, r, a.URL, srv.addr, id+1)
+// stop stops the clients and waits for them; it may be called again.
+func (l *depositLoad) stop() {
+	select {
+	case <-l.done:
+	default:
+		close(l.done)
+		l.wg.Wait()
 	}
-	downAt := time.Now()
-	srv.stop(syscall.SIGTERM)
-	stopped := time.Now()
-	time.Sleep(restartDown)
-	restarting := time.Now()
-	srv.start()
-	upAt := time.Now()
+}
 
-	// Load continues until the service has answered 200 again for a while.
+// awaitRecovery waits, at most until upAt+limit, for the first write
+// since upAt to have succeeded more than a second ago, and returns when it
+// returned (zero if none did).
+func (l *depositLoad) awaitRecovery(upAt time.Time, limit time.Duration) time.Time {
 	var recovered time.Time
-	deadline := upAt.Add(90 * time.Second)
+	deadline := upAt.Add(limit)
 	for time.Now().Before(deadline) {
-		mu.Lock()
-		for _, o := range outcomes {
+		l.mu.Lock()
+		for _, o := range l.outcomes {
 			if o.write && o.Status == http.StatusOK && o.Call.After(upAt) && (recovered.IsZero() || o.Return.Before(recovered)) {
 				recovered = o.Return
 			}
 		}
-		mu.Unlock()
+		l.mu.Unlock()
 		if !recovered.IsZero() && time.Since(recovered) > time.Second {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	stopAll()
-	r.hist.do(context.Background(), r.client, a.URL, tok, id, accInput{Kind: "get"})
+	return recovered
+}
 
-	var okDuring, ok, unknown, bad int
-	refused := map[string]int{}
-	var bads []string
+// tally counts the load's answers by kind.
+type tally struct {
+	ok, okDuring, unknown, bad int
+	refused                    map[string]int // by problem type
+	bads                       []string       // the first few bad answers
+}
+
+func tallyOutcomes(outcomes []loadResult, w outage) tally {
+	tl := tally{refused: map[string]int{}}
 	for _, o := range outcomes {
 		switch {
 		case o.Err == nil && o.Status == http.StatusOK:
-			ok++
+			tl.ok++
 			// Reads take no lock; a write must not succeed without one.
-			if o.write && o.Call.After(stopped) && o.Return.Before(restarting) {
-				okDuring++
+			if o.write && o.Call.After(w.stopped) && o.Return.Before(w.restarting) {
+				tl.okDuring++
 			}
-		case o.Err == nil && o.Status == http.StatusServiceUnavailable && o.refused() &&
-			strings.HasPrefix(o.ContentType, problem.ContentType):
-			refused[o.Type]++
-		case o.Err == nil && o.Status == http.StatusServiceUnavailable && o.Type == "outcome-unknown" &&
-			strings.HasPrefix(o.ContentType, problem.ContentType):
+		case problem503(o.outcome) && o.refused():
+			tl.refused[o.Type]++
+		case problem503(o.outcome) && o.Type == "outcome-unknown":
 			// The database went away between a COMMIT and its reply: the
 			// service cannot know, and says so; the history places the
 			// deposit either way.
-			unknown++
+			tl.unknown++
 		default:
-			bad++
-			if len(bads) < 5 {
-				bads = append(bads, o.String())
+			tl.bad++
+			if len(tl.bads) < 5 {
+				tl.bads = append(tl.bads, o.String())
 			}
 		}
 	}
-	audit := r.audit(a.URL)
-	lin, verdict := r.hist.check(id)
-	lost := audit.BalanceDrift.ByAccount["1"]
-	res := row{Fault: "3 restart (" + kind + ")", Backend: backend, LostCents: lost, Linearizable: verdict, Fenced: refused["fenced"],
-		Stale: fmt.Sprintf("%d ok, 503: %s, outcome unknown: %d, other: %d", ok, counts(refused), unknown, bad)}
-	if !recovered.IsZero() {
-		res.Recovery = recovered.Sub(upAt)
-	}
-	if stale != nil {
-		res.Stale += stale.verify(t, r, a.URL)
-	}
-	report(res)
-	t.Logf("%+v (down %v, stop took %v)", res, upAt.Sub(downAt).Round(time.Millisecond), stopped.Sub(downAt).Round(time.Millisecond))
+	return tl
+}
 
-	if kind == "redis-volatile" && refused["fenced"] != 0 {
-		t.Errorf("%d writes of live holders refused as stale: the restarted server's tokens went back", refused["fenced"])
+// problem503 is a 503 answer with a problem+json body.
+func problem503(o outcome) bool {
+	return o.Err == nil && o.Status == http.StatusServiceUnavailable && strings.HasPrefix(o.ContentType, problem.ContentType)
+}
+
+// check: the outage was seen and refused, no write ran without the lock,
+// every answer was one the service may give, and the service recovered
+// by itself.
+func (tl tally) check(t *testing.T, kind string, recovered time.Time) {
+	t.Helper()
+	if kind == "redis-volatile" && tl.refused["fenced"] != 0 {
+		t.Errorf("%d writes of live holders refused as stale: the restarted server's tokens went back", tl.refused["fenced"])
 	}
 	if recovered.IsZero() {
 		t.Errorf("no request succeeded within 90s of the %s restart: the service did not recover by itself", kind)
 	}
-	if okDuring != 0 {
-		t.Errorf("%d requests succeeded while %s was down: they ran without the lock", okDuring, kind)
+	if tl.okDuring != 0 {
+		t.Errorf("%d requests succeeded while %s was down: they ran without the lock", tl.okDuring, kind)
 	}
-	if len(refused) == 0 {
+	if len(tl.refused) == 0 {
 		t.Errorf("no request was refused while %s was down; the outage went unseen", kind)
 	}
-	if bad != 0 {
+	if tl.bad != 0 {
 		t.Errorf("%d answers were neither 200, a 503 problem+json that changed nothing, nor one that says the outcome is unknown, e.g. %s",
-			bad, strings.Join(bads, "; "))
+			tl.bad, strings.Join(tl.bads, "; "))
 	}
-	if bad != 0 || !lin {
-		// The body hides a 500's cause, and a 503 that changed something
-		// shows only as a history without a linearization; the service's
-		// log names both causes. A refused dial, the bulk of an outage's
-		// 503s, changed nothing.
-		for _, in := range []*shoptest.Instance{a, b} {
-			for line := range strings.Lines(in.Logs()) {
-				if strings.Contains(line, `"msg":"request failed"`) && !strings.Contains(line, "connect: connection refused") {
-					t.Logf("%s: %s", in.URL, line)
-				}
+}
+
+// logFailedRequests logs the service's own account of its failed
+// requests: the body hides a 500's cause, and a 503 that changed something
+// shows only as a history without a linearization. A refused dial, the
+// bulk of an outage's 503s, changed nothing.
+func logFailedRequests(t *testing.T, instances ...*shoptest.Instance) {
+	t.Helper()
+	for _, in := range instances {
+		for line := range strings.Lines(in.Logs()) {
+			if strings.Contains(line, `"msg":"request failed"`) && !strings.Contains(line, "connect: connection refused") {
+				t.Logf("%s: %s", in.URL, line)
 			}
 		}
-	}
-	if fences(backend) && (lost != 0 || !lin) {
-		t.Errorf("restart lost updates: drift %d, linearizable %s\n%s", lost, verdict, r.hist.describe(id))
-	}
-	if (lost == 0) != lin {
-		t.Errorf("audit drift %d and history check %s disagree", lost, verdict)
 	}
 }
 

@@ -130,98 +130,123 @@ func newServer(t *testing.T, kind, host string) *server {
 	s := &server{t: t, kind: kind, dir: t.TempDir()}
 	port := freePort(t)
 	s.addr = net.JoinHostPort(host, fmt.Sprint(port))
-	switch kind {
-	case "redis-volatile":
-		s.args = []string{"redis-server", "--port", fmt.Sprint(port), "--bind", host, "--save", "",
-			"--appendonly", "no", "--dir", s.dir, "--protected-mode", "no"}
-		s.ready = redisReady(s.addr)
-	case "redis":
-		// appendfsync always: the restart keeps every grant and counter,
-		// the persistent case beside redis-volatile (docs/faults.md, fault 3).
-		s.args = []string{"redis-server", "--port", fmt.Sprint(port), "--bind", host, "--save", "",
-			"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir, "--protected-mode", "no",
-			"--enable-debug-command", "yes"}
-		s.ready = redisReady(s.addr)
-	case "memcached":
-		s.args = []string{"memcached", "-l", host, "-p", fmt.Sprint(port), "-U", "0", "-m", "16", "-u", "root"}
-		s.ready = func(ctx context.Context) error {
-			reply, err := say(ctx, s.addr, "version\r\n")
-			if err == nil && !strings.HasPrefix(reply, "VERSION") {
-				err = fmt.Errorf("memcached answered %q", reply)
-			}
-			return err
-		}
-	case "etcd":
-		peer := net.JoinHostPort(host, fmt.Sprint(freePort(t)))
-		s.args = []string{"etcd", "--name", "faults", "--data-dir", filepath.Join(s.dir, "data"),
-			"--listen-client-urls", "http://" + s.addr, "--advertise-client-urls", "http://" + s.addr,
-			"--listen-peer-urls", "http://" + peer, "--initial-advertise-peer-urls", "http://" + peer,
-			"--initial-cluster", "faults=http://" + peer, "--initial-cluster-state", "new"}
-		s.ready = func(ctx context.Context) error {
-			req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+s.addr+"/health", nil)
-			res, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return err
-			}
-			defer res.Body.Close()
-			if res.StatusCode != http.StatusOK {
-				return fmt.Errorf("etcd /health: %s", res.Status)
-			}
-			return nil
-		}
-	case "zookeeper":
-		data := filepath.Join(s.dir, "data")
-		if err := os.MkdirAll(data, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		cfg := fmt.Sprintf("tickTime=500\ndataDir=%s\nclientPort=%d\nclientPortAddress=%s\n"+
-			"minSessionTimeout=1000\nmaxSessionTimeout=60000\nmaxClientCnxns=0\nadmin.enableServer=false\n"+
-			"4lw.commands.whitelist=*\n", data, port, host)
-		if err := os.WriteFile(filepath.Join(s.dir, "zoo.cfg"), []byte(cfg), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		cp := s.dir + ":/usr/share/java/zookeeper.jar"
-		for _, jar := range []string{"/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar"} {
-			if _, err := os.Stat(jar); err == nil {
-				cp += ":" + jar
-			}
-		}
-		s.args = []string{"java", "-Xms32m", "-Xmx128m", "-Dzookeeper.log.dir=" + s.dir, "-cp", cp,
-			"org.apache.zookeeper.server.quorum.QuorumPeerMain", filepath.Join(s.dir, "zoo.cfg")}
-		s.ready = func(ctx context.Context) error {
-			reply, err := say(ctx, s.addr, "ruok")
-			if err == nil && reply != "imok" {
-				err = fmt.Errorf("zookeeper answered %q", reply)
-			}
-			return err
-		}
-	case "mariadb":
-		data := filepath.Join(s.dir, "data")
-		start := time.Now()
-		// A tmpdir of its own: two servers set up at once in the shared
-		// /tmp collided on a temporary table's name and one aborted
-		// ("Error on delete of '/tmp/#sql-temptable-...MAI'"), 2 runs in 20.
-		out, err := exec.Command("mariadb-install-db", "--no-defaults", "--datadir="+data, "--user=root",
-			"--auth-root-authentication-method=normal", "--skip-test-db", "--tmpdir="+s.dir).CombinedOutput()
-		if err != nil {
-			t.Fatalf("mariadb-install-db: %v\n%s", err, out)
-		}
-		t.Logf("mariadb-install-db took %v", time.Since(start).Round(time.Millisecond))
-		// --skip-grant-tables: a throwaway server on loopback, reached
-		// by this test only; any user name is root.
-		s.args = []string{"mariadbd", "--no-defaults", "--datadir=" + data, "--tmpdir=" + s.dir, "--socket=" + filepath.Join(s.dir, "sock"),
-			"--port=" + fmt.Sprint(port), "--bind-address=" + host, "--user=root", "--skip-grant-tables",
-			"--skip-log-bin", "--innodb-buffer-pool-size=32M", "--pid-file=" + filepath.Join(s.dir, "pid"),
-			"--log-error=" + filepath.Join(s.dir, "server.log")}
-		s.ready = func(ctx context.Context) error { return pingMySQL(ctx, s.dsn("")) }
-	default:
+	prepare, ok := serverKinds[kind]
+	if !ok {
 		t.Fatalf("no private %s server", kind)
 	}
+	prepare(t, s, host, port)
 	start := time.Now()
 	s.start()
 	t.Logf("private %s on %s ready in %v", kind, s.addr, time.Since(start).Round(time.Millisecond))
 	t.Cleanup(func() { s.stop(syscall.SIGKILL) })
 	return s
+}
+
+// serverKinds set, per kind, a server's command line and readiness check
+// (and do the kind's own setup) for a server on host:port.
+var serverKinds = map[string]func(t *testing.T, s *server, host string, port int){
+	"redis-volatile": prepareVolatileRedis,
+	"redis":          prepareRedis,
+	"memcached":      prepareMemcached,
+	"etcd":           prepareEtcd,
+	"zookeeper":      prepareZooKeeper,
+	"mariadb":        prepareMariaDB,
+}
+
+func prepareVolatileRedis(_ *testing.T, s *server, host string, port int) {
+	s.args = []string{"redis-server", "--port", fmt.Sprint(port), "--bind", host, "--save", "",
+		"--appendonly", "no", "--dir", s.dir, "--protected-mode", "no"}
+	s.ready = redisReady(s.addr)
+}
+
+// prepareRedis: appendfsync always: the restart keeps every grant and
+// counter, the persistent case beside redis-volatile (docs/faults.md,
+// fault 3).
+func prepareRedis(_ *testing.T, s *server, host string, port int) {
+	s.args = []string{"redis-server", "--port", fmt.Sprint(port), "--bind", host, "--save", "",
+		"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir, "--protected-mode", "no",
+		"--enable-debug-command", "yes"}
+	s.ready = redisReady(s.addr)
+}
+
+func prepareMemcached(_ *testing.T, s *server, host string, port int) {
+	s.args = []string{"memcached", "-l", host, "-p", fmt.Sprint(port), "-U", "0", "-m", "16", "-u", "root"}
+	s.ready = func(ctx context.Context) error {
+		reply, err := say(ctx, s.addr, "version\r\n")
+		if err == nil && !strings.HasPrefix(reply, "VERSION") {
+			err = fmt.Errorf("memcached answered %q", reply)
+		}
+		return err
+	}
+}
+
+func prepareEtcd(t *testing.T, s *server, host string, _ int) {
+	peer := net.JoinHostPort(host, fmt.Sprint(freePort(t)))
+	s.args = []string{"etcd", "--name", "faults", "--data-dir", filepath.Join(s.dir, "data"),
+		"--listen-client-urls", "http://" + s.addr, "--advertise-client-urls", "http://" + s.addr,
+		"--listen-peer-urls", "http://" + peer, "--initial-advertise-peer-urls", "http://" + peer,
+		"--initial-cluster", "faults=http://" + peer, "--initial-cluster-state", "new"}
+	s.ready = func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+s.addr+"/health", nil)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			return fmt.Errorf("etcd /health: %s", res.Status)
+		}
+		return nil
+	}
+}
+
+func prepareZooKeeper(t *testing.T, s *server, host string, port int) {
+	data := filepath.Join(s.dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf("tickTime=500\ndataDir=%s\nclientPort=%d\nclientPortAddress=%s\n"+
+		"minSessionTimeout=1000\nmaxSessionTimeout=60000\nmaxClientCnxns=0\nadmin.enableServer=false\n"+
+		"4lw.commands.whitelist=*\n", data, port, host)
+	if err := os.WriteFile(filepath.Join(s.dir, "zoo.cfg"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cp := s.dir + ":/usr/share/java/zookeeper.jar"
+	for _, jar := range []string{"/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar"} {
+		if _, err := os.Stat(jar); err == nil {
+			cp += ":" + jar
+		}
+	}
+	s.args = []string{"java", "-Xms32m", "-Xmx128m", "-Dzookeeper.log.dir=" + s.dir, "-cp", cp,
+		"org.apache.zookeeper.server.quorum.QuorumPeerMain", filepath.Join(s.dir, "zoo.cfg")}
+	s.ready = func(ctx context.Context) error {
+		reply, err := say(ctx, s.addr, "ruok")
+		if err == nil && reply != "imok" {
+			err = fmt.Errorf("zookeeper answered %q", reply)
+		}
+		return err
+	}
+}
+
+func prepareMariaDB(t *testing.T, s *server, host string, port int) {
+	data := filepath.Join(s.dir, "data")
+	start := time.Now()
+	// A tmpdir of its own: two servers set up at once in the shared
+	// /tmp collided on a temporary table's name and one aborted
+	// ("Error on delete of '/tmp/#sql-temptable-...MAI'"), 2 runs in 20.
+	out, err := exec.Command("mariadb-install-db", "--no-defaults", "--datadir="+data, "--user=root",
+		"--auth-root-authentication-method=normal", "--skip-test-db", "--tmpdir="+s.dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
+	}
+	t.Logf("mariadb-install-db took %v", time.Since(start).Round(time.Millisecond))
+	// --skip-grant-tables: a throwaway server on loopback, reached
+	// by this test only; any user name is root.
+	s.args = []string{"mariadbd", "--no-defaults", "--datadir=" + data, "--tmpdir=" + s.dir, "--socket=" + filepath.Join(s.dir, "sock"),
+		"--port=" + fmt.Sprint(port), "--bind-address=" + host, "--user=root", "--skip-grant-tables",
+		"--skip-log-bin", "--innodb-buffer-pool-size=32M", "--pid-file=" + filepath.Join(s.dir, "pid"),
+		"--log-error=" + filepath.Join(s.dir, "server.log")}
+	s.ready = func(ctx context.Context) error { return pingMySQL(ctx, s.dsn("")) }
 }
 
 // dsn is a go-sql-driver DSN for database db on a private MariaDB.

@@ -83,17 +83,7 @@ func githubAnchor(heading string) string {
 // usedSlugs finds every constant slug in the module's non-test Go source.
 func usedSlugs(t *testing.T, root string) map[string]string {
 	t.Helper()
-	out := map[string]string{}
-	fset := token.NewFileSet()
-	add := func(e ast.Expr) {
-		lit, ok := e.(*ast.BasicLit)
-		if !ok || lit.Kind != token.STRING {
-			return
-		}
-		if s, err := strconv.Unquote(lit.Value); err == nil && s != "" {
-			out[s] = fset.Position(lit.Pos()).String()
-		}
-	}
+	scan := slugScan{fset: token.NewFileSet(), found: map[string]string{}}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -104,39 +94,66 @@ func usedSlugs(t *testing.T, root string) map[string]string {
 		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 			return nil
 		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
-		inProblem := f.Name.Name == "problem"
-		ast.Inspect(f, func(n ast.Node) bool {
-			switch n := n.(type) {
-			case *ast.CallExpr:
-				var name string
-				switch fn := n.Fun.(type) {
-				case *ast.SelectorExpr:
-					if x, ok := fn.X.(*ast.Ident); ok && x.Name == "problem" {
-						name = fn.Sel.Name
-					}
-				case *ast.Ident:
-					if inProblem {
-						name = fn.Name
-					}
-				}
-				if name == "New" && len(n.Args) > 1 {
-					add(n.Args[1])
-				}
-			case *ast.KeyValueExpr:
-				if k, ok := n.Key.(*ast.Ident); ok && (k.Name == "Slug" || k.Name == "slug") {
-					add(n.Value)
-				}
-			}
-			return true
-		})
-		return nil
+		return scan.file(path)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out
+	return scan.found
+}
+
+// slugScan collects the slugs of the files it reads, each with where it was seen.
+type slugScan struct {
+	fset  *token.FileSet
+	found map[string]string
+}
+
+// file adds the slugs given to New, or set as a Slug field, in one Go file.
+func (s *slugScan) file(path string) error {
+	f, err := parser.ParseFile(s.fset, path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		return err
+	}
+	inProblem := f.Name.Name == "problem"
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.CallExpr:
+			if calledName(n, inProblem) == "New" && len(n.Args) > 1 {
+				s.add(n.Args[1])
+			}
+		case *ast.KeyValueExpr:
+			if k, ok := n.Key.(*ast.Ident); ok && (k.Name == "Slug" || k.Name == "slug") {
+				s.add(n.Value)
+			}
+		}
+		return true
+	})
+	return nil
+}
+
+// calledName is the name of problem's function that call calls (problem.X
+// outside the package, a bare X inside it), or "" for any other call.
+func calledName(call *ast.CallExpr, inProblem bool) string {
+	switch fn := call.Fun.(type) {
+	case *ast.SelectorExpr:
+		if x, ok := fn.X.(*ast.Ident); ok && x.Name == "problem" {
+			return fn.Sel.Name
+		}
+	case *ast.Ident:
+		if inProblem {
+			return fn.Name
+		}
+	}
+	return ""
+}
+
+// add records e if it is a non-empty string literal.
+func (s *slugScan) add(e ast.Expr) {
+	lit, ok := e.(*ast.BasicLit)
+	if !ok || lit.Kind != token.STRING {
+		return
+	}
+	if v, err := strconv.Unquote(lit.Value); err == nil && v != "" {
+		s.found[v] = s.fset.Position(lit.Pos()).String()
+	}
 }

@@ -36,96 +36,122 @@ type stored struct {
 // testenv servers for the others (skipped without them, failed in CI).
 func server(t *testing.T, b registry.Backend) stored {
 	t.Helper()
-	ctx := context.Background()
-	switch b.Server.Kind {
-	case "":
-		return stored{keys: func(*testing.T, string) []string { return nil }}
-	case registry.Redis:
-		m := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
-		t.Cleanup(func() { _ = c.Close() })
-		return stored{settings: registry.Settings{Redis: c}, keys: func(*testing.T, string) []string { return m.Keys() }}
-	case registry.Redlock:
-		var addrs []string
-		var ms []*miniredis.Miniredis
-		for range 3 {
-			m := miniredis.RunT(t)
-			ms = append(ms, m)
-			addrs = append(addrs, m.Addr())
-		}
-		return stored{settings: registry.Settings{RedlockAddrs: addrs}, keys: func(t *testing.T, _ string) []string {
-			var all []string
-			for _, m := range ms {
-				all = append(all, m.Keys()...)
-			}
-			return all
-		}}
-	case registry.MariaDB:
-		db, err := gorm.Open(gormmysql.Open(shoptest.MySQL(t)), &gorm.Config{Logger: logger.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		sqlDB, _ := db.DB()
-		t.Cleanup(func() { _ = sqlDB.Close() })
-		table := map[string]string{"mysql": "locks", "mysql-forupdate": "row_locks"}[b.Name]
-		return stored{settings: registry.Settings{DB: db}, keys: func(t *testing.T, _ string) []string {
-			var names []string
-			if err := db.Raw("SELECT CAST(name AS CHAR) FROM " + table).Scan(&names).Error; err != nil {
-				t.Fatal(err)
-			}
-			return names
-		}}
-	case registry.ZooKeeper:
-		addrs := testenv.RequireList(t, b.Server.TestEnv)
-		conn, _, err := zk.Connect(addrs, 5*time.Second, zk.WithLogInfo(false))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(conn.Close)
-		return stored{settings: registry.Settings{ZKAddrs: addrs}, keys: func(t *testing.T, key string) []string {
-			// The node directory the key had before the registry:
-			// zklock.WithRoot("/shop/locks/" + prefix).
-			dir := "/shop/locks/" + prefix + "/" + key
-			kids, _, err := conn.Children(dir)
-			if err != nil {
-				t.Fatalf("children of %s: %v", dir, err)
-			}
-			if len(kids) == 0 {
-				return nil
-			}
-			return []string{dir}
-		}}
-	case registry.Etcd:
-		eps := testenv.RequireList(t, b.Server.TestEnv)
-		c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return stored{settings: registry.Settings{EtcdEndpoints: eps}, keys: func(t *testing.T, key string) []string {
-			// etcdlock.WithPrefix("/shop/locks/" + prefix), as before.
-			dir := "/shop/locks/" + prefix + key + "/"
-			res, err := c.Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(res.Kvs) == 0 {
-				return nil
-			}
-			return []string{dir}
-		}}
-	case registry.Memcached:
-		addr := testenv.Require(t, b.Server.TestEnv)
-		c := memcache.New(addr)
-		return stored{settings: registry.Settings{MemcachedAddrs: []string{addr}}, keys: func(t *testing.T, key string) []string {
-			if _, err := c.Get(prefix + key); err != nil {
-				return nil
-			}
-			return []string{prefix + key}
-		}}
+	serve, ok := servers[b.Server.Kind]
+	if !ok {
+		t.Fatalf("no test server for kind %q: add it here", b.Server.Kind)
 	}
-	t.Fatalf("no test server for kind %q: add it here", b.Server.Kind)
-	return stored{}
+	return serve(t, b)
+}
+
+// servers starts, per server kind, a server for one backend of that kind.
+var servers = map[string]func(t *testing.T, b registry.Backend) stored{
+	"":                 noServer,
+	registry.Redis:     redisServer,
+	registry.Redlock:   redlockServers,
+	registry.MariaDB:   mariaDBServer,
+	registry.ZooKeeper: zooKeeperServer,
+	registry.Etcd:      etcdServer,
+	registry.Memcached: memcachedServer,
+}
+
+// noServer is for the in-process backends, which store nothing outside.
+func noServer(*testing.T, registry.Backend) stored {
+	return stored{keys: func(*testing.T, string) []string { return nil }}
+}
+
+func redisServer(t *testing.T, _ registry.Backend) stored {
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return stored{settings: registry.Settings{Redis: c}, keys: func(*testing.T, string) []string { return m.Keys() }}
+}
+
+func redlockServers(t *testing.T, _ registry.Backend) stored {
+	var addrs []string
+	var ms []*miniredis.Miniredis
+	for range 3 {
+		m := miniredis.RunT(t)
+		ms = append(ms, m)
+		addrs = append(addrs, m.Addr())
+	}
+	return stored{settings: registry.Settings{RedlockAddrs: addrs}, keys: func(t *testing.T, _ string) []string {
+		var all []string
+		for _, m := range ms {
+			all = append(all, m.Keys()...)
+		}
+		return all
+	}}
+}
+
+func mariaDBServer(t *testing.T, b registry.Backend) stored {
+	db, err := gorm.Open(gormmysql.Open(shoptest.MySQL(t)), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, _ := db.DB()
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	table := map[string]string{"mysql": "locks", "mysql-forupdate": "row_locks"}[b.Name]
+	return stored{settings: registry.Settings{DB: db}, keys: func(t *testing.T, _ string) []string {
+		var names []string
+		if err := db.Raw("SELECT CAST(name AS CHAR) FROM " + table).Scan(&names).Error; err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}}
+}
+
+func zooKeeperServer(t *testing.T, b registry.Backend) stored {
+	addrs := testenv.RequireList(t, b.Server.TestEnv)
+	conn, _, err := zk.Connect(addrs, 5*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	return stored{settings: registry.Settings{ZKAddrs: addrs}, keys: func(t *testing.T, key string) []string {
+		// The node directory the key had before the registry:
+		// zklock.WithRoot("/shop/locks/" + prefix).
+		dir := "/shop/locks/" + prefix + "/" + key
+		kids, _, err := conn.Children(dir)
+		if err != nil {
+			t.Fatalf("children of %s: %v", dir, err)
+		}
+		if len(kids) == 0 {
+			return nil
+		}
+		return []string{dir}
+	}}
+}
+
+func etcdServer(t *testing.T, b registry.Backend) stored {
+	eps := testenv.RequireList(t, b.Server.TestEnv)
+	c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return stored{settings: registry.Settings{EtcdEndpoints: eps}, keys: func(t *testing.T, key string) []string {
+		// etcdlock.WithPrefix("/shop/locks/" + prefix), as before.
+		dir := "/shop/locks/" + prefix + key + "/"
+		res, err := c.Get(context.Background(), dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Kvs) == 0 {
+			return nil
+		}
+		return []string{dir}
+	}}
+}
+
+func memcachedServer(t *testing.T, b registry.Backend) stored {
+	addr := testenv.Require(t, b.Server.TestEnv)
+	c := memcache.New(addr)
+	return stored{settings: registry.Settings{MemcachedAddrs: []string{addr}}, keys: func(t *testing.T, key string) []string {
+		if _, err := c.Get(prefix + key); err != nil {
+			return nil
+		}
+		return []string{prefix + key}
+	}}
 }
 
 // TestOpenEveryBackend opens every registered backend with a prefix, holds
