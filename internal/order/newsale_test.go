@@ -12,8 +12,8 @@ import (
 // TestCloseAfterANewSaleReturnsNothing: an admin PUT of a product starts a
 // new sale; the old sale's reservations are no longer its stock's. An
 // unpaid order of the old sale that the closer cancels afterwards must
-// not add its units to the new sale, whose stock never gave them out.
-// (Found in review: stock 12 of an initial 10.)
+// not add its units to the new sale, whose stock never gave them out
+// (which would leave stock 12 of an initial 10).
 func TestCloseAfterANewSaleReturnsNothing(t *testing.T) {
 	s := newShop(t, Options{PayTimeout: 100 * time.Millisecond})
 	ctx := context.Background()

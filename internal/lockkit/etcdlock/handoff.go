@@ -87,7 +87,7 @@ func (l *Locker) waitDelete(ctx context.Context, ahead *mvccpb.KeyValue, rev int
 // at D: what the waiter's own read would have shown, one round trip
 // later. Whatever else deleted a key (a lease run out, a session revoked,
 // an operator), the compare or the count says so, and the waiter reads
-// the queue as before. Its fence is its create revision, as ever.
+// the queue again. Its fence is its create revision, as ever.
 //
 // It earns its place: with the waiter reading the queue again instead
 // (concurrency.Mutex's way), lockbench's Contended run made 0.70× the

@@ -20,8 +20,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestLabels: an acquisition is labelled with the class it names
 // (lockkit.WithClass); the classes without a label of their own, and an
-// acquisition that names none, are "other", as before classes were
-// declared (dashboards and alerts select on these values).
+// acquisition that names none, are "other" (dashboards and alerts select
+// on these values).
 func TestLabels(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()

@@ -108,8 +108,7 @@ func zooKeeperServer(t *testing.T, b registry.Backend) stored {
 	}
 	t.Cleanup(conn.Close)
 	return stored{settings: registry.Settings{ZKAddrs: addrs}, keys: func(t *testing.T, key string) []string {
-		// The node directory the key had before the registry:
-		// zklock.WithRoot("/shop/locks/" + prefix).
+		// The node directory of zklock.WithRoot("/shop/locks/" + prefix).
 		dir := "/shop/locks/" + prefix + "/" + key
 		kids, _, err := conn.Children(dir)
 		if err != nil {
@@ -130,7 +129,7 @@ func etcdServer(t *testing.T, b registry.Backend) stored {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return stored{settings: registry.Settings{EtcdEndpoints: eps}, keys: func(t *testing.T, key string) []string {
-		// etcdlock.WithPrefix("/shop/locks/" + prefix), as before.
+		// The keys of etcdlock.WithPrefix("/shop/locks/" + prefix).
 		dir := "/shop/locks/" + prefix + key + "/"
 		res, err := c.Get(context.Background(), dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 		if err != nil {
@@ -157,9 +156,9 @@ func memcachedServer(t *testing.T, b registry.Backend) stored {
 // TestOpenEveryBackend opens every registered backend with a prefix, holds
 // a key, and checks two things: what it declares in the registry is what
 // the opened Locker declares, and the key it stores on its server is the
-// one it stored before the registry applied the prefix (a changed key
-// would start its fence counter over, and fenced stores would refuse every
-// write). mysql had no prefix before; it now stores prefix+key.
+// one the backend itself makes of the prefix and the key (a key that
+// changed between releases would start its fence counter over, and fenced
+// stores would refuse every write). mysql stores prefix+key.
 func TestOpenEveryBackend(t *testing.T) {
 	want := map[string]func(key string) []string{
 		"none":  func(string) []string { return nil },
