@@ -19,7 +19,7 @@ import (
 // PATH.
 func TestImageBinary(t *testing.T) {
 	if runtime.GOOS != "linux" {
-		t.Skip("the image is linux; an ELF check elsewhere proves nothing")
+		testenv.Missing(t, "a linux host: the image is linux, and an ELF check elsewhere proves nothing")
 	}
 	root := repoRoot(t)
 	if _, err := os.Stat(filepath.Join(root, "cmd", "shop")); err != nil {

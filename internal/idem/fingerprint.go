@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"math/big"
 	"slices"
 	"strconv"
@@ -156,11 +157,7 @@ func writeCanonical(b *bytes.Buffer, v any) {
 
 // writeObject writes v's members sorted by name.
 func writeObject(b *bytes.Buffer, v map[string]any) {
-	names := make([]string, 0, len(v))
-	for name := range v {
-		names = append(names, name)
-	}
-	slices.Sort(names)
+	names := slices.Sorted(maps.Keys(v))
 	b.WriteByte('{')
 	for i, name := range names {
 		if i > 0 {

@@ -82,16 +82,9 @@ func TestAMirrorSoldOutWhileTheDatabaseHoldsStockIsCorrected(t *testing.T) {
 // at rest the mirror says what the database holds.
 func TestASaleWhoseLoadWasRefusedLeavesNoDrift(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, storage.Options{MySQLDSN: shoptest.MySQL(t)})
-	c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
-	t.Cleanup(func() { c.Close() })
-	m := NewMirror(c, shoptest.Prefix("mirror"))
-	store := NewStore(db.DB, m)
+	store, m := stockedMirror(t, "r")
 	svc, err := NewService(store, Options{Strategy: StrategyAtomicRedis, Mirror: m})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Put(ctx, Product{SKU: "r", Name: "r", Stock: 10, PriceCents: 1}); err != nil {
 		t.Fatal(err)
 	}
 	first := true
@@ -123,16 +116,9 @@ func TestASaleWhoseLoadWasRefusedLeavesNoDrift(t *testing.T) {
 // change does: at rest the mirror says what the database holds.
 func TestASaleThatBypassedTheMirrorDropsIt(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, storage.Options{MySQLDSN: shoptest.MySQL(t)})
-	c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
-	t.Cleanup(func() { c.Close() })
-	m := NewMirror(c, shoptest.Prefix("mirror"))
-	store := NewStore(db.DB, m)
+	store, m := stockedMirror(t, "b")
 	svc, err := NewService(store, Options{Strategy: StrategyAtomicRedis, Mirror: m})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Put(ctx, Product{SKU: "b", Name: "b", Stock: 10, PriceCents: 1}); err != nil {
 		t.Fatal(err)
 	}
 	reads := 0
@@ -166,14 +152,7 @@ func TestASaleThatBypassedTheMirrorDropsIt(t *testing.T) {
 // never counted it, or the mirror holds a unit the database has not.
 func TestAGiveBackCannotAddToAReloadedMirror(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, storage.Options{MySQLDSN: shoptest.MySQL(t)})
-	c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
-	t.Cleanup(func() { c.Close() })
-	m := NewMirror(c, shoptest.Prefix("mirror"))
-	store := NewStore(db.DB, m)
-	if _, err := store.Put(ctx, Product{SKU: "g", Name: "g", Stock: 10, PriceCents: 1}); err != nil {
-		t.Fatal(err)
-	}
+	store, m := stockedMirror(t, "g")
 	first, err := m.Take(ctx, "g", 1, store.Get)
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +162,22 @@ func TestAGiveBackCannotAddToAReloadedMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.GiveBack(ctx, "g", 1, first)
-	if left, err := c.Get(ctx, m.key("g")).Int64(); err != nil || left != 9 {
+	if left, err := m.client.Get(ctx, m.key("g")).Int64(); err != nil || left != 9 {
 		t.Fatalf("mirror %d (%v), want 9: the reload's 10 less the second buyer's unit", left, err)
 	}
+}
+
+// stockedMirror is a store on MariaDB whose stock mirror is on the real
+// Redis, holding 10 units of sku.
+func stockedMirror(t *testing.T, sku string) (*Store, *Mirror) {
+	t.Helper()
+	db := open(t, storage.Options{MySQLDSN: shoptest.MySQL(t)})
+	c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")})
+	t.Cleanup(func() { c.Close() })
+	m := NewMirror(c, shoptest.Prefix("mirror"))
+	store := NewStore(db.DB, m)
+	if _, err := store.Put(context.Background(), Product{SKU: sku, Name: sku, Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return store, m
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/lockbench/shop/internal/testenv"
 )
 
-// The contended run of the issues: 32 goroutines, 1 ms critical section.
+// The contended run: 32 goroutines, 1 ms critical section.
 var contention = Contention{
 	Goroutines:      32,
 	CriticalSection: time.Millisecond,
