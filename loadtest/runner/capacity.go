@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -45,10 +46,30 @@ func newBuyer(re *rowEnv, users int, sku string) (*capacity.Buyer, error) {
 	return capacity.NewBuyer(re.urls, tokens, sku), nil
 }
 
-// search runs the capacity search with b, logging every step.
-func search(ctx context.Context, log *slog.Logger, b *capacity.Buyer, row string, c capacity.Options) ([]capacity.Step, float64) {
+// offerer returns what offers one step of purchases with b, timing the
+// CPU its instances and the runner spent on it.
+func (re *rowEnv) offerer(ctx context.Context, b *capacity.Buyer, c capacity.Options) func(rate float64) capacity.Step {
+	return func(rate float64) capacity.Step {
+		service, runner := re.cpu(), selfCPU()
+		s := b.Offer(ctx, rate, c.Step, c.SLO, c.MaxErrors)
+		s.ServiceCPU, s.RunnerCPU = (re.cpu() - service).Seconds(), (selfCPU() - runner).Seconds()
+		return s
+	}
+}
+
+// cpu is the CPU the row's instances have used.
+func (re *rowEnv) cpu() time.Duration {
+	var sum time.Duration
+	for _, pid := range re.pids {
+		sum += processCPU(pid)
+	}
+	return sum
+}
+
+// search runs the capacity search with offer, logging every step.
+func search(ctx context.Context, log *slog.Logger, offer func(rate float64) capacity.Step, row string, c capacity.Options) ([]capacity.Step, float64) {
 	return capacity.Search(ctx, c, func(rate float64, try int) capacity.Step {
-		r := b.Offer(ctx, rate, c.Step, c.SLO, c.MaxErrors)
+		r := offer(rate)
 		log.Info("capacity step", "row", row, "rate", fmt.Sprintf("%.0f", rate), "sold_per_s", fmt.Sprintf("%.0f", r.SalesPerS),
 			"p99_ms", fmt.Sprintf("%.1f", r.P99), "errors", fmt.Sprintf("%.3f", r.ErrorRate), "held", r.WithinSLO, "try", try+1)
 		return r
@@ -77,8 +98,9 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 	if err != nil {
 		return res, err
 	}
-	res.Steps, res.Held = search(ctx, log, b, s.Name, o.Probe)
-	res.Overload, res.AtFour, res.Flood = pastCapacity(ctx, log, b, s.Name, o.Probe, res.Held, res.Ceiling.CeilingPerSec)
+	offer := re.offerer(ctx, b, o.Probe)
+	res.Steps, res.Held = search(ctx, log, offer, s.Name, o.Probe)
+	res.Rounds, res.Flood = pastCapacity(ctx, log, offer, s.Name, o.Probe, res.Held, res.Ceiling.CeilingPerSec)
 	if s.Strategy == "optimistic" {
 		if res.RetriesPerSale, err = retriesPerRequest(ctx, re.urls); err != nil {
 			log.Warn("optimistic metrics", "row", s.Name, "err", err)
@@ -87,28 +109,37 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 	return res, nil
 }
 
-// pastCapacity offers twice the rate held (what overload does), four times
-// it (the flood the verdict judges), then the ceiling if it is more (the
-// most a flood can offer this key).
-func pastCapacity(ctx context.Context, log *slog.Logger, b *capacity.Buyer, row string, c capacity.Options, held, ceiling float64) (over, four, flood *capacity.Step) {
-	offer := func(what string, rate float64) *capacity.Step {
-		if ctx.Err() != nil {
-			return nil
-		}
-		s := b.Offer(ctx, rate, c.Step, c.SLO, c.MaxErrors)
+// pastCapacity runs c.Rounds rounds past capacity (capacity.Round), each
+// in the reverse order of the last, then the flood: a step at the ceiling
+// if that is more than four times the rate held (the most a flood can
+// offer this key).
+func pastCapacity(ctx context.Context, log *slog.Logger, offer func(rate float64) capacity.Step, row string, c capacity.Options, held, ceiling float64) (rounds []capacity.Round, flood *capacity.Step) {
+	step := func(what string, rate float64) capacity.Step {
+		s := offer(rate)
 		log.Info(what+" step", "row", row, "rate", fmt.Sprintf("%.0f", s.Rate), "sold_per_s", fmt.Sprintf("%.0f", s.SalesPerS),
 			"p99_ms", fmt.Sprintf("%.1f", s.P99), "turned_away", fmt.Sprintf("%.2f", s.TurnedAway()))
-		return &s
+		return s
 	}
-	if held > 0 {
-		over, four = offer("overload", 2*held), offer("4x", 4*held)
+	for i := 0; held > 0 && i < c.Rounds && ctx.Err() == nil; i++ {
+		var r capacity.Round
+		steps := []struct {
+			what string
+			rate float64
+			into *capacity.Step
+		}{{"held", held, &r.AtHeld}, {"2x", 2 * held, &r.AtTwo}, {"4x", 4 * held, &r.AtFour}}
+		if i%2 == 1 {
+			slices.Reverse(steps)
+		}
+		for _, st := range steps {
+			*st.into = step(st.what, st.rate)
+		}
+		rounds = append(rounds, r)
 	}
-	if four == nil || ceiling > 4*held {
-		flood = offer("flood", max(4*held, ceiling, c.Start))
-	} else {
-		flood = four
+	if ctx.Err() == nil && (held == 0 || ceiling > 4*held) {
+		s := step("flood", max(4*held, ceiling, c.Start))
+		flood = &s
 	}
-	return over, four, flood
+	return rounds, flood
 }
 
 // measureCeiling runs the ceiling command (-ceiling) with the row's

@@ -28,7 +28,7 @@ func TestRecordKeepsADatedCopyOnlyWhenAskedTo(t *testing.T) {
 func TestOptionsOutOfBoundsAreAllNamed(t *testing.T) {
 	var o options
 	o.Instances, o.Duration, o.Fraction, o.Stock, o.MaxVUs, o.Users = 9, time.Hour, 0.7, 1, 400, 500
-	o.Probe.SLO, o.Probe.Step, o.Probe.Start, o.Probe.Max, o.Probe.Factor = time.Second, time.Second, 20, 10, 1.25
+	o.Probe.SLO, o.Probe.Step, o.Probe.Start, o.Probe.Max, o.Probe.Factor, o.Probe.Rounds = time.Second, time.Second, 20, 10, 1.25, 3
 	err := o.validate()
 	for _, want := range []string{"-instances is 9", "-duration is 1h0m0s", "-start-rate 20, -max-rate 10"} {
 		if err == nil || !strings.Contains(err.Error(), want) {

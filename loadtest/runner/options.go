@@ -69,6 +69,7 @@ func (o options) validate() error {
 		{p.Factor > 1, fmt.Sprintf("-factor is %g; want above 1", p.Factor)},
 		{p.MaxErrors >= 0 && p.MaxErrors < 1, fmt.Sprintf("-max-errors is %g; want 0 to below 1", p.MaxErrors)},
 		{within(p.Refine, 0, 8), fmt.Sprintf("-refine is %d; want 0 to 8", p.Refine)},
+		{within(p.Rounds, 1, 9), fmt.Sprintf("-rounds is %d; want 1 to 9", p.Rounds)},
 	}
 	var errs []error
 	for _, r := range rules {

@@ -2,8 +2,15 @@
 
 package main
 
-import "syscall"
+import (
+	"syscall"
+	"time"
+)
 
 // childAttr: only Linux can tie a child's life to its parent's; elsewhere
 // the runner's own cleanup is all there is.
 func childAttr() *syscall.SysProcAttr { return nil }
+
+// processCPU and selfCPU are read from /proc and getrusage on Linux only.
+func processCPU(int) time.Duration { return 0 }
+func selfCPU() time.Duration       { return 0 }

@@ -37,6 +37,7 @@ type rowEnv struct {
 	sec      secrets
 	tokens   string // file of the users' tokens, for k6
 	shop     []string
+	pids     []int // the instances'
 	cleanups []func()
 }
 
@@ -125,6 +126,7 @@ func (re *rowEnv) startInstances(ctx context.Context, o options, row string, env
 			return err
 		}
 		re.urls = append(re.urls, in.url)
+		re.pids = append(re.pids, in.cmd.Process.Pid)
 	}
 	return nil
 }
@@ -190,7 +192,7 @@ func offerFraction(ctx context.Context, log *slog.Logger, o options, s report.Ro
 		// other processes' writes): only the latency bounds its rate.
 		probe.MaxErrors = 1
 	}
-	_, held := search(ctx, log, b, s.Name, probe)
+	_, held := search(ctx, log, re.offerer(ctx, b, probe), s.Name, probe)
 	if held == 0 {
 		return o, fmt.Errorf("capacity probe: not even %.0f purchases/s within the %s SLO", o.Probe.Start, o.Probe.SLO)
 	}

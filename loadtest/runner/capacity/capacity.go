@@ -19,6 +19,7 @@ type Options struct {
 	Factor    float64       `json:"factor"`     // each step offers this times the previous rate
 	Refine    int           `json:"refine"`     // halvings of the last step's gap once a step breaks
 	Max       float64       `json:"max_rate"`   // the search stops here
+	Rounds    int           `json:"rounds"`     // rounds past capacity (Round) once the rate held is known
 }
 
 // Step is one rate offered for one step.
@@ -34,10 +35,59 @@ type Step struct {
 	SalesPerS  float64 `json:"sales_per_sec"`
 	WithinSLO  bool    `json:"within_slo"`
 	FirstError string  `json:"first_error,omitempty"`
+	// CPU seconds the row's instances and the runner (the buyers' side)
+	// used during the step.
+	ServiceCPU float64 `json:"service_cpu_s"`
+	RunnerCPU  float64 `json:"runner_cpu_s"`
 }
 
 // TurnedAway is the share of the step's purchases answered 503.
 func (s Step) TurnedAway() float64 { return float64(s.Busy) / float64(max(s.Offered, 1)) }
+
+// Round is one pass over the rates past capacity: the rate held again, as
+// the baseline the others are judged against, then twice and four times
+// it. A row runs several, in alternating order, so that a machine that
+// slows down or speeds up during the row moves the baseline with the
+// flood instead of deciding the verdict.
+type Round struct {
+	AtHeld Step `json:"at_held"`
+	AtTwo  Step `json:"at_2x"`
+	AtFour Step `json:"at_4x"`
+}
+
+// Goodput is what the round sold per second at four times the rate held,
+// over what it sold at the rate held.
+func (r Round) Goodput() float64 {
+	if r.AtHeld.SalesPerS == 0 {
+		return 0
+	}
+	return r.AtFour.SalesPerS / r.AtHeld.SalesPerS
+}
+
+// CPUPerSale is what the instances spent per sale at the rate held, in
+// µs: nearly every answer there is a sale.
+func (r Round) CPUPerSale() float64 {
+	return perAnswer(r.AtHeld.ServiceCPU, r.AtHeld.Sold)
+}
+
+// CPUPerRefusal is what the instances spent per 503 at four times the rate
+// held, in µs: their CPU there beyond CPUPerSale for each sale.
+func (r Round) CPUPerRefusal() float64 {
+	return perAnswer(r.AtFour.ServiceCPU-r.CPUPerSale()/1e6*float64(r.AtFour.Sold), r.AtFour.Busy)
+}
+
+// RunnerCPUPerRequest is what the runner spent sending one purchase and
+// reading its answer at four times the rate held, in µs.
+func (r Round) RunnerCPUPerRequest() float64 {
+	return perAnswer(r.AtFour.RunnerCPU, r.AtFour.Offered)
+}
+
+func perAnswer(cpuSeconds float64, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return cpuSeconds * 1e6 / float64(n)
+}
 
 // Ceiling is what one client buying in a loop measured for a row: the
 // window in which the key is not free for others, and 1 / that window.

@@ -2,6 +2,8 @@ package report
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,15 +18,12 @@ type CapacityRow struct {
 	Ceiling capacity.Ceiling `json:"ceiling"`
 	Steps   []capacity.Step  `json:"steps"`
 	// Held is the highest rate whose step stayed within the SLO and the
-	// error budget; Overload is the step at twice that rate.
-	Held     float64        `json:"held_rate"`
-	Overload *capacity.Step `json:"overload,omitempty"`
-	// AtFour is the step at four times the rate held: its sales per second
-	// over the rate held is the goodput kept when flooded.
-	AtFour *capacity.Step `json:"at_4x,omitempty"`
-	// Flood is a step at the row's ceiling (at least 4x held): how many
-	// sales per second the key still makes when offered more than it can
-	// take, the rest turned away.
+	// error budget; Rounds offer it again, twice and four times it.
+	Held   float64          `json:"held_rate"`
+	Rounds []capacity.Round `json:"rounds,omitempty"`
+	// Flood is a step at the row's ceiling when that is more than 4x
+	// held: how many sales per second the key still makes when offered
+	// more than it can take, the rest turned away.
 	Flood *capacity.Step `json:"flood,omitempty"`
 	// RetriesPerSale is the optimistic strategy's extra attempts per
 	// request that ended (0 for the others).
@@ -43,8 +42,8 @@ type CapacityReport struct {
 }
 
 var capacityColumns = []string{"row", "serialized ms/sale", "ceiling/s", "held/s", "× ceiling", "× atomic-sql", "p99 at held",
-	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "at 4×: p99 of sales", "at 4×: sold / held",
-	"retries/request", "verdict"}
+	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "at 4×: p99 of sales", "at 4×: sold ÷ sold at held",
+	"service CPU µs: per sale / per refusal", "runner CPU µs per request", "retries/request", "verdict"}
 
 // Markdown is the capacity report as a dated record.
 func (r CapacityReport) Markdown() string {
@@ -71,12 +70,14 @@ func (r CapacityReport) method() string {
 		"are not 201; then the gap between the last rate within both and the first past them is halved %d times (geometric "+
 		"midpoints). **Held** is the highest rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
 		"client in a loop against the same servers in the same run: for a lock, acquire + the statements inside + release; "+
-		"for the lock-free rows, the whole purchase. **At 2×** is a step at twice the rate held: the p99 of the sales and the "+
-		"share turned away with 503. **Flooded** is a step at the ceiling (at least 4× held): the sales per second the key "+
-		"still makes when offered more than it takes. **At 4×** is a step at four times the rate held; sold / held is its "+
-		"goodput. The verdict fails a row whose p99 at 2× passes the SLO (it queues what it should turn away) or whose "+
-		"goodput at 4× is under %.2f× (work spent on buyers it then refuses).",
-		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine, MinGoodput)
+		"for the lock-free rows, the whole purchase. Then %d rounds, each in the reverse order of the last, offer the rate "+
+		"held again, twice it and four times it, one step each. **At 2×**: the p99 of the sales and the share turned away "+
+		"with 503. **At 4×**: the sales per second over those of the same round's step at the rate held (the goodput kept "+
+		"when flooded), so that a machine that slows down during the row moves both. Medians over the rounds, ranges in "+
+		"brackets. **Flooded** is a step at the ceiling when that is more than 4× held (else the 4× steps): the sales per "+
+		"second the key still makes when offered more than it takes. The verdict fails a row whose p99 at 2× passes the SLO "+
+		"(it queues what it should turn away) or whose goodput at 4× is under %.2f× (work spent on buyers it then refuses).",
+		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine, o.Probe.Rounds, MinGoodput)
 }
 
 // held is the rate the named row held, 0 if it did not run.
@@ -93,13 +94,44 @@ func (r CapacityReport) held(name string) float64 {
 // when offered four times that rate.
 const MinGoodput = 0.8
 
-// Goodput is the sales per second at four times the rate held over the
-// rate held; 0 if that step did not run.
+// Goodput is the median over the rounds of what a round sold at four
+// times the rate held over what it sold at the rate held; 0 without rounds.
 func (res CapacityRow) Goodput() float64 {
-	if res.AtFour == nil || res.Held == 0 {
+	return res.median(func(r capacity.Round) float64 { return r.Goodput() })
+}
+
+// P99AtTwo is the median over the rounds of the p99 of the sales at twice
+// the rate held, in ms.
+func (res CapacityRow) P99AtTwo() float64 {
+	return res.median(func(r capacity.Round) float64 { return r.AtTwo.P99 })
+}
+
+// median is the median of f over the rounds (the lower one of an even
+// count), 0 without rounds.
+func (res CapacityRow) median(f func(capacity.Round) float64) float64 {
+	if len(res.Rounds) == 0 {
 		return 0
 	}
-	return res.AtFour.SalesPerS / res.Held
+	v := make([]float64, len(res.Rounds))
+	for i, r := range res.Rounds {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	return v[(len(v)-1)/2]
+}
+
+// spread is f's median over the rounds and, with more than one round, its
+// range: "0.93 (0.88-1.02)".
+func (res CapacityRow) spread(format string, f func(capacity.Round) float64) string {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, r := range res.Rounds {
+		lo, hi = min(lo, f(r)), max(hi, f(r))
+	}
+	s := fmt.Sprintf(format, res.median(f))
+	if len(res.Rounds) > 1 {
+		s += fmt.Sprintf(" ("+format+"-"+format+")", lo, hi)
+	}
+	return s
 }
 
 // Problems are why the row fails the capacity verdict: it did not run, it
@@ -112,16 +144,15 @@ func (res CapacityRow) Problems(slo time.Duration) []string {
 	if res.Held == 0 {
 		return []string{"held no rate"}
 	}
-	var out []string
-	if ov := res.Overload; ov == nil {
-		out = append(out, "not offered 2×")
-	} else if ov.P99 > float64(slo.Milliseconds()) {
-		out = append(out, fmt.Sprintf("p99 at 2× is %.0f ms, past the SLO %s", ov.P99, slo))
+	if len(res.Rounds) == 0 {
+		return []string{"not offered 2× and 4×"}
 	}
-	if res.AtFour == nil {
-		out = append(out, "not flooded at 4×")
-	} else if g := res.Goodput(); g < MinGoodput {
-		out = append(out, fmt.Sprintf("flooded at 4× it sold %.2f× its rate held, under %.2f×", g, MinGoodput))
+	var out []string
+	if p99 := res.P99AtTwo(); p99 > float64(slo.Milliseconds()) {
+		out = append(out, fmt.Sprintf("p99 at 2× is %.0f ms, past the SLO %s", p99, slo))
+	}
+	if g := res.Goodput(); g < MinGoodput {
+		out = append(out, fmt.Sprintf("flooded at 4× it sold %.2f× what it sold at its rate held, under %.2f×", g, MinGoodput))
 	}
 	return out
 }
@@ -156,18 +187,22 @@ func (res CapacityRow) cells(atomicSQL float64, slo time.Duration) []string {
 			p99 = fmt.Sprintf("%.0f ms", st.P99)
 		}
 	}
-	if ov := res.Overload; ov != nil {
-		over99, away = fmt.Sprintf("%.0f ms", ov.P99), fmt.Sprintf("%.0f %%", 100*ov.TurnedAway())
+	four99, goodput, cpu, runner := "—", "—", "—", "—"
+	if len(res.Rounds) > 0 {
+		cpu = fmt.Sprintf("%.0f / %.0f", res.median(capacity.Round.CPUPerSale), res.median(capacity.Round.CPUPerRefusal))
+		runner = fmt.Sprintf("%.0f", res.median(capacity.Round.RunnerCPUPerRequest))
+		over99 = res.spread("%.0f", func(r capacity.Round) float64 { return r.AtTwo.P99 }) + " ms"
+		away = fmt.Sprintf("%.0f %%", 100*res.median(func(r capacity.Round) float64 { return r.AtTwo.TurnedAway() }))
+		four99 = fmt.Sprintf("%.0f ms", res.median(func(r capacity.Round) float64 { return r.AtFour.P99 }))
+		goodput = res.spread("%.2f", capacity.Round.Goodput)
 	}
 	if atomicSQL > 0 {
 		xs = fmt.Sprintf("%.2f", res.Held/atomicSQL)
 	}
 	if f := res.Flood; f != nil {
 		flood = fmt.Sprintf("%.0f → %.0f (%.0f ms)", f.Rate, f.SalesPerS, f.P99)
-	}
-	four99, goodput := "—", "—"
-	if f := res.AtFour; f != nil {
-		four99, goodput = fmt.Sprintf("%.0f ms", f.P99), fmt.Sprintf("%.2f", res.Goodput())
+	} else if len(res.Rounds) > 0 {
+		flood = fmt.Sprintf("%.0f → %.0f (%s)", 4*res.Held, res.median(func(r capacity.Round) float64 { return r.AtFour.SalesPerS }), four99)
 	}
 	if res.Spec.Strategy == "optimistic" {
 		retries = fmt.Sprintf("%.2f", res.RetriesPerSale)
@@ -175,5 +210,5 @@ func (res CapacityRow) cells(atomicSQL float64, slo time.Duration) []string {
 	c := res.Ceiling
 	return []string{res.Spec.Name, fmt.Sprintf("%.2f", c.SerializedMicros/1000), fmt.Sprintf("%.0f", c.CeilingPerSec),
 		fmt.Sprintf("%.0f", res.Held), fmt.Sprintf("%.2f", res.Held/c.CeilingPerSec), xs, p99, over99, away, flood,
-		four99, goodput, retries, res.verdict(slo)}
+		four99, goodput, cpu, runner, retries, res.verdict(slo)}
 }

@@ -112,13 +112,12 @@ func TestTableEndsEachRowWithItsVerdict(t *testing.T) {
 func TestCapacityRowsAreComparedWithTheirCeilingAndWithAtomicSQL(t *testing.T) {
 	rep := CapacityReport{Options: Options{Probe: capacity.Options{SLO: 250 * time.Millisecond}}, Results: []CapacityRow{
 		{Spec: Row{Name: "redis", Strategy: "lock"}, Ceiling: capacity.Ceiling{SerializedMicros: 1730, CeilingPerSec: 578}, Held: 430,
-			Steps:    []capacity.Step{{Rate: 430, P99: 79, WithinSLO: true}},
-			Overload: &capacity.Step{Rate: 860, Offered: 100, Busy: 48, P99: 153}},
+			Steps: []capacity.Step{{Rate: 430, P99: 79, WithinSLO: true}}},
 		{Spec: Row{Name: "atomic-sql", Strategy: "atomic-sql"}, Ceiling: capacity.Ceiling{CeilingPerSec: 1121}, Held: 1110},
 		{Spec: Row{Name: "etcd"}, Err: "etcd: no leader"},
 	}}
 	md := rep.Markdown()
-	for _, want := range []string{"| redis | 1.73 | 578 | 430 | 0.74 | 0.39 | 79 ms | 153 ms | 48 % | — | — | — |  | FAILS: not flooded at 4× |", "| etcd | did not run: etcd: no leader |", "|  | FAILS: did not run |"} {
+	for _, want := range []string{"| redis | 1.73 | 578 | 430 | 0.74 | 0.39 | 79 ms | — | — | — | — | — | — | — |  | FAILS: not offered 2× and 4× |", "| etcd | did not run: etcd: no leader |", "|  | FAILS: did not run |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("capacity.md has no %q:\n%s", want, md)
 		}
@@ -126,20 +125,36 @@ func TestCapacityRowsAreComparedWithTheirCeilingAndWithAtomicSQL(t *testing.T) {
 }
 
 func TestCapacityVerdictFailsARowThatCollapsesWhenFloodedOrQueuesAtTwiceItsRate(t *testing.T) {
-	held := func(name string, at2, at4 capacity.Step) CapacityRow {
-		return CapacityRow{Spec: Row{Name: name}, Ceiling: capacity.Ceiling{CeilingPerSec: 500}, Held: 400,
-			Steps: []capacity.Step{{Rate: 400, P99: 50, WithinSLO: true}}, Overload: &at2, AtFour: &at4}
+	// Each row's rounds: sold/s at the rate held, p99 at 2×, sold/s at 4×.
+	held := func(name string, rounds ...[3]float64) CapacityRow {
+		row := CapacityRow{Spec: Row{Name: name}, Ceiling: capacity.Ceiling{CeilingPerSec: 500}, Held: 400,
+			Steps: []capacity.Step{{Rate: 400, P99: 50, WithinSLO: true}}}
+		for _, r := range rounds {
+			row.Rounds = append(row.Rounds, capacity.Round{
+				// A sale costs the instances 1,000 µs, a refusal 100; sending
+				// one costs the runner 100.
+				AtHeld: capacity.Step{Rate: 400, SalesPerS: r[0], P99: 60, Sold: 1200, ServiceCPU: 1.2},
+				AtTwo:  capacity.Step{Rate: 800, Offered: 100, Busy: 50, P99: r[1]},
+				AtFour: capacity.Step{Rate: 1600, SalesPerS: r[2], P99: 140, Offered: 4800, Sold: 1140, Busy: 3600,
+					ServiceCPU: 1.14 + 0.36, RunnerCPU: 0.48},
+			})
+		}
+		return row
 	}
 	rep := CapacityReport{Options: Options{Probe: capacity.Options{SLO: 250 * time.Millisecond}}, Results: []CapacityRow{
-		held("sheds", capacity.Step{Rate: 800, P99: 120}, capacity.Step{Rate: 1600, P99: 140, SalesPerS: 380}),
-		held("collapses", capacity.Step{Rate: 800, P99: 120}, capacity.Step{Rate: 1600, P99: 140, SalesPerS: 100}),
-		held("queues", capacity.Step{Rate: 800, P99: 6000}, capacity.Step{Rate: 1600, P99: 9000, SalesPerS: 390}),
+		held("sheds", [3]float64{400, 120, 380}),
+		// The machine slowed down during the row: the round's own step at
+		// the rate held is the baseline, not the rate found before.
+		held("slowed", [3]float64{400, 120, 380}, [3]float64{250, 130, 230}, [3]float64{200, 110, 190}),
+		held("collapses", [3]float64{400, 120, 100}, [3]float64{390, 120, 120}, [3]float64{400, 120, 390}),
+		held("queues", [3]float64{400, 6000, 390}),
 	}}
 	md := rep.Markdown()
 	for _, want := range []string{
-		"| 140 ms | 0.95 |  | ok |",
-		"| 0.25 |  | FAILS: flooded at 4× it sold 0.25× its rate held, under 0.80× |",
-		"| 0.97 |  | FAILS: p99 at 2× is 6000 ms, past the SLO 250ms |",
+		"| 140 ms | 0.95 | 1000 / 100 | 100 |  | ok |",
+		"| 120 (110-130) ms | 50 % | 1600 → 230 (140 ms) | 140 ms | 0.95 (0.92-0.95) | 1000 / 100 | 100 |  | ok |",
+		"| 0.31 (0.25-0.97) | 1000 / 100 | 100 |  | FAILS: flooded at 4× it sold 0.31× what it sold at its rate held, under 0.80× |",
+		"| 0.97 | 1000 / 100 | 100 |  | FAILS: p99 at 2× is 6000 ms, past the SLO 250ms |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("capacity.md has no %q:\n%s", want, md)
