@@ -132,3 +132,26 @@ func shedCounted(t *testing.T, c *cluster) int {
 	}
 	return total
 }
+
+// TestShedRequestIsCountedAsShedAndNotLogged: a purchase refused at the
+// concurrency limit is counted as shed, which the error alert
+// (ShopHTTPErrors) leaves out, and writes no log line: a flood sheds
+// thousands a second, and a line for each would cost more than the
+// refusal.
+func TestShedRequestIsCountedAsShedAndNotLogged(t *testing.T) {
+	var logs syncBuffer
+	send, metrics := atTheLimit(t, &logs)
+	token := shoptest.Token(t, testSecret, 1)
+	for range 5 {
+		if code := send(t.Context(), purchasePath, token); code != http.StatusServiceUnavailable {
+			t.Fatalf("purchase past the limit: %d, want 503", code)
+		}
+	}
+	want := `shop_http_shed_total{method="POST",reason="overloaded",route="/api/v1/seckill/:sku/purchase"} 5`
+	if m := metrics(); !strings.Contains(m, want) {
+		t.Errorf("/metrics lacks %s", want)
+	}
+	if l := logs.String(); strings.Contains(l, "503") {
+		t.Errorf("shed requests were logged:\n%s", l)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -25,7 +26,7 @@ import (
 //
 //	go test -run '^$' -bench PurchaseCPU -benchtime 3000x ./cmd/shop/
 func BenchmarkPurchaseCPU(b *testing.B) {
-	send, _ := benchApp(b, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-redis"})
+	send, _ := benchApp(b, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-redis"}, discard{})
 	token := shoptest.Token(b, testSecret, 1)
 	buy := func() {
 		if code := send(context.Background(), purchasePath, token); code != http.StatusCreated {
@@ -46,13 +47,27 @@ func BenchmarkPurchaseCPU(b *testing.B) {
 //
 //	go test -run '^$' -bench 'PurchaseCPU|ShedCPU' -benchtime 3000x -benchmem ./cmd/shop/
 func BenchmarkShedCPU(b *testing.B) {
-	send, metrics := benchApp(b, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-sql", "SHOP_CRITICAL_SECTION_DELAY": "1h",
-		"SHOP_ADMISSION_MIN_LIMIT": "2", "SHOP_ADMISSION_MAX_LIMIT": "2"})
+	send, _ := atTheLimit(b, discard{})
 	token := shoptest.Token(b, testSecret, 1)
+	measureCPU(b, func() {
+		if code := send(context.Background(), purchasePath, token); code != http.StatusServiceUnavailable {
+			b.Fatalf("purchase past the limit: %d, want 503", code)
+		}
+	})
+}
+
+// atTheLimit runs the service with the purchase route's concurrency limit
+// fixed at 2 and held by two purchases sleeping in their critical section
+// until the test ends, and returns what sends a purchase, which is shed,
+// and what reads /metrics.
+func atTheLimit(tb testing.TB, logs io.Writer) (send func(ctx context.Context, path, token string) int, metrics func() string) {
+	send, metrics = benchApp(tb, map[string]string{"SHOP_STOCK_STRATEGY": "atomic-sql", "SHOP_CRITICAL_SECTION_DELAY": "1h",
+		"SHOP_ADMISSION_MIN_LIMIT": "2", "SHOP_ADMISSION_MAX_LIMIT": "2"}, logs)
+	token := shoptest.Token(tb, testSecret, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	var holders sync.WaitGroup
-	defer holders.Wait()
-	defer cancel()
+	tb.Cleanup(holders.Wait)
+	tb.Cleanup(cancel)
 	for range 2 {
 		holders.Go(func() { send(ctx, purchasePath, token) })
 	}
@@ -61,11 +76,7 @@ func BenchmarkShedCPU(b *testing.B) {
 	for !strings.Contains(metrics(), `shop_admission_admitted_total{route="/api/v1/seckill/:sku/purchase"} 2`) {
 		runtime.Gosched()
 	}
-	measureCPU(b, func() {
-		if code := send(context.Background(), purchasePath, token); code != http.StatusServiceUnavailable {
-			b.Fatalf("purchase past the limit: %d, want 503", code)
-		}
-	})
+	return send, metrics
 }
 
 const purchasePath = "/api/v1/seckill/cpu-hot/purchase"
@@ -73,7 +84,7 @@ const purchasePath = "/api/v1/seckill/cpu-hot/purchase"
 // benchApp runs the service in process on the real MariaDB and Redis with
 // env on top of the production settings, puts the product cpu-hot, and
 // returns a function that sends it one purchase and one that reads /metrics.
-func benchApp(b *testing.B, env map[string]string) (send func(ctx context.Context, path, token string) int, metrics func() string) {
+func benchApp(b testing.TB, env map[string]string, logs io.Writer) (send func(ctx context.Context, path, token string) int, metrics func() string) {
 	vars := map[string]string{
 		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
 		"SHOP_MYSQL_DSN":   shoptest.MySQL(b),
@@ -87,7 +98,7 @@ func benchApp(b *testing.B, env map[string]string) (send func(ctx context.Contex
 	}
 	// The production logger, writing JSON lines to a sink: its cost is
 	// part of each request's.
-	a, err := newApp(context.Background(), cfg, newLogger(cfg, discard{}))
+	a, err := newApp(context.Background(), cfg, newLogger(cfg, logs))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -48,13 +48,19 @@ func newRouter(d routerDeps) http.Handler {
 	r.HandleMethodNotAllowed = true
 	r.ContextWithFallback = true
 
-	httpMetrics := newHTTPMetrics(d.reg)
-	// The request's span first, so that every log line of the request
+	// Counted first, so that the metrics see every answer, shed ones too.
+	r.Use(newHTTPMetrics(d.reg).observe)
+	if d.cfg.Admission {
+		// Then shed, before any work: a refusal costs the counter above,
+		// not a span, a request id, a log line or authentication.
+		r.Use(apiOnly(admission.New(admissionOptions(d.cfg), d.reg).Handler()))
+	}
+	// The request's span next, so that every log line of the request
 	// carries its trace id (requestIDHandler). Probes and scrapes are not
 	// traced: they would be most of the traces and none of the interest.
 	r.Use(otelgin.Middleware("shop", otelgin.WithGinFilter(func(c *gin.Context) bool {
 		return c.FullPath() != "/healthz" && c.FullPath() != "/readyz" && c.FullPath() != "/metrics"
-	})), requestID, accessLog(d.log), httpMetrics.observe, problem.Errors(d.problems), problem.Recover(),
+	})), requestID, accessLog(d.log), problem.Errors(d.problems), problem.Recover(),
 		problem.LimitBody(d.cfg.MaxBodyBytes))
 	r.NoRoute(problem.NoRoute)
 	r.NoMethod(problem.NoMethod)
@@ -66,18 +72,23 @@ func newRouter(d routerDeps) http.Handler {
 	}
 	apidoc.Register(r)
 
-	api := r.Group("/api/v1")
-	if d.cfg.Admission {
-		// Before authentication: a refusal must cost less than a sale.
-		api.Use(admission.New(admissionOptions(d.cfg), d.reg).Handler())
-	}
-	api.Use(d.auth.User())
+	api := r.Group("/api/v1", d.auth.User())
 	admin := r.Group("/admin/v1", d.auth.Admin())
 	d.auditor.Register(admin)
 	for _, dom := range d.domains {
 		dom.Register(api, admin)
 	}
 	return r
+}
+
+// apiOnly runs h for the routes under /api/v1 only: probes, scrapes and
+// the admin API are never shed.
+func apiOnly(h gin.HandlerFunc) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if strings.HasPrefix(c.FullPath(), "/api/v1/") {
+			h(c)
+		}
+	}
 }
 
 func admissionOptions(cfg config.Config) admission.Options {
@@ -182,13 +193,13 @@ type httpMetrics struct {
 	shed     *prometheus.CounterVec
 }
 
-// shedSlugs are the problems that are load shed: contention turned the
-// request away, nothing changed, and a retry in a moment will likely
+// shedSlugs are the problems that are load shed: contention or the
+// concurrency limit (admission) turned the request away, nothing changed, and a retry in a moment will likely
 // succeed. They are 503s, and counted in shop_http_shed_total as well, so
 // that an alert on errors leaves them out and shedding on a hot key stays
 // visible without paging. outcome-unknown is not one: its change may have
 // landed.
-var shedSlugs = map[string]bool{"lock-busy": true, "conflict": true}
+var shedSlugs = map[string]bool{"lock-busy": true, "conflict": true, "overloaded": true}
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	m := &httpMetrics{
@@ -203,7 +214,7 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 		}, []string{"route", "method"}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shop_http_shed_total",
-			Help: "HTTP requests turned away by contention with nothing changed (503 lock-busy, conflict), by route, method and problem; also counted in shop_http_requests_total.",
+			Help: "HTTP requests turned away by contention or the concurrency limit with nothing changed (503 lock-busy, conflict, overloaded), by route, method and problem; also counted in shop_http_requests_total.",
 		}, []string{"route", "method", "reason"}),
 	}
 	b := readBuildInfo()

@@ -65,8 +65,9 @@ func New(o Options, reg prometheus.Registerer) *Admission {
 }
 
 // Handler is gin middleware that admits a request under its route's limit
-// or sheds it. It goes before any handler that does work, authentication
-// included, so that a refusal costs less than a sale.
+// or sheds it. It goes before any handler that does work, tracing,
+// logging and authentication included, so that a refusal costs less than
+// a sale.
 func (a *Admission) Handler() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		route := c.FullPath()
@@ -112,7 +113,7 @@ func (a *Admission) limiter(route string) *Limiter {
 }
 
 // refuse answers 503 without problem.Write's log line: a flood sheds
-// thousands a second, and the request log already has each one.
+// thousands a second, and the metrics count them.
 func refuse(c *gin.Context) {
 	e := problem.New(http.StatusServiceUnavailable, "overloaded",
 		"this route is serving all the requests it can; retry after "+strconv.Itoa(RetryAfter)+" s")
