@@ -203,10 +203,10 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	return lease, err
 }
 
-// Acquire waits for key. Plain waiters of one process queue here in arrival
-// order and only the first of them asks Redis; fair waiters take their
-// place in the key's Redis queue on arrival, so that arrival order holds
-// across processes. A waiter wakes on the release message, on a release by
+// Acquire waits for key. Plain waiters of one process stand in its line
+// (backend.Line) in arrival order and only the head asks Redis; fair
+// waiters take their place in the key's Redis queue on arrival, so that
+// arrival order holds across processes. A waiter wakes on the release message, on a release by
 // this process, on a (re)subscription that may have missed a release, or
 // when the holder's TTL runs out (a crashed holder sends no message).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
@@ -329,10 +329,10 @@ func (l *Locker) extend(ctx context.Context, ks keyset, owner string, ttl time.D
 	return nil
 }
 
-// release is a lease's Release: a plain lease hands the key to the plain
-// waiter at the head here if there is one (handOver), and otherwise frees
-// it and tells the waiters, if it was marked (release.lua); a fair one
-// names the queue's head (fair_release.lua).
+// release is a lease's Release: a plain lease hands the key to the head
+// of the line here if there is one (handOver), and otherwise frees it and
+// tells the waiters, if it was marked (release.lua), and the line here
+// (Line.Released); a fair one names the queue's head (fair_release.lua).
 func (l *Locker) release(ctx context.Context, ks keyset, owner string, fair bool) error {
 	if !fair {
 		if handled, err := l.handOver(ctx, ks, owner); handled {
