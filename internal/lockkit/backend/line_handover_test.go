@@ -169,7 +169,7 @@ func TestLineNewsEndsAYieldAndKeepsTheRunShort(t *testing.T) {
 	l.keys["k"].handOffs = HandOffRun
 	l.mu.Unlock()
 	l.Released("k") // ends the run: a yield
-	done := sleepAsync(p, 0, Pace{Yield: time.Hour})
+	done := sleepAsync(p, time.Hour, Pace{Yield: time.Hour})
 	time.Sleep(20 * time.Millisecond) // yielding
 	l.Wake("k")
 	awaitSleep(t, done, "yielding head after news")
