@@ -25,7 +25,11 @@ type handover struct {
 // it races the waiters elsewhere on the message. handled is false if
 // there is no head to hand to, or Redis refused the script, and the
 // caller releases as usual.
-// One round trip instead of two pays: ABFIGURES
+// One round trip instead of two pays: in interleaved A/B rounds of
+// BenchmarkContended/redis (14 rounds, ABBA), a build whose releases free
+// the key and call Line.Released made a median 0.81 of the cycles/s per
+// round on shop-redis and 0.86 on shop-redis-3-lockers-4-each
+// (docs/backends-redis.md).
 //
 // Like a plain release it runs on the caller's context alone and does not
 // hold Close up; a grant whose waiter left, or whose outcome is unknown,
