@@ -54,8 +54,8 @@ const (
 //     may have missed one) makes the head look at once, and counts in no
 //     run.
 //
-// Yield is only how long a head waits; the store decides who gets the key
-// meanwhile.
+// How long a head waits between looks is its Pace (Sleep): a polling
+// store's poll, a store that tells its waiters only a fallback.
 //
 // The zero Line is ready to use. It keeps an entry per key while places
 // stand in it, and after the last one leaves while the lease it was
