@@ -56,8 +56,9 @@ func TestWaiterElsewhereNotStarvedByHandOversHere(t *testing.T) {
 	// Its first attempt does not mark; then the grants here run on for up
 	// to backend.HandOffRun, and the release that ends the run frees the
 	// key, for which it races the waiter here on the same message (plain
-	// locks promise no order between processes): 0 to 36 grants here seen
-	// first. Without the mark check the stream kept the key through 920
+	// locks promise no order between processes), a race that leaves the
+	// next run at backend.HandOffRun: 0 to 55 grants here seen first.
+	// Without the mark check the stream kept the key through 920
 	// grants, until the 5 s wait ran out.
 	n := grantsHere.Load() - start
 	t.Logf("waiter elsewhere granted after %d grants here", n)
