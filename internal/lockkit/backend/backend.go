@@ -4,9 +4,10 @@
 // takes locks needs lockkit alone.
 //
 // A backend resolves the caller's options with Resolve, waits under
-// WaitContext and answers WaitErr when the wait ends, polls with a Poller if
-// its store cannot wake a waiter (with a Line, so that one waiter per Locker
-// and key polls and a release in the process hands over at once), and
+// WaitContext and answers WaitErr when the wait ends, queues its waiters
+// in a Line (one waiter per Locker and key talks to the store, and a
+// release in the process reaches the next one at once, or hands it the
+// key), polls with a Poller if its store cannot wake a waiter, and
 // hands every grant to NewLease, which
 // gives all backends the same watchdog, Lost signal and local expiry. Work a
 // backend leaves running after its caller returned goes through a Group,

@@ -3,85 +3,118 @@ package backend
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
 // HandOffRun is how many releases of a key in a row a Line turns into an
-// immediate try by its head, at first. The next release lets the head wait
-// a full poll (MaxDelay) instead: a waiter in another process learns that
-// the key is free only by polling, at least once per MaxDelay, so it then
-// asks first. Without the bound a process whose line never empties would
-// keep the key for ever, since its head, woken at once, always wins that
-// race. Eight keeps the yield's gap (usually a remote head's remaining
-// poll) to a small share of eight critical sections, and costs a remote
-// waiter at most eight critical sections more than its turn.
+// immediate try by its head (or a hand-over to it), at first. The next
+// release makes the head yield instead: it leaves the key to the waiters
+// in other processes for a while (Pace.Yield), since they learn that the
+// key is free only later than the head here (a poll, a message), and
+// would otherwise never ask first. Without the bound a process whose line
+// never empties would keep the key for ever, since its head, told at
+// once, always wins that race. Eight keeps the yield's gap to a small
+// share of eight critical sections, and costs a remote waiter at most
+// eight critical sections more than its turn.
 //
 // A yield nobody used (the head's first try after it is granted) doubles
-// the run, up to MaxHandOffRun; one somebody used (that try is refused)
-// brings it back to HandOffRun. A process alone on a key so loses one
-// MaxDelay per MaxHandOffRun hand-offs, not per eight, and a waiter that
-// arrives elsewhere waits at most MaxHandOffRun critical sections, then
+// the run, up to MaxHandOffRun; one somebody used (that try is refused),
+// or one the store told everyone about (Wake), brings it back to
+// HandOffRun. A process alone on a key so loses one yield per
+// MaxHandOffRun hand-offs, not per eight, and a waiter that arrives
+// elsewhere waits at most MaxHandOffRun critical sections, then
 // HandOffRun while others keep waiting.
 const (
 	HandOffRun    = 8
 	MaxHandOffRun = 128
 )
 
-// Line queues a Locker's waiters per key, for stores that cannot wake a
-// waiter (set Poller.Line). Waiters of one key stand in arrival order and
-// only the head talks to the store: N waiters in a process cost the store
-// one poller, not N. The others wait in-process; one that gives up (its
-// context, its wait timeout, Close) leaves at once, and if it was the head
-// the next one takes over.
+// Line is a Locker's in-process queue of waiters, per key. The words:
 //
-// A release made through the same Locker (Released) makes the head try at
-// once: no poll gap for a hand-off within the process. After a run of
-// those the head waits a full poll instead (see HandOffRun).
+//   - A waiter takes a place in the key's line (Join); the places stand in
+//     arrival order, and the first is the head. Only the head talks to the
+//     store: N waiters in a process cost the store one asker, not N. A
+//     place's turn comes when it becomes the head (Turn).
+//   - A waiter that gives up (its context, its wait timeout, Close) leaves
+//     at once (Leave); if it was the head, the next one takes over. A head
+//     that leaves granted tells the next one that the key is held here:
+//     the next head waits out that lease (held) and does not ask the store
+//     until it is released or lost, since its refusal would be certain
+//     (and, on Redis, would mark the key for a release message). A head
+//     that leaves with an outage ends the wait of everyone then behind it:
+//     one asker's verdict on the store is the process's.
+//   - A release through the same Locker nudges the head (Released): it
+//     tries at once, or the release may hand the key straight to it in the
+//     store's own step (Offer, HandOver, Take). A run of such hand-offs is
+//     bounded (HandOffRun): the release that ends it makes the head yield.
+//   - News from the store (Wake: a release message, a subscription that
+//     may have missed one) makes the head look at once, and counts in no
+//     run.
 //
-// A head whose turn came because the waiter ahead was granted knows that
-// its own process holds the key: it does not ask the store until that
-// lease is released or lost (its Lost closes: released, renewal refused,
-// or the local deadline passed).
+// How long a head waits between looks is its Pace (Sleep): a polling
+// store's poll, a store that tells its waiters only a fallback.
 //
-// The zero Line is ready to use. It keeps an entry per key while waiters
-// stand in it, and after the last one leaves while the lease it was handed
-// is held (to count the run of hand-offs); a lease handed over that is
-// never released here successfully leaves its key's entry, a few dozen
-// bytes, until the key is waited for again.
+// The zero Line is ready to use. It keeps an entry per key while places
+// stand in it, and after the last one leaves while the lease it was
+// handed is held (to count the run); a lease handed over that is never
+// released here successfully leaves its key's entry, a few dozen bytes,
+// until the key is waited for again.
 type Line struct {
 	mu   sync.Mutex
 	keys map[string]*queue
+	// queues is len(keys), read without mu: a Locker nobody waits on
+	// answers Waiting and Offer without the mutex.
+	queues atomic.Int64
 }
 
 type queue struct {
-	places []*place // arrival order; places[0] is the head
+	places []*Place // arrival order; places[0] is the head
 	// handOffs counts the releases in a row that made the head try at
-	// once; a grant that came from a poll ends the run. run is how many
-	// may (0: HandOffRun).
+	// once or handed it the key; a grant that came otherwise ends the
+	// run. run is how many may (0: HandOffRun).
 	handOffs, run int
 }
 
-type place struct {
-	key  string
-	turn chan struct{} // closed once the place is head
-	// nudge carries a release made here while the place is head: true to
-	// try at once, false to yield (wait a full poll). Only the newest
-	// counts, so it holds one.
-	nudge chan bool
+// nudge is what a Locker tells its head between two looks at the store.
+type nudge uint8
+
+const (
+	tryNow nudge = iota + 1 // a release here the run allows, or a hand-over
+	yield                   // a release here that ends a run
+	news                    // the store says the key may be free (Wake)
+)
+
+// Place is a waiter's place in a Line.
+type Place struct {
+	key   string
+	ttl   time.Duration
+	turn  chan struct{} // closed once the place is head
+	nudge chan nudge    // only the newest counts, so it holds one
+	timer *time.Timer   // Sleep's, made on first use
+	// heldOut is set by the head's goroutine once it stops waiting out held.
+	heldOut bool
 	// Set under Line.mu before turn closes, read after.
 	held <-chan struct{} // the Lost of the lease granted to the waiter ahead
 	err  error           // the store was unreachable for a head ahead
 
-	// Kept by the head's own goroutine, read in leave: its last try came
-	// from a release here (woken); a release yielded to it (yielded), and a
-	// try after that was refused (yieldUsed: somebody else took the key).
+	// Under Line.mu: a release is handing the key over (offered), the
+	// place left meanwhile (gone), the grant made to it and not taken.
+	offered, gone bool
+	handed        any
+
+	// Kept by the head's own goroutine, read in Leave: its last look came
+	// from a release here (woken); a release yielded to it (yielded), and
+	// somebody else had the key or was told of it (yieldUsed).
 	woken, yielded, yieldUsed bool
 }
 
-// join puts a waiter for key at the end of the line.
-func (l *Line) join(key string) *place {
-	p := &place{key: key, turn: make(chan struct{}), nudge: make(chan bool, 1)}
+// Join puts a waiter for key at the end of the line. ttl is the lease it
+// asks for: what a grant handed to it (HandOver) is made for.
+func (l *Line) Join(key string, ttl time.Duration) *Place {
+	p := &Place{key: key, ttl: ttl, turn: make(chan struct{}), nudge: make(chan nudge, 1)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.keys == nil {
@@ -91,6 +124,7 @@ func (l *Line) join(key string) *place {
 	if q == nil {
 		q = &queue{}
 		l.keys[key] = q
+		l.queues.Add(1)
 	}
 	q.places = append(q.places, p)
 	if len(q.places) == 1 {
@@ -99,13 +133,45 @@ func (l *Line) join(key string) *place {
 	return p
 }
 
-// leave takes p out of the line. A head leaving hands the turn on: with
-// granted, the lease it was granted, which the next head waits out; with
-// outage, the error that ended its wait, which ends the wait of everyone
-// behind it too: one prober's verdict on the store is the process's.
-func (l *Line) leave(p *place, granted lockkit.Lease, outage error) {
+// Turn is closed once p is the head. Then Outage and Held are set.
+func (p *Place) Turn() <-chan struct{} { return p.turn }
+
+// Outage is the error that ended the wait of a head ahead of p, which
+// ends p's wait too; nil if none.
+func (p *Place) Outage() error { return p.err }
+
+// Held reports whether p's turn came because the waiter ahead was granted
+// the key, and that lease still holds it: the head should not ask the
+// store (Sleep waits it out).
+func (p *Place) Held() bool { return p.held != nil && !IsClosed(p.held) }
+
+// TTL is the lease p asks for.
+func (p *Place) TTL() time.Duration { return p.ttl }
+
+// Refused notes that the head's look at the store was refused: if it
+// yielded just before, somebody else used the yield.
+func (p *Place) Refused() { p.yieldUsed = p.yielded }
+
+// Waiting reports whether any waiter stands in key's line.
+func (l *Line) Waiting(key string) bool {
+	if l.queues.Load() == 0 {
+		return false
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	q := l.keys[key]
+	return q != nil && len(q.places) > 0
+}
+
+// Leave takes p out of the line. A head leaving hands the turn on: with
+// granted, the lease it was granted, which the next head waits out; with
+// outage, the error that ended its wait, which ends the wait of everyone
+// behind it too. It returns the grant handed to p and not taken, which the
+// caller must give up.
+func (l *Line) Leave(p *Place, granted lockkit.Lease, outage error) (untaken any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	untaken, p.handed, p.gone = p.handed, nil, p.offered
 	q := l.keys[p.key]
 	i := slices.Index(q.places, p)
 	q.places = slices.Delete(q.places, i, i+1)
@@ -114,22 +180,29 @@ func (l *Line) leave(p *place, granted lockkit.Lease, outage error) {
 	}
 	if len(q.places) == 0 {
 		// Two goroutines taking turns empty the line at every hand-off:
-		// the run of hand-offs is kept until the key is freed with nobody
-		// here waiting (Released), or granted by a poll.
+		// the run is kept until the key is freed with nobody here
+		// waiting (Released), or granted otherwise.
 		if q.handOffs == 0 {
-			delete(l.keys, p.key)
+			l.drop(p.key)
 		}
-		return
+		return untaken
 	}
 	if i == 0 {
 		q.passTurn(p, granted, outage)
 	}
+	return untaken
 }
 
-// countGrant updates the run of hand-offs for a grant to head, which
-// leaves: a grant that came from a poll ends the run; a yield nobody used
-// doubles the next run, one somebody used brings it back (see HandOffRun).
-func (q *queue) countGrant(head *place) {
+func (l *Line) drop(key string) {
+	delete(l.keys, key)
+	l.queues.Add(-1)
+}
+
+// countGrant updates the run for a grant to head, which leaves: a grant
+// that came otherwise than from a release here ends the run; a yield
+// nobody used doubles the next run, one somebody used brings it back (see
+// HandOffRun).
+func (q *queue) countGrant(head *Place) {
 	if !head.woken {
 		q.handOffs = 0
 	}
@@ -144,13 +217,13 @@ func (q *queue) countGrant(head *place) {
 // passTurn makes the next waiter head after head left, telling it what
 // head leaves it: the lease granted here to wait out, or the outage that
 // ends everyone's wait.
-func (q *queue) passTurn(head *place, granted lockkit.Lease, outage error) {
+func (q *queue) passTurn(head *Place, granted lockkit.Lease, outage error) {
 	next := q.places[0]
 	switch {
 	case granted != nil:
 		// Lost arms the lease's expiry timer: only when someone waits.
 		next.held = granted.Lost()
-	case outage == nil && head.held != nil && !IsClosed(head.held):
+	case outage == nil && head.Held():
 		// A head that gives up while its process holds the key passes on
 		// what it waited for: the next head need not ask the store either.
 		next.held = head.held
@@ -165,8 +238,11 @@ func (q *queue) passTurn(head *place, granted lockkit.Lease, outage error) {
 
 // Released tells the line that key was just freed by an owner-checked
 // release through the same Locker: its head tries at once, unless this
-// ends a run of such releases (see HandOffRun).
+// ends a run (see HandOffRun): then it yields.
 func (l *Line) Released(key string) {
+	if l.queues.Load() == 0 {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.keys[key]
@@ -174,25 +250,102 @@ func (l *Line) Released(key string) {
 		return
 	}
 	if len(q.places) == 0 {
-		delete(l.keys, key) // freed, and nobody here waits: the run is over
+		l.drop(key) // freed, and nobody here waits: the run is over
 		return
 	}
-	now := q.handOffs < max(q.run, HandOffRun)
-	if now {
+	n := yield
+	if q.handOffs < max(q.run, HandOffRun) {
+		n = tryNow
 		q.handOffs++
 	} else {
 		q.handOffs = 0
 	}
+	q.tell(n)
+}
+
+// Wake passes news from the store on to key's head: the key may be free
+// (a release message, a subscription that may have missed one, a release
+// here that failed). The head looks at once; the run is not counted.
+func (l *Line) Wake(key string) {
+	if l.queues.Load() == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q := l.keys[key]; q != nil && len(q.places) > 0 {
+		q.tell(news)
+	}
+}
+
+// tell nudges the head, unless it waits out a lease granted here: a
+// release closes its lease's Lost before it frees the key, so that lease
+// still open means this news is older than the grant the head waits out.
+func (q *queue) tell(n nudge) {
 	head := q.places[0]
-	if head.held != nil && !IsClosed(head.held) {
-		// A release closes its lease's Lost before it frees the key, so the
-		// head's lease still open means this news is older than the grant
-		// the head waits out (a poll won the key before it arrived).
+	if head.Held() || head.handed != nil {
 		return
 	}
 	select {
 	case <-head.nudge:
 	default:
 	}
-	head.nudge <- now
+	head.nudge <- n
+}
+
+// Offer returns the head of key's line, to which a release here may hand
+// the key in the store's own step, or nil if there is none or another
+// release is handing to it already. keep reports whether the run allows
+// a hand-over while waiters elsewhere want the key too; when it does not,
+// a release that frees the key for them calls Released, and the head
+// yields. Every Offer that returns a head must be ended with HandOver.
+func (l *Line) Offer(key string) (head *Place, keep bool) {
+	if l.queues.Load() == 0 {
+		return nil, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.keys[key]
+	if q == nil || len(q.places) == 0 {
+		return nil, false
+	}
+	head = q.places[0]
+	if head.offered || head.handed != nil {
+		return nil, false
+	}
+	head.offered = true
+	return head, q.handOffs < max(q.run, HandOffRun)
+}
+
+// HandOver ends an Offer to head: grant is the store's record of the key
+// granted to it (opaque to the line), nil if none was made. A grant counts
+// in the run, and head takes it (Take). It reports false if head has left
+// meanwhile: the grant is then the caller's to give up.
+func (l *Line) HandOver(head *Place, grant any) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	head.offered = false
+	if head.gone {
+		return false
+	}
+	if grant != nil {
+		head.handed = grant
+		l.keys[head.key].handOffs++
+		select {
+		case <-head.nudge:
+		default:
+		}
+		head.nudge <- tryNow
+	}
+	return true
+}
+
+// Take returns the grant handed to p, if any; p then holds it.
+func (l *Line) Take(p *Place) any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h := p.handed
+	if h != nil {
+		p.handed, p.woken = nil, true
+	}
+	return h
 }

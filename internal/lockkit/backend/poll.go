@@ -54,42 +54,51 @@ func (p Poller) Acquire(ctx context.Context, o lockkit.Options, try func(tryCtx 
 	waitCtx, cancel := WaitContext(ctx, o)
 	defer cancel()
 	if p.Line == nil {
-		return p.poll(ctx, waitCtx, nil, try)
+		return p.poll(ctx, waitCtx, &Place{}, try)
 	}
-	w := p.Line.join(p.Key)
+	w := p.Line.Join(p.Key, o.TTL)
 	select {
-	case <-w.turn:
+	case <-w.Turn():
 	case <-p.Closed:
-		p.Line.leave(w, nil, nil)
+		p.Line.Leave(w, nil, nil)
 		return nil, lockkit.ErrClosed
 	case <-waitCtx.Done():
-		p.Line.leave(w, nil, nil)
+		p.Line.Leave(w, nil, nil)
 		return nil, WaitErr(ctx, waitCtx)
 	}
-	if w.err != nil {
+	if err := w.Outage(); err != nil {
 		// The head that found the outage told everyone then in line;
 		// who joined since tries for itself.
-		p.Line.leave(w, nil, nil)
-		return nil, w.err
+		p.Line.Leave(w, nil, nil)
+		return nil, err
 	}
 	lease, err := p.poll(ctx, waitCtx, w, try)
 	var outage error
 	if errors.Is(err, lockkit.ErrUnavailable) {
 		outage = err
 	}
-	p.Line.leave(w, lease, outage)
+	p.Line.Leave(w, lease, outage)
 	return lease, err
 }
 
-// poll is the loop of a lone waiter (w nil) or of a line's head, which
-// notes in w how its tries came about.
-func (p Poller) poll(ctx, waitCtx context.Context, w *place, try func(context.Context) (lockkit.Lease, error)) (lockkit.Lease, error) {
-	pw := newPollWait(p, w)
-	defer pw.timer.Stop()
+// poll is the loop of a lone waiter (a place in no line) or of a line's
+// head.
+func (p Poller) poll(ctx, waitCtx context.Context, w *Place, try func(context.Context) (lockkit.Lease, error)) (lockkit.Lease, error) {
+	backoff := p.MinDelay
+	pause := func() time.Duration {
+		if !p.Backoff {
+			return p.MinDelay + rand.N(p.MaxDelay-p.MinDelay+1)
+		}
+		d := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, p.MaxDelay)
+		return d
+	}
+	// Every remote head polls within MaxDelay: a yield that long lets one.
+	pace := Pace{Closed: p.Closed, Yield: p.MaxDelay, AfterHeld: pause}
 	var wait time.Duration // before the next try
 	down := 0
 	for {
-		if err := pw.sleep(ctx, waitCtx, wait); err != nil {
+		if err := w.Sleep(ctx, waitCtx, wait, pace); err != nil {
 			return nil, err
 		}
 		lease, err := p.tryOnce(ctx, waitCtx, try)
@@ -97,7 +106,8 @@ func (p Poller) poll(ctx, waitCtx context.Context, w *place, try func(context.Co
 		case err != nil && waitCtx.Err() != nil:
 			return nil, WaitErr(ctx, waitCtx)
 		case errors.Is(err, lockkit.ErrNotAcquired):
-			down, pw.w.yieldUsed = 0, pw.w.yielded
+			down = 0
+			w.Refused()
 		case errors.Is(err, lockkit.ErrUnavailable):
 			if down++; down >= p.Outage {
 				return nil, err
@@ -105,75 +115,8 @@ func (p Poller) poll(ctx, waitCtx context.Context, w *place, try func(context.Co
 		default:
 			return lease, err
 		}
-		pw.w.woken, wait = false, pw.pause()
+		wait = pause()
 	}
-}
-
-// pollWait is what a poll waits on between its tries.
-type pollWait struct {
-	p       Poller
-	w       *place
-	nudge   <-chan bool
-	held    <-chan struct{}
-	timer   *time.Timer
-	backoff time.Duration
-}
-
-func newPollWait(p Poller, w *place) *pollWait {
-	pw := &pollWait{p: p, w: w, backoff: p.MinDelay, timer: time.NewTimer(time.Hour)}
-	pw.timer.Stop()
-	if w == nil {
-		pw.w = &place{} // notes nobody reads
-	} else {
-		pw.nudge, pw.held = w.nudge, w.held
-	}
-	return pw
-}
-
-// pause is the next jittered delay between two tries.
-func (pw *pollWait) pause() time.Duration {
-	p := pw.p
-	if !p.Backoff {
-		return p.MinDelay + rand.N(p.MaxDelay-p.MinDelay+1)
-	}
-	d := pw.backoff/2 + rand.N(pw.backoff/2+1)
-	pw.backoff = min(2*pw.backoff, p.MaxDelay)
-	return d
-}
-
-// sleep returns when the next try is due: wait has passed, or a release
-// here nudged the head. A head whose turn came with a grant here (held)
-// waits without a timer: that lease's release here nudges it, and a lease
-// that ends otherwise closes held. It fails if the wait ends first.
-func (pw *pollWait) sleep(ctx, waitCtx context.Context, wait time.Duration) error {
-	for pw.held != nil || wait > 0 {
-		var tick <-chan time.Time
-		if pw.held == nil {
-			pw.timer.Reset(wait)
-			tick = pw.timer.C
-		}
-		select {
-		case now := <-pw.nudge:
-			pw.held, pw.w.woken = nil, now
-			if wait = 0; !now {
-				wait = pw.p.MaxDelay // every remote head polls within it
-				pw.w.yielded, pw.w.yieldUsed = true, false
-			}
-		case <-pw.held:
-			pw.held, wait = nil, pw.pause()
-		case <-tick:
-			wait = 0
-		case <-pw.p.Closed:
-			return lockkit.ErrClosed
-		case <-waitCtx.Done():
-			return WaitErr(ctx, waitCtx)
-		}
-		pw.timer.Stop()
-	}
-	if waitCtx.Err() != nil {
-		return WaitErr(ctx, waitCtx)
-	}
-	return nil
 }
 
 // tryOnce runs one try on the caller's context, bounded by the wait's

@@ -38,6 +38,10 @@ type subject struct {
 	// perGoroutine gives every goroutine its own client, as if each were a
 	// process of its own; otherwise all goroutines share one.
 	perGoroutine bool
+	// lockers, if set, opens that many clients (processes) with perLocker
+	// goroutines each, in place of the contended run's goroutines: the
+	// shape where waiters queue in several processes at once.
+	lockers, perLocker int
 	// contendedOnly marks a variant that differs from its twin only when
 	// contended.
 	contendedOnly bool
@@ -90,6 +94,7 @@ func redisGroup() group {
 		subjects: []subject{
 			{name: "shop-redis", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second))},
 			{name: "shop-redis-per-client", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second)), perGoroutine: true, contendedOnly: true},
+			{name: "shop-redis-3-lockers-4-each", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second)), lockers: 3, perLocker: 4, contendedOnly: true},
 			{name: "shop-redis-fair", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair())},
 			{name: "shop-redis-fair-per-client", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair()), perGoroutine: true, contendedOnly: true},
 			{name: "redsync", newAcquirer: func(b *testing.B) Acquirer {
@@ -194,16 +199,21 @@ func BenchmarkContended(b *testing.B) {
 			rt := measureRoundTrip(b, g.roundTrip(b))
 			for _, s := range inRoundOrder(g.subjects) {
 				b.Run(s.name, func(b *testing.B) {
+					c, clients := contention, 1
+					switch {
+					case s.lockers > 0:
+						c.Goroutines, clients = s.lockers*s.perLocker, s.lockers
+					case s.perGoroutine:
+						clients = c.Goroutines
+					}
 					acquirers := []Acquirer{s.newAcquirer(b)}
-					if s.perGoroutine {
-						for len(acquirers) < contention.Goroutines {
-							acquirers = append(acquirers, s.newAcquirer(b))
-						}
+					for len(acquirers) < clients {
+						acquirers = append(acquirers, s.newAcquirer(b))
 					}
 					key := fmt.Sprintf("contended-%d", time.Now().UnixNano())
 					var r Result
 					for b.Loop() {
-						r = Contend(context.Background(), acquirers, key, contention, rt)
+						r = Contend(context.Background(), acquirers, key, c, rt)
 					}
 					b.ReportMetric(r.CyclesPerSec, "cycles/s")
 					b.ReportMetric(ms(r.P50), "p50-ms")

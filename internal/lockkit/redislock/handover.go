@@ -10,59 +10,65 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
-// yieldWake is how late a release that freed a marked key for the waiters
-// elsewhere wakes the head here, should the release message not reach
-// it: long after a waiter elsewhere has heard the message and asked.
-const yieldWake = 20 * time.Millisecond
+// handover is a grant a release here made to the head of the line.
+type handover struct {
+	owner string // fresh, not the waiter's own: see handover.lua
+	fence uint64
+	sent  time.Time // when the releaser sent it, before the grant began
+}
 
 // handOver releases a plain lease of owner by granting the key to the
-// plain waiter at the head here, in the same script, unless a waiter
-// marked the key and the run of hand-overs here has reached
-// backend.HandOffRun (handover.lua); handled is false if there is no such
-// waiter, or Redis refused the script, and the caller releases as usual.
+// head of the Locker's line, in the same script (handover.lua), while the
+// line's run allows it (backend.Line.Offer's keep) or nobody elsewhere
+// marked the key. A release that ends a run and finds the mark frees the
+// key for all and publishes, and the head here yields (Line.Released):
+// it races the waiters elsewhere on the message. handled is false if
+// there is no head to hand to, or Redis refused the script, and the
+// caller releases as usual.
 // One round trip instead of two pays: in interleaved A/B rounds of
-// BenchmarkContended/redis/shop-redis, a build without hand-overs made a
-// median 0.87 of the cycles/s per round (docs/backends-redis.md).
+// BenchmarkContended/redis (14 rounds, ABBA), a build whose releases free
+// the key and call Line.Released made a median 0.81 of the cycles/s per
+// round on shop-redis and 0.86 on shop-redis-3-lockers-4-each
+// (docs/backends-redis.md).
 //
-// The run is what a process with waiters of its own gains from a hand-over
-// in one call while others wait too. Without it every release with a
-// waiter elsewhere freed the key, and its waiters in every process raced
-// for it, a release, a message and an acquire later.
 // Like a plain release it runs on the caller's context alone and does not
 // hold Close up; a grant whose waiter left, or whose outcome is unknown,
 // is freed (free).
 func (l *Locker) handOver(ctx context.Context, ks keyset, owner string) (handled bool, err error) {
-	w, keep := l.room.offer(ks)
-	if w == nil {
+	// Fair waiters here wait their turn in Redis's queue: no hand-over
+	// past them.
+	if l.closing.Err() != nil || l.room.fairWaiting(ks) {
+		return false, nil
+	}
+	head, keep := l.line.Offer(string(ks))
+	if head == nil {
+		return false, nil
+	}
+	// A TTL under a millisecond would be PX 0, which Redis refuses: such
+	// a head asks Redis itself and learns so.
+	if head.TTL() < time.Millisecond {
+		l.line.HandOver(head, nil)
 		return false, nil
 	}
 	to, sent := l.newOwner(), time.Now()
 	// go-redis sends keep as "1" or "0".
-	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.fence()}, owner, to, w.ttl.Milliseconds(), keep).Int64()
+	res, err := handOverScript.Run(ctx, l.client, []string{ks.lock(), ks.fence()}, owner, to, head.TTL().Milliseconds(), keep).Int64()
 	switch {
 	case err == nil && res > 0:
-		l.room.handedOver(ks)
-		if !l.room.settle(w, &handover{ks: ks, owner: to, fence: uint64(res), sent: sent}) {
+		if !l.line.HandOver(head, &handover{owner: to, fence: uint64(res), sent: sent}) {
 			l.free(ks, to) // the waiter has left
 		}
 		return true, nil
 	case err == nil && res < 0:
-		// Freed for the waiters elsewhere, and all were told, the head
-		// here too: it races them on the same message, not ahead of it,
-		// or it would win nearly every time and start the next run. It
-		// is woken here as well, late, in case the message does not come
-		// (a stalled subscription): it may not have marked the key,
-		// knowing it held here.
-		l.room.settle(w, nil)
-		l.room.freed(ks)
-		time.AfterFunc(yieldWake, func() { l.room.wakeIfHead(w) })
+		l.line.HandOver(head, nil)
+		l.line.Released(string(ks)) // the run is spent: the head yields
 		return true, nil
 	}
-	l.room.settle(w, nil)
+	l.line.HandOver(head, nil)
 	// Wake the head here whatever the outcome, as a plain release does: it
 	// may not have marked the key, knowing it held here, and a release
 	// that failed sends no message.
-	l.room.wake(ks, "")
+	l.room.deliver(ks.channel(), "")
 	return l.handOverFailed(ctx, ks, to, err)
 }
 

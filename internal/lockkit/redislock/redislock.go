@@ -89,6 +89,7 @@ type Locker struct {
 	client        redis.UniversalClient
 	prefix        string
 	waiterTimeout time.Duration
+	line          backend.Line // plain waiters, per key
 	room          *waitRoom
 	id            string        // random, names this Locker in owner values
 	seq           atomic.Uint64 // numbers its acquisitions
@@ -124,7 +125,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Locker, error) {
 		opt(l)
 	}
 	l.closing, l.shutdown = context.WithCancel(context.Background())
-	l.room = newWaitRoom(client, l.free)
+	l.room = newWaitRoom(client, &l.line)
 	return l, nil
 }
 
@@ -171,7 +172,7 @@ func (k keyset) fence() string     { return string(k) + ":fence" }
 func (k keyset) queue() string     { return string(k) + ":queue" }
 func (k keyset) deadlines() string { return string(k) + ":waiters" }
 func (k keyset) wanted() string    { return string(k) + ":wanted" } // see fair_release.lua
-func (k keyset) channel() string   { return string(k) + ":released" }
+func (k keyset) channel() string   { return string(k) + releasedSuffix }
 
 // acquisition is one call of Acquire or TryAcquire: what it asks for, and
 // the owner value its grant is made to.
@@ -202,10 +203,10 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 	return lease, err
 }
 
-// Acquire waits for key. Plain waiters of one process queue here in arrival
-// order and only the first of them asks Redis; fair waiters take their
-// place in the key's Redis queue on arrival, so that arrival order holds
-// across processes. A waiter wakes on the release message, on a release by
+// Acquire waits for key. Plain waiters of one process stand in its line
+// (backend.Line) in arrival order and only the head asks Redis; fair
+// waiters take their place in the key's Redis queue on arrival, so that
+// arrival order holds across processes. A waiter wakes on the release message, on a release by
 // this process, on a (re)subscription that may have missed a release, or
 // when the holder's TTL runs out (a crashed holder sends no message).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
@@ -227,7 +228,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 	// does without the Locker's closing signal: registering with it costs
 	// the uncontended path.
 	pttl := time.Duration(0)
-	if a.o.Fair || !l.room.busy(a.ks) {
+	if a.o.Fair || !l.line.Waiting(string(a.ks)) {
 		lease, holderPTTL, err := l.attempt(bounded, a, arriving)
 		if lease != nil || err != nil {
 			return lease, l.waitErr(ctx, bounded, err)
@@ -328,10 +329,10 @@ func (l *Locker) extend(ctx context.Context, ks keyset, owner string, ttl time.D
 	return nil
 }
 
-// release is a lease's Release: a plain lease hands the key to the plain
-// waiter at the head here if there is one (handOver), and otherwise frees
-// it and tells the waiters, if it was marked (release.lua); a fair one
-// names the queue's head (fair_release.lua).
+// release is a lease's Release: a plain lease hands the key to the head
+// of the line here if there is one (handOver), and otherwise frees it and
+// tells the waiters, if it was marked (release.lua), and the line here
+// (Line.Released); a fair one names the queue's head (fair_release.lua).
 func (l *Locker) release(ctx context.Context, ks keyset, owner string, fair bool) error {
 	if !fair {
 		if handled, err := l.handOver(ctx, ks, owner); handled {
@@ -347,14 +348,16 @@ func (l *Locker) release(ctx context.Context, ks keyset, owner string, fair bool
 	// message it sent.
 	next, _ := res.(string)
 	freed := err == nil && res != int64(0)
-	if freed {
-		l.room.freed(ks)
+	// Our own waiters need not wait for the message's round trip. Tell
+	// them whatever the outcome: the head here may not have marked the key
+	// (it knew the key was held here), and a release that failed or found
+	// the lease gone sends nothing.
+	if freed && !fair {
+		l.line.Released(string(ks))
+		l.room.wakeFair(ks.channel(), "")
+	} else {
+		l.room.deliver(ks.channel(), next)
 	}
-	// Our own waiters need not wait for the message's round trip. Wake
-	// them whatever the outcome: the next one here may not have marked the
-	// key (it knew the key was held here), and a release that failed or
-	// found the lease gone sends nothing.
-	l.room.wake(ks, next)
 	if err != nil {
 		return unavailable(ctx, err)
 	}

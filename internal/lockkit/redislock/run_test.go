@@ -44,13 +44,13 @@ func streamHere(t *testing.T, l *redislock.Locker, key string, n int, hold, thin
 	return &grants, func() { close(stop); wg.Wait() }
 }
 
-// Two goroutines here taking turns: each hand-over empties the local queue
-// (the waiter it went to leaves the room), so the room is deleted, and the
-// releaser that comes back creates a new one. A run counted in the room
-// started again at 0 each time, never reached backend.HandOffRun, and a
-// waiter elsewhere was never let in (788 grants here, then its 5 s ran
-// out), although the key was marked all along.
-func TestRunSurvivesRoomRecreatedByTwoGoroutinesTakingTurns(t *testing.T) {
+// Two goroutines here taking turns: each hand-over empties the line (the
+// waiter it went to leaves), and the releaser that comes back joins it
+// again. A run counted with the places would start again at 0 each time,
+// never reach backend.HandOffRun, and a waiter elsewhere would never be
+// let in (788 grants here, then its 5 s ran out), although the key was
+// marked all along.
+func TestRunSurvivesLineEmptiedByTwoGoroutinesTakingTurns(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	a, b := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
 	ctx := context.Background()
@@ -70,8 +70,9 @@ func TestRunSurvivesRoomRecreatedByTwoGoroutinesTakingTurns(t *testing.T) {
 	n := grants.Load() - start
 	t.Logf("waiter elsewhere granted after %d grants here", n)
 	// Runs of backend.HandOffRun, each followed by a race on the release
-	// message: TestWaiterElsewhereNotStarvedByHandOversHere saw up to 36
-	// with three goroutines; before the run, this test saw 0 to 8.
+	// message (a race the head here wins does not lengthen the next run):
+	// TestWaiterElsewhereNotStarvedByHandOversHere saw up to 36 with three
+	// goroutines.
 	if n > 100 {
 		t.Errorf("waiter elsewhere granted after %d grants here; want a run of %d, then the key freed", n, 8)
 	}
@@ -96,18 +97,17 @@ func TestRunAloneOnKeyDoesNotYieldToItself(t *testing.T) {
 			msgs.Add(1)
 		}
 	}()
-	grants, stop := streamHere(t, a, key, 3, 30*time.Millisecond, 0) // longer than yieldWake
+	grants, stop := streamHere(t, a, key, 3, 30*time.Millisecond, 0) // longer than a yield's wait for the message
 	time.Sleep(2 * time.Second)
 	stop()
 	time.Sleep(100 * time.Millisecond)
 	t.Logf("%d grants, %d release messages, nobody elsewhere", grants.Load(), msgs.Load())
 	// Nobody elsewhere waits: after the first waiter's own mark (its
 	// subscription's confirmation wakes it to ask) is used up, every
-	// release should hand over. Before the run: 1 message. A late wake
-	// (yieldWake) that reached whoever was head by then (8 messages in 67
-	// grants) woke a head whose turn came from a grant here: it asked
-	// while the key was held here, marked it again for pttl + 1 s, and so
-	// the process yielded to itself after every run.
+	// release should hand over. A head whose turn came from a grant here
+	// that asked while the key was held here would mark it again, and the
+	// process would yield to itself after every run (8 messages in 67
+	// grants).
 	if m := msgs.Load(); m > 3 {
 		t.Errorf("a process alone on its key freed it %d times in %d grants; want it handed on", m, grants.Load())
 	}
@@ -115,10 +115,9 @@ func TestRunAloneOnKeyDoesNotYieldToItself(t *testing.T) {
 
 // With a waiter elsewhere marking the key, exactly backend.HandOffRun
 // releases here hand over (no message) and the next one frees the key and
-// publishes; a Close right after that release, while its late wake
-// (yieldWake) is pending, leaves no goroutine behind and the remote waiter
-// is granted.
-func TestRunOfEightThenFreedAndCloseDuringLateWake(t *testing.T) {
+// publishes; a Close right after that release, while the head here
+// yields, leaves no goroutine behind and the remote waiter is granted.
+func TestRunOfEightThenFreedAndCloseDuringYield(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	admin := newClient(t, addr)
 	client := newClient(t, addr)
@@ -170,7 +169,7 @@ func TestRunOfEightThenFreedAndCloseDuringLateWake(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the release after a run of 8 with a waiter elsewhere sent no message")
 	}
-	_ = here.Close() // its late wake still pending
+	_ = here.Close() // the head here still yielding
 	for i := 8; i < n; i++ {
 		if got := <-waiters[i]; got.err == nil {
 			_ = got.lease.Release(ctx)

@@ -3,58 +3,100 @@ package redislock
 import (
 	"cmp"
 	"context"
+	"errors"
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
-// wait queues a refused Acquire in the wait room until it is granted, or
-// its wait or the Locker ends. pttl is what the holder's lease had left
-// when the first attempt was refused: the waiter looks again by then.
+// Pace of a plain head (backend.Pace). Redis tells a waiter of a release
+// by a message, so a head never polls; these bound how long it trusts a
+// message, or news from here, to come.
+const (
+	// messageGrace is how long a head that yielded after a run (the
+	// release freed the key for the waiters elsewhere and published) waits
+	// for that message before it looks on its own, should the message not
+	// come (a stalled subscription): it races the waiters elsewhere on the
+	// message, not ahead of it, or it would win nearly every time.
+	messageGrace = 20 * time.Millisecond
+	// heldGrace is when a head that waited out a lease held here looks
+	// after that lease ended with no word from here: it was lost, not
+	// released (a release here always nudges or wakes the head, or hands
+	// it the key). Long enough for a release under way to say so first on
+	// a loaded machine: a look before would mark the key.
+	heldGrace = 200 * time.Millisecond
+)
+
+var pace = backend.Pace{Yield: messageGrace, AfterHeld: func() time.Duration { return heldGrace }}
+
+// wait waits for a refused Acquire's key until it is granted, or its wait
+// or the Locker ends. pttl is what the holder's lease had left when the
+// first attempt was refused: the waiter looks again by then.
 func (l *Locker) wait(ctx, bounded context.Context, a acquisition, pttl time.Duration) (lockkit.Lease, error) {
 	waitCtx, cancel := context.WithCancel(bounded)
 	defer cancel()
 	defer context.AfterFunc(l.closing, cancel)()
-	w, subscribed, err := l.room.join(waitCtx, a.ks.channel(), a.owner, a.o.Fair, a.o.TTL)
-	if err != nil {
-		if a.o.Fair {
-			l.abandonLater(a.ks, a.owner) // leave the queue
-		}
-		return nil, l.waitErr(ctx, waitCtx, err)
+	var lease lockkit.Lease
+	var err error
+	if a.o.Fair {
+		lease, err = l.waitFair(waitCtx, a, pttl)
+	} else {
+		lease, err = l.waitInLine(ctx, waitCtx, a, pttl)
 	}
-	// The confirmation of our SUBSCRIBE wakes us; otherwise a release may
-	// have come before we joined.
-	look := !subscribed
-	if w.heldHere > 0 {
-		// Our turn came because the waiter ahead was granted the key:
-		// asking now would be refused. Its release by this process wakes
-		// us, and a lease that ends otherwise has run out by then.
-		look, pttl = false, w.heldHere
-	}
-	lease, err := l.waitTurn(waitCtx, a, w, look, pttl)
-	granted := time.Duration(0) // the TTL of our grant, if we got one
-	if lease != nil {
-		granted = a.o.TTL
-	}
-	l.room.leave(w, granted)
 	if err != nil {
 		return nil, l.waitErr(ctx, waitCtx, err)
 	}
 	return lease, nil
 }
 
-// waitTurn asks Redis for the key whenever w is woken, or wait has passed
-// since it last heard, until it is granted (by Redis or by a release here)
-// or waitCtx ends. A fair waiter calls in at least every third of the
-// waiter timeout to keep its place.
-func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter, look bool, wait time.Duration) (lockkit.Lease, error) {
-	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
-	// leave a stale tick behind, so no draining is needed.
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+// waitInLine takes a plain waiter's place in the Locker's line and waits
+// for its turn and then for the key. A grant handed to it and not taken
+// is freed as it leaves; an outage it found as head ends the wait of those
+// behind it.
+func (l *Locker) waitInLine(ctx, waitCtx context.Context, a acquisition, pttl time.Duration) (lockkit.Lease, error) {
+	p := l.line.Join(string(a.ks), a.o.TTL)
+	lease, err := l.inLine(waitCtx, a, p, pttl)
+	var outage error
+	if errors.Is(l.waitErr(ctx, waitCtx, err), lockkit.ErrUnavailable) && p.Outage() == nil {
+		outage = err
+	}
+	if h, _ := l.line.Leave(p, lease, outage).(*handover); h != nil {
+		l.free(a.ks, h.owner)
+	}
+	return lease, err
+}
+
+func (l *Locker) inLine(waitCtx context.Context, a acquisition, p *backend.Place, pttl time.Duration) (lockkit.Lease, error) {
+	first := backend.IsClosed(p.Turn())
+	// Subscribed after joining: the confirmation then finds the place.
+	subscribed, err := l.room.enter(waitCtx, a.ks, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer l.room.exit(a.ks, nil)
+	select {
+	case <-p.Turn():
+	case <-waitCtx.Done():
+		return nil, waitCtx.Err()
+	}
+	if err := p.Outage(); err != nil {
+		return nil, err
+	}
+	// The confirmation of our SUBSCRIBE wakes a head that sent it;
+	// otherwise a release may have come before it joined, or its turn is
+	// news of its own. A turn that came with a grant here waits that
+	// lease out: asking now would be refused, and would mark the key.
+	look := !(first && subscribed) && !p.Held()
+	return l.waitTurn(waitCtx, a, p, look, pttl)
+}
+
+// waitTurn is the head's loop: it asks Redis for the key whenever it
+// should look (backend.Place.Sleep), until it is granted (by Redis or by
+// a hand-over here) or waitCtx ends.
+func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, p *backend.Place, look bool, wait time.Duration) (lockkit.Lease, error) {
 	for {
-		if lease := l.takeHandOver(a, w); lease != nil {
+		if lease := l.takeHandOver(a, p); lease != nil {
 			return lease, nil
 		}
 		if look {
@@ -62,37 +104,63 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter, loo
 			if lease != nil || err != nil {
 				return lease, err
 			}
+			p.Refused()
 			wait = pttl
 		}
 		look = true
-		if a.o.Fair {
-			wait = min(wait, l.waiterTimeout/3)
-		}
-		timer.Reset(max(wait, time.Millisecond))
-		select {
-		case <-w.wake:
-		case <-timer.C:
-		case <-waitCtx.Done():
-			if a.o.Fair {
-				l.abandonLater(a.ks, a.owner)
-			}
-			return nil, waitCtx.Err()
+		if err := p.Sleep(waitCtx, waitCtx, max(wait, time.Millisecond), pace); err != nil {
+			return nil, err
 		}
 	}
 }
 
-// takeHandOver returns the lease of a grant a release here handed to w,
-// if any. Once closing it is not taken: leave frees it, and the caller
-// gets ErrClosed, as Close promises.
-func (l *Locker) takeHandOver(a acquisition, w *waiter) lockkit.Lease {
+// takeHandOver returns the lease of a grant a release here handed to p,
+// if any. Once closing it is not taken: Leave returns it to be freed, and
+// the caller gets ErrClosed, as Close promises.
+func (l *Locker) takeHandOver(a acquisition, p *backend.Place) lockkit.Lease {
 	if l.closing.Err() != nil {
 		return nil
 	}
-	h := l.room.take(w)
+	h, _ := l.line.Take(p).(*handover)
 	if h == nil {
 		return nil
 	}
 	return l.newLease(a, h.owner, h.fence, h.sent)
+}
+
+// waitFair waits as a fair waiter: it calls in whenever it is woken (a
+// release message names it, or names nobody), or its wait has passed, and
+// at least every third of the waiter timeout to keep its place in the
+// key's Redis queue.
+func (l *Locker) waitFair(waitCtx context.Context, a acquisition, wait time.Duration) (lockkit.Lease, error) {
+	w := &waiter{owner: a.owner, wake: make(chan struct{}, 1)}
+	subscribed, err := l.room.enter(waitCtx, a.ks, w)
+	if err != nil {
+		l.abandonLater(a.ks, a.owner) // leave the queue
+		return nil, err
+	}
+	defer l.room.exit(a.ks, w)
+	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
+	// leave a stale tick behind, so no draining is needed.
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for look := !subscribed; ; look = true {
+		if look {
+			lease, pttl, err := l.attempt(waitCtx, a, waiting)
+			if lease != nil || err != nil {
+				return lease, err
+			}
+			wait = pttl
+		}
+		timer.Reset(max(min(wait, l.waiterTimeout/3), time.Millisecond))
+		select {
+		case <-w.wake:
+		case <-timer.C:
+		case <-waitCtx.Done():
+			l.abandonLater(a.ks, a.owner)
+			return nil, waitCtx.Err()
+		}
+	}
 }
 
 // waitErr is what Acquire answers when a call under waitCtx, which ctx
