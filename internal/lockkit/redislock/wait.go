@@ -63,7 +63,7 @@ func (l *Locker) waitInLine(ctx, waitCtx context.Context, a acquisition, pttl ti
 	p := l.line.Join(string(a.ks), a.o.TTL)
 	lease, err := l.inLine(waitCtx, a, p, pttl)
 	var outage error
-	if errors.Is(l.waitErr(ctx, waitCtx, err), lockkit.ErrUnavailable) && p.Outage() == nil {
+	if errors.Is(l.waitErr(ctx, waitCtx, err), lockkit.ErrUnavailable) {
 		outage = err
 	}
 	if h, _ := l.line.Leave(p, lease, outage).(*handover); h != nil {
