@@ -137,7 +137,7 @@ func (l *Line) Join(key string, ttl time.Duration) *Place {
 func (p *Place) Turn() <-chan struct{} { return p.turn }
 
 // Outage is the error that ended the wait of a head ahead of p, which
-// ends p's wait too; nil if none.
+// ends p's wait too; nil if none. Read it once Turn is closed.
 func (p *Place) Outage() error { return p.err }
 
 // Held reports whether p's turn came because the waiter ahead was granted
@@ -172,6 +172,11 @@ func (l *Line) Leave(p *Place, granted lockkit.Lease, outage error) (untaken any
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	untaken, p.handed, p.gone = p.handed, nil, p.offered
+	if p.err != nil {
+		// Inherited: those behind p were told with it; who joined since
+		// tries for itself.
+		outage = nil
+	}
 	q := l.keys[p.key]
 	i := slices.Index(q.places, p)
 	q.places = slices.Delete(q.places, i, i+1)

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -179,4 +180,25 @@ func TestLineNewsEndsAYieldAndKeepsTheRunShort(t *testing.T) {
 		t.Fatalf("run after a yield ended by news: %d, want %d", run, HandOffRun)
 	}
 	l.Leave(second, nil, nil)
+}
+
+// An outage ends the wait of those in line when the head found it, not of
+// those who joined since: a place that inherited it and leaves with it,
+// as a backend passes on whatever ended its wait, tells nobody.
+func TestLineOutageReachesOnlyThoseThenInLine(t *testing.T) {
+	var l Line
+	head, told := l.Join("k", time.Second), l.Join("k", time.Second)
+	down := errors.New("store down")
+	l.Leave(head, nil, down)
+	<-told.Turn()
+	if told.Outage() != down {
+		t.Fatalf("the place behind the head has outage %v, want %v", told.Outage(), down)
+	}
+	later := l.Join("k", time.Second)
+	l.Leave(told, nil, told.Outage())
+	<-later.Turn()
+	if err := later.Outage(); err != nil {
+		t.Errorf("a place that joined after the outage was found inherited %v", err)
+	}
+	l.Leave(later, nil, nil)
 }

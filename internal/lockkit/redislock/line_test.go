@@ -195,3 +195,42 @@ func TestWaiterBehindGrantHereWokenWhenReleaseReplyLost(t *testing.T) {
 			lock, admin.Exists(ctx, lock).Val())
 	}
 }
+
+// One reply lost on a healthy Redis is weather, not an outage: it may end
+// the wait of the head whose call it was, but the waiters behind it are
+// granted once the key is free.
+func TestLostReplyDoesNotEndTheLine(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	d := newReplyDropper(t, addr)
+	holder := newLocker(t, newClient(t, addr))
+	c := redis.NewClient(&redis.Options{Addr: d.addr, ContextTimeoutEnabled: true,
+		ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	l := newLocker(t, c)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	held := hold(t, holder, key)
+	var waiters []<-chan acquired
+	for range 3 {
+		waiters = append(waiters, acquireAsync(l, ctx, key, lockkit.WithWaitTimeout(20*time.Second)))
+		time.Sleep(200 * time.Millisecond) // in line in this order, the head asleep
+	}
+	d.drop.Store(true) // the reply to the head's look once the key frees
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range waiters {
+		select {
+		case got := <-w:
+			switch {
+			case got.err == nil:
+				_ = got.lease.Release(ctx)
+			case i > 0 || !errors.Is(got.err, lockkit.ErrUnavailable):
+				t.Fatalf("waiter %d, one reply lost on a healthy Redis: %v", i, got.err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("waiter %d still waits after one lost reply", i)
+		}
+	}
+}

@@ -28,6 +28,11 @@ const (
 	heldGrace = 200 * time.Millisecond
 )
 
+// outage is how many looks running that could not reach Redis end a
+// head's wait, and so the wait of those behind it (backend.Line): one lost
+// reply on a loaded network is weather, not the process's verdict.
+const outage = 2
+
 var pace = backend.Pace{Yield: messageGrace, AfterHeld: func() time.Duration { return heldGrace }}
 
 // wait waits for a refused Acquire's key until it is granted, or its wait
@@ -58,7 +63,7 @@ func (l *Locker) waitInLine(ctx, waitCtx context.Context, a acquisition, pttl ti
 	p := l.line.Join(string(a.ks), a.o.TTL)
 	lease, err := l.inLine(waitCtx, a, p, pttl)
 	var outage error
-	if errors.Is(l.waitErr(ctx, waitCtx, err), lockkit.ErrUnavailable) && p.Outage() == nil {
+	if errors.Is(l.waitErr(ctx, waitCtx, err), lockkit.ErrUnavailable) {
 		outage = err
 	}
 	if h, _ := l.line.Leave(p, lease, outage).(*handover); h != nil {
@@ -93,19 +98,27 @@ func (l *Locker) inLine(waitCtx context.Context, a acquisition, p *backend.Place
 
 // waitTurn is the head's loop: it asks Redis for the key whenever it
 // should look (backend.Place.Sleep), until it is granted (by Redis or by
-// a hand-over here) or waitCtx ends.
+// a hand-over here), waitCtx ends, or outage looks running fail to reach
+// Redis.
 func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, p *backend.Place, look bool, wait time.Duration) (lockkit.Lease, error) {
+	down := 0 // looks running that could not reach Redis
 	for {
 		if lease := l.takeHandOver(a, p); lease != nil {
 			return lease, nil
 		}
 		if look {
 			lease, pttl, err := l.attempt(waitCtx, a, waiting)
-			if lease != nil || err != nil {
-				return lease, err
+			switch {
+			case lease != nil:
+				return lease, nil
+			case err == nil:
+				p.Refused()
+				down, wait = 0, pttl
+			case down+1 < outage && errors.Is(err, lockkit.ErrUnavailable) && !ended(waitCtx):
+				down, wait = down+1, 0
+			default:
+				return nil, err
 			}
-			p.Refused()
-			wait = pttl
 		}
 		look = true
 		if err := p.Sleep(waitCtx, waitCtx, max(wait, time.Millisecond), pace); err != nil {
