@@ -11,17 +11,10 @@ import (
 )
 
 // LeaderKey is the closer's leader lease: every instance runs the closer
-// loop, only the holder of this key closes orders (a job that runs on
-// exactly one node). With the none backend every instance holds it, and
-// the audit shows what that costs.
+// loop, only the holder of this key runs a round (a job that runs on
+// exactly one node at a time). With the none backend every instance holds
+// it, and the audit shows what that costs.
 var LeaderKey = lockkey.OrderCloser.Key()
-
-// leaderWait bounds one wait for the leader lease. The wait wakes at once
-// when the lease is freed (on backends that can wait without polling), so
-// it does not slow a takeover; bounding it keeps a follower from holding a
-// database wait open for ever (mysql-forupdate waits in a row lock) and
-// lets it notice a closed context on every backend.
-const leaderWait = 30 * time.Second
 
 // closeBatch bounds the orders one round reads; the next round takes the
 // rest.
@@ -34,43 +27,49 @@ func (s *Service) interval() time.Duration {
 	return min(max(s.o.PayTimeout/10, 100*time.Millisecond), 30*time.Second)
 }
 
-// RunCloser runs the closer loop until ctx ends: wait for the leader lease,
-// then close expired orders round after round while it holds it. The lease
-// is renewed by the watchdog; when it is lost (the lock server says it is
-// gone, or this process stalled past it), the round in progress stops at
-// once (its context is cancelled) and the loop goes back to waiting. A
-// change already inside its transaction finishes, and its fence decides
-// whether it lands.
+// RunCloser runs the closer loop until ctx ends: every interval it tries
+// the leader lease and, if it gets it, runs one round and lets it go. The
+// lease is held for a round, never between rounds: on some backends a
+// held lease is a held resource (on mysql-forupdate an open transaction,
+// which stops InnoDB's purge for the whole server while it lasts). During
+// a long round the watchdog renews it; when it is lost (the lock server
+// says it is gone, or this process stalled past it), the round stops at
+// once (its context is cancelled). A change already inside its
+// transaction finishes, and its fence decides whether it lands.
 func (s *Service) RunCloser(ctx context.Context, log *slog.Logger) {
+	leading := false
 	for ctx.Err() == nil {
-		err := lockkit.Do(ctx, s.o.Locker, LeaderKey.String(), func(ctx context.Context, fence uint64) error {
-			log.Info("order closer: leading", "key", LeaderKey.String(), "fence", fence, "interval", s.interval())
-			err := s.lead(ctx, log)
-			log.Info("order closer: stepped down", "key", LeaderKey.String(), "fence", fence, "reason", context.Cause(ctx))
+		err := lockkit.Do(ctx, tryOnly{s.o.Locker}, LeaderKey.String(), func(ctx context.Context, fence uint64) error {
+			if !leading {
+				log.Info("order closer: leading", "key", LeaderKey.String(), "fence", fence, "interval", s.interval())
+				leading = true
+			}
+			_, err := s.CloseExpired(ctx, log)
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
 			return err
-		}, lockkit.WithAutoRenew(s.o.LeaderTTL), lockkit.WithWaitTimeout(leaderWait))
-		switch {
-		case ctx.Err() != nil:
+		}, lockkit.WithAutoRenew(s.o.LeaderTTL))
+		if ctx.Err() != nil {
 			return
-		case errors.Is(err, lockkit.ErrNotAcquired):
-			continue // another instance leads: wait again
-		case err != nil && !errors.Is(err, lockkit.ErrLeaseLost):
-			log.Warn("order closer: leader lease", "key", LeaderKey.String(), "err", err)
+		}
+		switch {
+		case leading && (errors.Is(err, lockkit.ErrNotAcquired) || errors.Is(err, lockkit.ErrLeaseLost)):
+			log.Info("order closer: stepped down", "key", LeaderKey.String(), "reason", err)
+			leading = false
+		case err != nil && !errors.Is(err, lockkit.ErrNotAcquired):
+			log.Warn("order closer: round", "key", LeaderKey.String(), "err", err)
 		}
 		sleep(ctx, s.interval())
 	}
 }
 
-// lead closes expired orders every interval until ctx ends.
-func (s *Service) lead(ctx context.Context, log *slog.Logger) error {
-	for {
-		if _, err := s.CloseExpired(ctx, log); err != nil && ctx.Err() == nil {
-			log.Warn("order closer: round", "err", err)
-		}
-		if !sleep(ctx, s.interval()) {
-			return context.Cause(ctx)
-		}
-	}
+// tryOnly makes a Locker's Acquire a TryAcquire: a closer round is not
+// worth waiting for, the next one is an interval away.
+type tryOnly struct{ lockkit.Locker }
+
+func (t tryOnly) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	return t.TryAcquire(ctx, key, opts...)
 }
 
 // CloseExpired runs one closer round: it cancels every order awaiting
