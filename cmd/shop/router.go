@@ -194,8 +194,8 @@ type httpMetrics struct {
 }
 
 // shedSlugs are the problems that are load shed: contention or the
-// concurrency limit (admission) turned the request away, nothing changed, and a retry in a moment will likely
-// succeed. They are 503s, and counted in shop_http_shed_total as well, so
+// concurrency limit (admission) turned the request away, nothing changed,
+// and a retry in a moment will likely succeed. They are 503s, and counted in shop_http_shed_total as well, so
 // that an alert on errors leaves them out and shedding on a hot key stays
 // visible without paging. outcome-unknown is not one: its change may have
 // landed.
