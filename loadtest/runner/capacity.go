@@ -133,6 +133,9 @@ func pastCapacity(ctx context.Context, log *slog.Logger, offer func(rate float64
 		for _, st := range steps {
 			*st.into = step(st.what, st.rate)
 		}
+		if ctx.Err() != nil {
+			break // a round cut short would judge steps that never ran
+		}
 		rounds = append(rounds, r)
 	}
 	if ctx.Err() == nil && (held == 0 || ceiling > 4*held) {
