@@ -151,7 +151,7 @@ func TestShedRequestIsCountedAsShedAndNotLogged(t *testing.T) {
 	if m := metrics(); !strings.Contains(m, want) {
 		t.Errorf("/metrics lacks %s", want)
 	}
-	if l := logs.String(); strings.Contains(l, "503") {
+	if l := logs.String(); strings.Contains(l, `"status":503`) {
 		t.Errorf("shed requests were logged:\n%s", l)
 	}
 }
