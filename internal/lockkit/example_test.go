@@ -109,7 +109,8 @@ func newAccounts() *accounts {
 }
 
 // Claim refuses a token no newer than the account's: an older holder's, or
-// one that claimed the account already.
+// one that claimed the account already. It refuses 0 too, the token of a
+// backend that cannot fence: this store needs one that can.
 func (s *accounts) Claim(id int, fence uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

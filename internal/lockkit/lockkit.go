@@ -82,10 +82,14 @@ type Lease interface {
 	// ran out, or it was released.
 	Lost() <-chan struct{}
 	// Extend sets the remaining lease to ttl, if the caller still owns it;
-	// otherwise it returns ErrNotHeld and closes Lost.
+	// otherwise it returns ErrNotHeld and closes Lost. Once Lost has
+	// closed it returns ErrLeaseLost.
 	Extend(ctx context.Context, ttl time.Duration) error
 	// Release frees the key if the caller still owns it. It never frees
-	// another holder's grant: then it returns ErrNotHeld and changes nothing.
+	// another holder's grant: then it returns ErrNotHeld and changes
+	// nothing. A Release the store did not answer (ErrUnavailable, ctx
+	// ended) may be called again; once one succeeded, it returns
+	// ErrNotHeld.
 	Release(ctx context.Context) error
 }
 
@@ -95,7 +99,7 @@ type Lease interface {
 type Capabilities struct {
 	Fencing      bool // Fence() > 0 and strictly increasing per key
 	WaitNoPoll   bool // waiters wake on release (pub/sub, watch, row lock), not on a timer
-	Fair         bool // waiters are granted in arrival order (also when asked with WithFair)
+	Fair         bool // waiters that ask WithFair are granted in arrival order (some backends always are)
 	LostSignal   bool // Lost() closes when the lease is taken away behind the holder's back
 	Reentrant    bool // the same owner (WithOwner) may acquire a key it holds
 	Expires      bool // a lease ends by itself when its holder dies

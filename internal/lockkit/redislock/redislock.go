@@ -16,7 +16,7 @@
 // Storage: each key ever locked keeps its fence counter, "{key}:fence", after
 // release. That is one small string per key, about 60-90 bytes of Redis
 // memory with its overhead; a service that locks millions of distinct,
-// short-lived keys (Redisson issue 6510) should lock a bounded set of keys
+// short-lived keys (a known complaint of Redisson's users) should lock a bounded set of keys
 // (e.g. per account, not per request). With tokens floored at the clock, a
 // counter may also be expired once no grant of its key is live: a new one
 // starts above it anyway.
