@@ -24,7 +24,11 @@ type Machine struct {
 }
 
 func (m Machine) String() string {
-	return fmt.Sprintf("%d CPUs (%s), %s RAM, %s; %s; %s", m.CPUs, m.CPU, m.Memory, m.OS, m.Go, m.K6)
+	s := fmt.Sprintf("%d CPUs (%s), %s RAM, %s; %s", m.CPUs, m.CPU, m.Memory, m.OS, m.Go)
+	if m.K6 != "" { // make capacity runs no k6
+		s += "; " + m.K6
+	}
+	return s
 }
 
 // Options are the knobs of one run; every row of a report shares them.

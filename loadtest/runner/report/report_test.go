@@ -164,3 +164,16 @@ func TestCapacityVerdictFailsARowThatCollapsesWhenFloodedOrQueuesAtTwiceItsRate(
 		t.Errorf("Failed() = %v, want collapses and queues", got)
 	}
 }
+
+// make capacity runs no k6: its machine line names the tools it used and
+// leaves no empty field behind.
+func TestMachineWithoutK6NamesNoK6(t *testing.T) {
+	m := Machine{CPUs: 2, CPU: "AMD EPYC", Memory: "23.5 GiB", OS: "Debian GNU/Linux 12 (bookworm)", Go: "go1.26.8"}
+	if got, want := m.String(), "2 CPUs (AMD EPYC), 23.5 GiB RAM, Debian GNU/Linux 12 (bookworm); go1.26.8"; got != want {
+		t.Errorf("machine line %q, want %q", got, want)
+	}
+	m.K6 = "k6 v1.8.1"
+	if got := m.String(); !strings.HasSuffix(got, "; go1.26.8; k6 v1.8.1") {
+		t.Errorf("machine line %q does not end with Go's and k6's versions", got)
+	}
+}
