@@ -9,7 +9,8 @@ import (
 
 // proxy forwards TCP to a Redis server and can fail the way networks do:
 // stop forwarding altogether (a black hole: connections stay open, nothing
-// arrives), stop forwarding only on subscriber connections, or cut those.
+// arrives), stop forwarding only on subscriber connections, or only on
+// the connections opened from now on, or cut the subscriber connections.
 // A subscriber connection is one that has sent SUBSCRIBE (as a RESP
 // bulk string, so that a key merely containing the word does not count).
 type proxy struct {
@@ -20,6 +21,7 @@ type proxy struct {
 	changed           *sync.Cond // broadcast when a state below changes
 	blackholed        bool
 	freezeSubscribers bool
+	stallNew          bool
 	conns             map[*proxyConn]struct{}
 	closed            bool
 }
@@ -27,6 +29,7 @@ type proxy struct {
 type proxyConn struct {
 	client, server net.Conn
 	subscriber     bool // guarded by proxy.mu
+	stalled        bool // guarded by proxy.mu
 	done           bool // guarded by proxy.mu
 }
 
@@ -57,6 +60,7 @@ func newProxy(t *testing.T, target string) *proxy {
 				s.Close()
 				return
 			}
+			pc.stalled = p.stallNew
 			p.conns[pc] = struct{}{}
 			p.mu.Unlock()
 			wg.Go(func() { p.pipe(pc, s, c, true) })
@@ -86,7 +90,7 @@ func (p *proxy) pipe(pc *proxyConn, dst, src net.Conn, fromClient bool) {
 			if fromClient && bytes.Contains(bytes.ToLower(buf[:n]), []byte("$9\r\nsubscribe\r\n")) {
 				pc.subscriber = true
 			}
-			for !pc.done && (p.blackholed || p.freezeSubscribers && pc.subscriber) {
+			for !pc.done && (p.blackholed || pc.stalled || p.freezeSubscribers && pc.subscriber) {
 				p.changed.Wait()
 			}
 			done := pc.done
@@ -131,6 +135,17 @@ func (p *proxy) blackhole(on bool) { p.set(func() { p.blackholed = on }) }
 
 // freeze stops (true) or resumes (false) forwarding on subscriber connections.
 func (p *proxy) freeze(on bool) { p.set(func() { p.freezeSubscribers = on }) }
+
+// stall stops forwarding on the connections opened from now on (true), as
+// a server that accepts them and never answers, or resumes them (false).
+func (p *proxy) stall(on bool) {
+	p.set(func() {
+		p.stallNew = on
+		for pc := range p.conns {
+			pc.stalled = pc.stalled && on
+		}
+	})
+}
 
 // killSubscribers cuts every subscriber connection, dropping what it held.
 func (p *proxy) killSubscribers() {

@@ -26,6 +26,10 @@ const (
 	// it the key). Long enough for a release under way to say so first on
 	// a loaded machine: a look before would mark the key.
 	heldGrace = 200 * time.Millisecond
+	// unheardPoll is how often a waiter looks at a key whose SUBSCRIBE
+	// failed (waitRoom.heard): it hears no release message meanwhile,
+	// and the holder's TTL may be long.
+	unheardPoll = 200 * time.Millisecond
 )
 
 // outage is how many looks running that could not reach Redis end a
@@ -121,6 +125,7 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, p *backend.Pla
 			}
 		}
 		look = true
+		wait = l.untilNextLook(waitCtx, a.ks, wait)
 		if err := p.Sleep(waitCtx, waitCtx, max(wait, time.Millisecond), pace); err != nil {
 			return nil, err
 		}
@@ -165,6 +170,7 @@ func (l *Locker) waitFair(waitCtx context.Context, a acquisition, wait time.Dura
 			}
 			wait = pttl
 		}
+		wait = l.untilNextLook(waitCtx, a.ks, wait)
 		timer.Reset(max(min(wait, l.waiterTimeout/3), time.Millisecond))
 		select {
 		case <-w.wake:
@@ -174,6 +180,15 @@ func (l *Locker) waitFair(waitCtx context.Context, a acquisition, wait time.Dura
 			return nil, waitCtx.Err()
 		}
 	}
+}
+
+// untilNextLook is wait, or unheardPoll if shorter while nobody here
+// hears ks's release messages.
+func (l *Locker) untilNextLook(ctx context.Context, ks keyset, wait time.Duration) time.Duration {
+	if l.room.heard(ctx, ks) {
+		return wait
+	}
+	return min(wait, unheardPoll)
 }
 
 // waitErr is what Acquire answers when a call under waitCtx, which ctx

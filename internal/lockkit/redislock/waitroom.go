@@ -28,6 +28,13 @@ import (
 // go-redis was reconnecting (it resubscribes on its own), is so noticed
 // with the next confirmation, and a confirmation that never comes (its
 // connection died) leaves nobody waiting for it.
+//
+// A SUBSCRIBE that fails (one lost reply, a reset) ends nobody's wait
+// either: while Redis answers commands, one failure of the subscription
+// is weather, and only failed looks at the key count towards an outage.
+// The key stays unheard, and the waiters that look at it send the
+// SUBSCRIBE again when they do (heard), looking at least every
+// unheardPoll until one goes out.
 type waitRoom struct {
 	client redis.UniversalClient
 	line   *backend.Line // the Locker's plain waiters
@@ -45,8 +52,9 @@ type waitRoom struct {
 
 // keyRoom is who waits here for one key.
 type keyRoom struct {
-	plain int       // plain waiters: they stand in the Line
-	fair  []*waiter // fair waiters; Redis orders them
+	plain   int       // plain waiters: they stand in the Line
+	fair    []*waiter // fair waiters; Redis orders them
+	unheard bool      // its SUBSCRIBE failed and has not been sent since
 }
 
 // waiter is a fair waiter.
@@ -66,7 +74,8 @@ func newWaitRoom(client redis.UniversalClient, line *backend.Line) *waitRoom {
 // subscribing to the key's release channel if nobody here waited for it.
 // subscribed reports that this call sent the SUBSCRIBE, whose confirmation
 // will wake the waiters; otherwise a waiter should look at the key once
-// now, since a release may have come before it entered.
+// now, since a release may have come before it entered, or nobody hears
+// the next one (a failed SUBSCRIBE). It fails only once closed.
 func (r *waitRoom) enter(ctx context.Context, ks keyset, w *waiter) (subscribed bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -76,12 +85,9 @@ func (r *waitRoom) enter(ctx context.Context, ks keyset, w *waiter) (subscribed 
 	channel := ks.channel()
 	room := r.rooms[channel]
 	if room == nil {
-		if err := r.subscribe(ctx, channel); err != nil {
-			return false, err
-		}
-		room = &keyRoom{}
+		room = &keyRoom{unheard: r.subscribe(ctx, channel) != nil}
 		r.rooms[channel] = room
-		subscribed = true
+		subscribed = !room.unheard
 	}
 	if w == nil {
 		room.plain++
@@ -102,12 +108,25 @@ func (r *waitRoom) subscribe(ctx context.Context, channel string) error {
 		go r.dispatch(r.pubsub.ChannelWithSubscriptions(), r.dispatched)
 	}
 	// go-redis keeps the channel in its resubscribe list even if this
-	// write fails, and a reconnect sends it again.
-	if err := r.pubsub.Subscribe(ctx, channel); err != nil {
-		_ = r.pubsub.Unsubscribe(context.Background(), channel)
-		return unavailable(ctx, err)
+	// write fails, but a reconnect made by the failed write itself
+	// resubscribes before the channel is added: only a later one would
+	// send it. So the room sends it again itself (heard), and exit takes
+	// it off the list.
+	return r.pubsub.Subscribe(ctx, channel)
+}
+
+// heard reports whether the waiters here hear ks's release messages, its
+// SUBSCRIBE having been sent: before, or now, if it had failed. A waiter
+// that entered asks it before each wait; while false, it looks at least
+// every unheardPoll instead of waiting for a message.
+func (r *waitRoom) heard(ctx context.Context, ks keyset) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	room := r.rooms[ks.channel()]
+	if room.unheard {
+		room.unheard = r.subscribe(ctx, ks.channel()) != nil
 	}
-	return nil
+	return !room.unheard
 }
 
 // exit counts a waiter that entered out, unsubscribing once nobody here

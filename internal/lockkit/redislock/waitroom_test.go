@@ -108,6 +108,51 @@ func TestWaiterAfterLostSubscribeIsGranted(t *testing.T) {
 	}
 }
 
+// A SUBSCRIBE that fails once (the subscription's connection never
+// answers its handshake) while Redis answers commands is weather, not an
+// outage: the plain waiters lined up behind the waiter that sent it are
+// all granted in turn once the key frees.
+func TestFailedSubscribeDoesNotEndTheLine(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	p := newProxy(t, addr)
+	holder := newLocker(t, newClient(t, addr))
+	c := redis.NewClient(&redis.Options{Addr: p.addr, ContextTimeoutEnabled: true, ReadTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	l := newLocker(t, c)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	// The command connection opens before the stall, the subscription's
+	// (opened by the first waiter) during it.
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	held := hold(t, holder, key)
+	p.stall(true)
+	var waiters []<-chan acquired
+	for range 3 {
+		waiters = append(waiters, acquireAsync(l, ctx, key, lockkit.WithWaitTimeout(20*time.Second)))
+		time.Sleep(50 * time.Millisecond) // in line in this order, behind the SUBSCRIBE
+	}
+	// go-redis's own dial may go first: two handshakes time out by then.
+	time.Sleep(600 * time.Millisecond)
+	p.stall(false)
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range waiters {
+		select {
+		case got := <-w:
+			if got.err != nil {
+				t.Fatalf("waiter %d, one SUBSCRIBE failed on a Redis that answers commands: %v", i, got.err)
+			}
+			_ = got.lease.Release(ctx)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter %d still waits after one failed SUBSCRIBE", i)
+		}
+	}
+}
+
 // A waiter whose subscription connection is cut, and which so misses the
 // release message, is granted once the subscription is back, not when the
 // holder's TTL would have run out.
