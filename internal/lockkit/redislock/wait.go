@@ -27,8 +27,9 @@ const (
 	// a loaded machine: a look before would mark the key.
 	heldGrace = 200 * time.Millisecond
 	// unheardPoll is how often a waiter looks at a key whose SUBSCRIBE
-	// failed (waitRoom.heard): it hears no release message meanwhile,
-	// and the holder's TTL may be long.
+	// has not gone out (waitRoom.heard), and how often the room sends a
+	// failed one again: it hears no release message meanwhile, and the
+	// holder's TTL may be long.
 	unheardPoll = 200 * time.Millisecond
 )
 
@@ -79,7 +80,7 @@ func (l *Locker) waitInLine(ctx, waitCtx context.Context, a acquisition, pttl ti
 func (l *Locker) inLine(waitCtx context.Context, a acquisition, p *backend.Place, pttl time.Duration) (lockkit.Lease, error) {
 	first := backend.IsClosed(p.Turn())
 	// Subscribed after joining: the confirmation then finds the place.
-	subscribed, err := l.room.enter(waitCtx, a.ks, nil)
+	subscribed, err := l.room.enter(a.ks, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +126,7 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, p *backend.Pla
 			}
 		}
 		look = true
-		wait = l.untilNextLook(waitCtx, a.ks, wait)
+		wait = l.untilNextLook(a.ks, wait)
 		if err := p.Sleep(waitCtx, waitCtx, max(wait, time.Millisecond), pace); err != nil {
 			return nil, err
 		}
@@ -152,7 +153,7 @@ func (l *Locker) takeHandOver(a acquisition, p *backend.Place) lockkit.Lease {
 // key's Redis queue.
 func (l *Locker) waitFair(waitCtx context.Context, a acquisition, wait time.Duration) (lockkit.Lease, error) {
 	w := &waiter{owner: a.owner, wake: make(chan struct{}, 1)}
-	subscribed, err := l.room.enter(waitCtx, a.ks, w)
+	subscribed, err := l.room.enter(a.ks, w)
 	if err != nil {
 		l.abandonLater(a.ks, a.owner) // leave the queue
 		return nil, err
@@ -170,7 +171,7 @@ func (l *Locker) waitFair(waitCtx context.Context, a acquisition, wait time.Dura
 			}
 			wait = pttl
 		}
-		wait = l.untilNextLook(waitCtx, a.ks, wait)
+		wait = l.untilNextLook(a.ks, wait)
 		timer.Reset(max(min(wait, l.waiterTimeout/3), time.Millisecond))
 		select {
 		case <-w.wake:
@@ -184,8 +185,8 @@ func (l *Locker) waitFair(waitCtx context.Context, a acquisition, wait time.Dura
 
 // untilNextLook is wait, or unheardPoll if shorter while nobody here
 // hears ks's release messages.
-func (l *Locker) untilNextLook(ctx context.Context, ks keyset, wait time.Duration) time.Duration {
-	if l.room.heard(ctx, ks) {
+func (l *Locker) untilNextLook(ks keyset, wait time.Duration) time.Duration {
+	if l.room.heard(ks) {
 		return wait
 	}
 	return min(wait, unheardPoll)

@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -29,12 +30,16 @@ import (
 // with the next confirmation, and a confirmation that never comes (its
 // connection died) leaves nobody waiting for it.
 //
-// A SUBSCRIBE that fails (one lost reply, a reset) ends nobody's wait
-// either: while Redis answers commands, one failure of the subscription
-// is weather, and only failed looks at the key count towards an outage.
-// The key stays unheard, and the waiters that look at it send the
-// SUBSCRIBE again when they do (heard), looking at least every
-// unheardPoll until one goes out.
+// The waiters never wait for go-redis's PubSub: while its connection
+// cannot be opened, its own reconnect holds it for the dial and handshake
+// timeouts (seconds) and tries again at once, whatever a caller's context
+// says. One goroutine of the room (send) sends the SUBSCRIBEs and
+// UNSUBSCRIBEs, each as the rooms stand when it is sent, so that those of
+// one channel take effect in the order decided. A key is unheard until
+// its SUBSCRIBE has gone out: its waiters look at least every unheardPoll
+// meanwhile (heard), and send tries a failed one again as often. A failed
+// SUBSCRIBE so ends nobody's wait: while Redis answers commands, it is
+// weather, and only failed looks at the key count towards an outage.
 type waitRoom struct {
 	client redis.UniversalClient
 	line   *backend.Line // the Locker's plain waiters
@@ -43,18 +48,21 @@ type waitRoom struct {
 	// takes no mutex.
 	fairs atomic.Int64
 
-	mu         sync.Mutex
-	shut       bool
-	pubsub     *redis.PubSub
-	dispatched chan struct{}       // closed when dispatch has returned
-	rooms      map[string]*keyRoom // by release channel
+	mu      sync.Mutex
+	shut    bool
+	pubsub  *redis.PubSub
+	stop    context.CancelFunc  // ends send
+	done    sync.WaitGroup      // dispatch and send
+	kick    chan struct{}       // a channel changed; buffered 1
+	changed map[string]struct{} // channels send is to subscribe or not, as rooms says
+	rooms   map[string]*keyRoom // by release channel
 }
 
 // keyRoom is who waits here for one key.
 type keyRoom struct {
-	plain   int       // plain waiters: they stand in the Line
-	fair    []*waiter // fair waiters; Redis orders them
-	unheard bool      // its SUBSCRIBE failed and has not been sent since
+	plain int       // plain waiters: they stand in the Line
+	fair  []*waiter // fair waiters; Redis orders them
+	heard bool      // its SUBSCRIBE has gone out
 }
 
 // waiter is a fair waiter.
@@ -67,16 +75,17 @@ type waiter struct {
 const releasedSuffix = ":released"
 
 func newWaitRoom(client redis.UniversalClient, line *backend.Line) *waitRoom {
-	return &waitRoom{client: client, line: line, rooms: make(map[string]*keyRoom)}
+	return &waitRoom{client: client, line: line, kick: make(chan struct{}, 1),
+		changed: make(map[string]struct{}), rooms: make(map[string]*keyRoom)}
 }
 
 // enter counts a waiter for ks in, a fair one (w) or a plain one (w nil),
 // subscribing to the key's release channel if nobody here waited for it.
-// subscribed reports that this call sent the SUBSCRIBE, whose confirmation
-// will wake the waiters; otherwise a waiter should look at the key once
-// now, since a release may have come before it entered, or nobody hears
-// the next one (a failed SUBSCRIBE). It fails only once closed.
-func (r *waitRoom) enter(ctx context.Context, ks keyset, w *waiter) (subscribed bool, err error) {
+// subscribed reports that this call had the SUBSCRIBE sent, whose
+// confirmation will wake the waiters; otherwise a waiter should look at
+// the key once now, since a release may have come before it entered. It
+// fails only once closed, and never waits for Redis.
+func (r *waitRoom) enter(ks keyset, w *waiter) (subscribed bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.shut {
@@ -85,9 +94,11 @@ func (r *waitRoom) enter(ctx context.Context, ks keyset, w *waiter) (subscribed 
 	channel := ks.channel()
 	room := r.rooms[channel]
 	if room == nil {
-		room = &keyRoom{unheard: r.subscribe(ctx, channel) != nil}
+		r.start()
+		room = &keyRoom{}
 		r.rooms[channel] = room
-		subscribed = !room.unheard
+		r.change(channel)
+		subscribed = true
 	}
 	if w == nil {
 		room.plain++
@@ -98,35 +109,91 @@ func (r *waitRoom) enter(ctx context.Context, ks keyset, w *waiter) (subscribed 
 	return subscribed, nil
 }
 
-// subscribe sends SUBSCRIBE on the shared connection, opening it first if
-// needed. Called with r.mu held, so that the subscribes and unsubscribes of
-// one channel reach go-redis in the order they were decided.
-func (r *waitRoom) subscribe(ctx context.Context, channel string) error {
-	if r.pubsub == nil {
-		r.pubsub = r.client.Subscribe(ctx)
-		r.dispatched = make(chan struct{})
-		go r.dispatch(r.pubsub.ChannelWithSubscriptions(), r.dispatched)
+// start opens the shared subscription and its goroutines, once; called
+// with r.mu held.
+func (r *waitRoom) start() {
+	if r.pubsub != nil {
+		return
 	}
-	// go-redis keeps the channel in its resubscribe list even if this
-	// write fails, but a reconnect made by the failed write itself
-	// resubscribes before the channel is added: only a later one would
-	// send it. So the room sends it again itself (heard), and exit takes
-	// it off the list.
-	return r.pubsub.Subscribe(ctx, channel)
+	ctx, stop := context.WithCancel(context.Background())
+	r.pubsub, r.stop = r.client.Subscribe(ctx), stop
+	events := r.pubsub.ChannelWithSubscriptions()
+	r.done.Add(2)
+	go func() { defer r.done.Done(); r.dispatch(events) }()
+	go func() { defer r.done.Done(); r.send(ctx) }()
+}
+
+// change has send bring channel's subscription in line with the rooms;
+// called with r.mu held.
+func (r *waitRoom) change(channel string) {
+	r.changed[channel] = struct{}{}
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// send sends the changed channels' SUBSCRIBEs and UNSUBSCRIBEs until the
+// room closes, trying failed SUBSCRIBEs again every unheardPoll.
+func (r *waitRoom) send(ctx context.Context) {
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	for {
+		select {
+		case <-r.kick:
+		case <-retry.C:
+		case <-ctx.Done():
+			return
+		}
+		if !r.sendChanged(ctx) {
+			retry.Reset(unheardPoll)
+		}
+	}
+}
+
+// sendChanged sends each changed channel's SUBSCRIBE, if a room waits for
+// it when sent, or else its UNSUBSCRIBE. A change made meanwhile is sent
+// next time. ok is false if a SUBSCRIBE failed: the channel stays changed.
+func (r *waitRoom) sendChanged(ctx context.Context) (ok bool) {
+	r.mu.Lock()
+	channels := slices.Collect(maps.Keys(r.changed))
+	clear(r.changed)
+	r.mu.Unlock()
+	ok = true
+	for _, channel := range channels {
+		r.mu.Lock()
+		room := r.rooms[channel]
+		r.mu.Unlock()
+		if room == nil {
+			// Best effort: once out of go-redis's list, the channel is not
+			// resubscribed, whatever becomes of this write.
+			_ = r.pubsub.Unsubscribe(ctx, channel)
+			continue
+		}
+		// go-redis keeps the channel in its resubscribe list even if this
+		// write fails, but a reconnect made by the failed write itself
+		// resubscribes before the channel is added: only a later one would
+		// send it. So a failed one is sent again.
+		err := r.pubsub.Subscribe(ctx, channel)
+		r.mu.Lock()
+		if err == nil {
+			room.heard = true
+		} else if _, again := r.changed[channel]; !again {
+			r.changed[channel], ok = struct{}{}, false
+		}
+		r.mu.Unlock()
+	}
+	return ok
 }
 
 // heard reports whether the waiters here hear ks's release messages, its
-// SUBSCRIBE having been sent: before, or now, if it had failed. A waiter
-// that entered asks it before each wait; while false, it looks at least
-// every unheardPoll instead of waiting for a message.
-func (r *waitRoom) heard(ctx context.Context, ks keyset) bool {
+// SUBSCRIBE having gone out. A waiter that entered asks it before each
+// wait; while false, it looks at least every unheardPoll instead of
+// waiting for a message.
+func (r *waitRoom) heard(ks keyset) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	room := r.rooms[ks.channel()]
-	if room.unheard {
-		room.unheard = r.subscribe(ctx, ks.channel()) != nil
-	}
-	return !room.unheard
+	return r.rooms[ks.channel()].heard
 }
 
 // exit counts a waiter that entered out, unsubscribing once nobody here
@@ -147,13 +214,7 @@ func (r *waitRoom) exit(ks keyset, w *waiter) {
 		return
 	}
 	delete(r.rooms, channel)
-	if r.pubsub != nil {
-		// Best effort: once out of go-redis's list, the channel is not
-		// resubscribed, whatever becomes of this write.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = r.pubsub.Unsubscribe(ctx, channel)
-		cancel()
-	}
+	r.change(channel)
 }
 
 // fairWaiting reports whether a fair waiter here waits for ks.
@@ -199,8 +260,7 @@ func (r *waitRoom) wakeFair(channel, next string) {
 	}
 }
 
-func (r *waitRoom) dispatch(events <-chan any, done chan<- struct{}) {
-	defer close(done)
+func (r *waitRoom) dispatch(events <-chan any) {
 	for ev := range events {
 		switch ev := ev.(type) {
 		case *redis.Message:
@@ -215,15 +275,16 @@ func (r *waitRoom) dispatch(events <-chan any, done chan<- struct{}) {
 	}
 }
 
-// close ends the subscription and waits for its goroutine; later entries
-// fail with ErrClosed.
+// close ends the subscription and waits for its goroutines; later
+// entries fail with ErrClosed.
 func (r *waitRoom) close() {
 	r.mu.Lock()
 	r.shut = true
-	pubsub, dispatched := r.pubsub, r.dispatched
+	pubsub, stop := r.pubsub, r.stop
 	r.mu.Unlock()
 	if pubsub != nil {
-		_ = pubsub.Close() // ends dispatch
-		<-dispatched
+		stop()
+		_ = pubsub.Close() // ends dispatch, and a call of send's
+		r.done.Wait()
 	}
 }

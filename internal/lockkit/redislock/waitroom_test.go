@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -151,6 +152,122 @@ func TestFailedSubscribeDoesNotEndTheLine(t *testing.T) {
 			t.Fatalf("waiter %d still waits after one failed SUBSCRIBE", i)
 		}
 	}
+}
+
+// While the subscription's connection cannot be opened at all (a server
+// that accepts it and never answers), go-redis's own reconnect holds the
+// PubSub for its dial and handshake timeouts, seconds, and tries again at
+// once. A waiter whose key is unheard still looks every unheardPoll, as
+// promised: it must not wait behind that to send the SUBSCRIBE again.
+func TestUnheardWaiterGrantedWhileSubscriptionCannotOpen(t *testing.T) {
+	for name, opts := range map[string][]lockkit.Option{"plain": nil, "fair": {lockkit.WithFair()}} {
+		t.Run(name, func(t *testing.T) {
+			p, l, holder := stalledSubscription(t)
+			ctx := context.Background()
+			key := uniqueKey(t)
+			held := hold(t, holder, key, opts...)
+			defer p.stall(false) // before the Locker's Close
+			waiter := acquireAsync(l, ctx, key, append(opts, lockkit.WithWaitTimeout(30*time.Second))...)
+			time.Sleep(time.Second) // its SUBSCRIBE goes nowhere
+			released := time.Now()
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got := <-waiter
+			if got.err != nil {
+				t.Fatalf("waiter on a Redis that answers commands: %v", got.err)
+			}
+			_ = got.lease.Release(ctx)
+			if d := got.at.Sub(released); d > time.Second {
+				t.Errorf("unheard waiter granted %v after the release; want within about %v", d, 200*time.Millisecond)
+			}
+		})
+	}
+}
+
+// A wait timeout holds while the subscription's connection cannot be
+// opened, for the waiters of every key: none of them may wait for a
+// SUBSCRIBE or an UNSUBSCRIBE to get through, its own or another key's.
+func TestWaitTimeoutKeptWhileSubscriptionCannotOpen(t *testing.T) {
+	const timeout, slack = 150 * time.Millisecond, 250 * time.Millisecond
+	p, l, holder := stalledSubscription(t)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	hold(t, holder, key)
+	defer p.stall(false)
+	otherCtx, cancel := context.WithCancel(ctx)
+	other := acquireAsync(l, otherCtx, key, lockkit.WithWaitTimeout(30*time.Second))
+	time.Sleep(time.Second) // its key unheard
+	for i := range 3 {
+		k := fmt.Sprintf("%s-%d", key, i)
+		hold(t, holder, k)
+		start := time.Now()
+		_, err := l.Acquire(ctx, k, lockkit.WithWaitTimeout(timeout))
+		if d := time.Since(start); d > timeout+slack {
+			t.Errorf("waiter %d with a %v wait timeout returned after %v (%v)", i, timeout, d, err)
+		} else if !errors.Is(err, lockkit.ErrNotAcquired) {
+			t.Errorf("waiter %d: %v, want ErrNotAcquired", i, err)
+		}
+	}
+	cancel()
+	if got := <-other; !errors.Is(got.err, context.Canceled) {
+		t.Errorf("waiter on the unheard key: %v, want context.Canceled", got.err)
+	}
+}
+
+// Close ends the waits of unheard keys, plain and fair, at once while the
+// subscription's connection cannot be opened, and leaves nothing behind.
+func TestCloseEndsUnheardWaitsAtOnce(t *testing.T) {
+	p, l, holder := stalledSubscription(t)
+	baseline := goleak.IgnoreCurrent()
+	ctx := context.Background()
+	key := uniqueKey(t)
+	hold(t, holder, key)
+	hold(t, holder, key+"-fair", lockkit.WithFair())
+	defer p.stall(false)
+	waiters := []<-chan acquired{acquireAsync(l, ctx, key, lockkit.WithWaitTimeout(30*time.Second)),
+		acquireAsync(l, ctx, key+"-fair", lockkit.WithWaitTimeout(30*time.Second), lockkit.WithFair())}
+	time.Sleep(time.Second) // their keys unheard
+	start := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	for i, w := range waiters {
+		if got := <-w; !errors.Is(got.err, lockkit.ErrClosed) {
+			t.Errorf("waiter %d of a closed Locker: %v", i, got.err)
+		} else if d := got.at.Sub(start); d > 250*time.Millisecond {
+			t.Errorf("waiter %d ended %v after Close", i, d)
+		}
+	}
+	p.stall(false) // Close waits for go-redis's own reconnect
+	<-closed
+	goleak.VerifyNone(t, baseline)
+}
+
+// stalledSubscription is a Locker whose command connection works and whose
+// subscription's connection, opened by its first waiter, never will
+// (proxy.stall), nor will any other new connection, and a Locker that
+// reaches Redis directly. The client has
+// go-redis's default timeouts, as the service's (cmd/shop).
+func stalledSubscription(t *testing.T) (*proxy, *redislock.Locker, *redislock.Locker) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	p := newProxy(t, addr)
+	c := newClient(t, p.addr)
+	// Open a few command connections first, for the commands of waiters
+	// that happen to run at once.
+	ctx := context.Background()
+	var conns []*redis.Conn
+	for range 4 {
+		conn := c.Conn()
+		if err := conn.Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, conn)
+	}
+	for _, conn := range conns {
+		conn.Close()
+	}
+	p.stall(true)
+	return p, newLocker(t, c), newLocker(t, newClient(t, addr))
 }
 
 // A waiter whose subscription connection is cut, and which so misses the
