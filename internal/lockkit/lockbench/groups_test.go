@@ -131,6 +131,10 @@ func etcdGroup() group {
 		b.Cleanup(func() { _ = c.Close() })
 		return c
 	}
+	shop := func(b *testing.B) Acquirer {
+		l, err := etcdlock.FromClient(client(b), etcdlock.WithPrefix("/bench/shop/"))
+		return lockkitAcquirer(closeWith(b, l, err), long)
+	}
 	return group{
 		name: "etcd",
 		env:  "SHOP_TEST_ETCD_ENDPOINTS",
@@ -139,10 +143,10 @@ func etcdGroup() group {
 			return func(ctx context.Context) error { _, err := c.Get(ctx, "/bench/ping"); return err }
 		},
 		subjects: []subject{
-			{name: "shop-etcd", backend: "etcd", newAcquirer: func(b *testing.B) Acquirer {
-				l, err := etcdlock.FromClient(client(b), etcdlock.WithPrefix("/bench/shop/"))
-				return lockkitAcquirer(closeWith(b, l, err), long)
-			}},
+			{name: "shop-etcd", backend: "etcd", newAcquirer: shop},
+			// The one-Txn hand-off acts within a process; with waiters in
+			// three, the key also goes between them through the server.
+			{name: "shop-etcd-3-lockers-4-each", backend: "etcd", newAcquirer: shop, lockers: 3, perLocker: 4, contendedOnly: true},
 			// concurrency.Mutex keys its waiters by session lease, so
 			// goroutines sharing a session would share one grant: each
 			// goroutine gets a session of its own, as its docs require.
