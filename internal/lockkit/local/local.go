@@ -102,7 +102,10 @@ func (l *Locker) try(key string, ttl time.Duration, watchdog bool) (lockkit.Leas
 	l.tokens++
 	owner := l.tokens
 	e.owner, e.expires = owner, now.Add(ttl)
-	e.fence++
+	// Floored at the clock, as Redis's are: a restarted process starts a
+	// new Locker, and its tokens must beat those its predecessor left in
+	// the stores.
+	e.fence = max(e.fence+1, uint64(now.UnixMicro()))
 	return backend.NewLease(backend.Grant{
 		Key: key, Fence: e.fence, TTL: ttl, Watchdog: watchdog, Sent: now,
 		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(key, owner, ttl) },

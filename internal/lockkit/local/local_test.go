@@ -57,3 +57,32 @@ func (c client) Close() error {
 	c.close()
 	return nil
 }
+
+// A process that restarts starts a new Locker; the stores keep the fences
+// the last one issued. Its tokens must still beat them, or every fenced
+// write to a row locked before the restart would be refused.
+func TestFencesOfANewLockerBeatAnEarlierOnes(t *testing.T) {
+	ctx := context.Background()
+	before := local.New()
+	var last uint64
+	for range 3 {
+		lease, err := before.Acquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = lease.Fence()
+		_ = lease.Release(ctx)
+	}
+	before.Close()
+
+	after := local.New()
+	defer after.Close()
+	lease, err := after.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	if lease.Fence() <= last {
+		t.Fatalf("the restarted Locker's first token %d does not beat the last one issued before, %d", lease.Fence(), last)
+	}
+}
