@@ -212,10 +212,27 @@ func (l *Locker) Close() error {
 		l.mu.Unlock()
 		l.conn.Close()
 		l.background.Wait()
-		for range l.events { // closed once the client's goroutines have ended
-		}
+		l.awaitClientEnd()
 	})
 	return nil
+}
+
+// awaitClientEnd waits for the client's goroutines to end (its events
+// channel closes then), at most sessionTimeout: go-zookeeper's loop was
+// seen blocked for good in flushRequests under a lost quorum, and a
+// Close that waits for it would never return.
+func (l *Locker) awaitClientEnd() {
+	limit := time.After(l.sessionTimeout)
+	for {
+		select {
+		case _, open := <-l.events:
+			if !open {
+				return
+			}
+		case <-limit:
+			return
+		}
+	}
 }
 
 // Acquire queues for key and waits until every node ahead of ours is gone.

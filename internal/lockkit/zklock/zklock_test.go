@@ -326,3 +326,19 @@ func assertHeld(t *testing.T, addrs []string, key string) {
 		t.Fatalf("TryAcquire by another Locker = %v, want ErrNotAcquired", err)
 	}
 }
+
+// go-zookeeper's goroutines can outlive Close: under a lost quorum its
+// loop was seen blocked for good in flushRequests, sending to a response
+// channel nobody reads. Close must return all the same, bounded by the
+// session timeout, not wait for ever for the client's events to end.
+func TestCloseReturnsWhenTheClientsGoroutinesNeverEnd(t *testing.T) {
+	l := open(t, serverAddrs(t))
+	l.events = make(chan zk.Event) // a client whose goroutines never end
+	closed := make(chan struct{})
+	go func() { _ = l.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(sessionTimeout + 10*time.Second):
+		t.Fatal("Close still waits for a client whose goroutines never end")
+	}
+}
