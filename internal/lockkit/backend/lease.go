@@ -84,7 +84,7 @@ func NewLease(g Grant) lockkit.Lease {
 		l.markLost()
 	}
 	if g.Watchdog {
-		l.renewal = time.AfterFunc(g.TTL/3, l.renew)
+		l.renewal = time.AfterFunc(l.ttl/3, l.renew)
 	}
 	if g.Gone != nil {
 		// The watcher below ends when Lost closes: at the deadline at the
