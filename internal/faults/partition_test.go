@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit/backend"
 	"github.com/lockbench/shop/internal/shoptest"
 )
@@ -266,7 +267,7 @@ func watchLeaseLost(r *rig, url string, lostBefore float64, cut time.Time) <-cha
 // lock.
 func (r *rig) enterDeposit(in *shoptest.Instance, id, amount int64) (dep *outcome, _ struct{}, wait func()) {
 	r.t.Helper()
-	before := r.grants(in)
+	before := r.grants(in, lockkey.Account)
 	dep = new(outcome)
 	done := make(chan struct{})
 	go func() {
@@ -274,7 +275,7 @@ func (r *rig) enterDeposit(in *shoptest.Instance, id, amount int64) (dep *outcom
 		*dep = r.hist.do(context.Background(), r.client, in.URL, r.token(id), id, accInput{Kind: "deposit", Amount: amount})
 	}()
 	deadline := time.Now().Add(60 * time.Second)
-	for r.grants(in) < before+1 {
+	for r.grants(in, lockkey.Account) < before+1 {
 		if backend.IsClosed(done) || time.Now().After(deadline) {
 			r.t.Fatalf("%s did not take the lock: %s", in.URL, dep)
 		}

@@ -31,6 +31,15 @@ type Grant struct {
 	Gone <-chan struct{}
 	// Closed is the Locker's shutdown signal: the watchdog stops with it.
 	Closed <-chan struct{}
+	// Drift, if not nil, is the part of a TTL the store's clock may take
+	// from ours (Redlock charges 1 %): the grant's deadline and every
+	// renewal's are the send time plus the TTL less Drift(TTL).
+	Drift func(ttl time.Duration) time.Duration
+	// MaxTTL, if set, is the longest TTL the store keeps (memcached's 30
+	// days, MariaDB's wait_timeout of 365). A longer TTL, the grant's or
+	// an Extend's, is capped to it: sent to the store and trusted capped,
+	// never as asked.
+	MaxTTL time.Duration
 }
 
 // lease runs on timers rather than a goroutine of its own, and arms its
@@ -66,14 +75,16 @@ func NewLease(g Grant) lockkit.Lease {
 	if g.Sent.IsZero() {
 		g.Sent = time.Now()
 	}
-	l := &lease{g: g, lost: make(chan struct{}), calls: make(chan struct{}, 1), ttl: g.TTL, deadline: g.Sent.Add(g.TTL)}
+	l := &lease{g: g, lost: make(chan struct{}), calls: make(chan struct{}, 1)}
+	l.ttl = l.capped(g.TTL)
+	l.deadline = l.until(g.Sent, l.ttl)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !time.Now().Before(l.deadline) {
 		l.markLost()
 	}
 	if g.Watchdog {
-		l.renewal = time.AfterFunc(g.TTL/3, l.renew)
+		l.renewal = time.AfterFunc(l.ttl/3, l.renew)
 	}
 	if g.Gone != nil {
 		// The watcher below ends when Lost closes: at the deadline at the
@@ -92,6 +103,30 @@ func NewLease(g Grant) lockkit.Lease {
 
 func (l *lease) Key() string   { return l.g.Key }
 func (l *lease) Fence() uint64 { return l.g.Fence }
+
+// Deadline is when Lost closes unless a renewal moves it first: what the
+// lease trusts the store to keep, for tests and operators to check.
+func (l *lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// capped is ttl within what the store keeps.
+func (l *lease) capped(ttl time.Duration) time.Duration {
+	if l.g.MaxTTL > 0 {
+		return min(ttl, l.g.MaxTTL)
+	}
+	return ttl
+}
+
+// until is the deadline of a TTL the store was sent at sent.
+func (l *lease) until(sent time.Time, ttl time.Duration) time.Time {
+	if l.g.Drift != nil {
+		ttl -= l.g.Drift(ttl)
+	}
+	return sent.Add(ttl)
+}
 
 func (l *lease) Lost() <-chan struct{} {
 	l.mu.Lock()
@@ -164,13 +199,13 @@ func (l *lease) settle(sent time.Time, ttl time.Duration, err error) {
 	switch {
 	case err == nil:
 		l.ttl = ttl
-		l.moveDeadline(sent.Add(ttl))
+		l.moveDeadline(l.until(sent, ttl))
 	case errors.Is(err, lockkit.ErrNotHeld):
 		l.markLost()
 	default:
 		// No reply: the store may or may not have applied ttl, so
 		// trust the earlier of the two deadlines it may be keeping.
-		if d := sent.Add(ttl); d.Before(l.deadline) {
+		if d := l.until(sent, ttl); d.Before(l.deadline) {
 			l.moveDeadline(d)
 		}
 	}
@@ -202,6 +237,7 @@ func (l *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l.lostNow() {
 		return lockkit.ErrLeaseLost
 	}
+	ttl = l.capped(ttl)
 	sent := time.Now()
 	err := l.g.Extend(ctx, ttl)
 	l.mu.Lock()

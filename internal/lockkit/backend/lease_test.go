@@ -455,3 +455,60 @@ func TestGoneWatcherEndsAtDeadline(t *testing.T) {
 		t.Errorf("%d goroutines 90ms after 10 leases ran out, %d before", n, before)
 	}
 }
+
+// deadline is when lease's Lost closes unless a renewal moves it.
+func deadline(t *testing.T, lease lockkit.Lease) time.Time {
+	t.Helper()
+	d, ok := lease.(interface{ Deadline() time.Time })
+	if !ok {
+		t.Fatalf("%T reports no deadline", lease)
+	}
+	return d.Deadline()
+}
+
+// A store whose clock may run fast (Redlock's drift) is trusted for the TTL
+// less its allowance, on the grant and on every Extend alike (the
+// watchdog's renewals settle as Extend does).
+func TestDriftIsChargedOnEveryDeadline(t *testing.T) {
+	const ttl = 4 * time.Second
+	drift := func(ttl time.Duration) time.Duration { return ttl / 100 }
+	sent := time.Now()
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: ttl, Sent: sent, Drift: drift,
+		Extend:  func(context.Context, time.Duration) error { return nil },
+		Release: func(context.Context) error { return nil }})
+	defer lease.Release(context.Background())
+	if got, want := deadline(t, lease), sent.Add(ttl-ttl/100); !got.Equal(want) {
+		t.Errorf("grant's deadline %v after its send, want %v", got.Sub(sent), want.Sub(sent))
+	}
+	if err := lease.Extend(context.Background(), ttl); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	if got, limit := deadline(t, lease), answered.Add(ttl-ttl/100); got.After(limit) {
+		t.Errorf("Extend's deadline %v after its answer, want at most %v", got.Sub(answered), ttl-ttl/100)
+	}
+}
+
+// A TTL longer than the store keeps is capped: sent to the store and
+// trusted as the store's maximum, never as asked.
+func TestExtendBeyondTheStoresMaximumIsCapped(t *testing.T) {
+	const maxTTL = time.Hour
+	var asked time.Duration
+	lease := backend.NewLease(backend.Grant{Key: "k", TTL: 10 * maxTTL, MaxTTL: maxTTL,
+		Extend:  func(_ context.Context, ttl time.Duration) error { asked = ttl; return nil },
+		Release: func(context.Context) error { return nil }})
+	defer lease.Release(context.Background())
+	if got, limit := deadline(t, lease), time.Now().Add(maxTTL); got.After(limit) {
+		t.Errorf("grant of 10h on a store that keeps 1h trusted until %v from now", time.Until(got))
+	}
+	if err := lease.Extend(context.Background(), 40*maxTTL); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	if asked != maxTTL {
+		t.Errorf("store asked to keep the lease %v, want its maximum %v", asked, maxTTL)
+	}
+	if got, limit := deadline(t, lease), answered.Add(maxTTL); got.After(limit) {
+		t.Errorf("Extend(40h) on a store that keeps 1h trusted for %v", got.Sub(answered))
+	}
+}

@@ -50,7 +50,9 @@ import (
 )
 
 // maxLease is memcached's longest relative expiry (30 days, less the extra
-// second the item gets); a longer expiry would be read as a Unix time.
+// second the item gets); a longer expiry would be read as a Unix time. A
+// longer TTL, asked of Acquire or Extend, is capped to it, and the lease
+// trusts no more than that.
 const maxLease = 30*24*time.Hour - time.Second
 
 // outage is how many attempts running must fail to reach the server before
@@ -134,7 +136,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 	turn := make(chan struct{}, 1)
 	release := &pendingRelease{}
 	return backend.NewLease(backend.Grant{
-		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent,
+		Key: key, TTL: ttl, Watchdog: watchdog, Sent: sent, MaxTTL: maxLease,
 		Extend: func(ctx context.Context, ttl time.Duration) error {
 			return l.call(ctx, turn, false, func() error { return l.swap(item, token, expiration(wholeSeconds(ttl))) })
 		},

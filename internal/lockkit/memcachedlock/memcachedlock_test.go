@@ -200,6 +200,45 @@ func TestServerDown(t *testing.T) {
 	}
 }
 
+// memcached keeps an item at most 30 days (a longer relative expiry would
+// be read as a Unix time): an Extend asking for more is capped there, held
+// by the server and trusted by the lease for no longer.
+func TestExtendBeyondThirtyDaysIsCapped(t *testing.T) {
+	ctx := context.Background()
+	mc := dial(t, serverAddr(t))
+	l := memcachedlock.New(mc)
+	defer l.Close()
+	key := "memcachedlock:test:" + t.Name()
+	lease, err := l.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	if err := lease.Extend(ctx, 960*time.Hour); err != nil {
+		t.Fatalf("Extend(960h): %v", err)
+	}
+	answered := time.Now()
+	const kept = 30 * 24 * time.Hour
+	if got := deadline(t, lease); got.After(answered.Add(kept)) {
+		t.Errorf("Extend(960h) trusted for %v; memcached keeps an item %v at most", got.Sub(answered), kept)
+	}
+	other := memcachedlock.New(mc)
+	defer other.Close()
+	if _, err := other.TryAcquire(ctx, key); !errors.Is(err, lockkit.ErrNotAcquired) {
+		t.Errorf("another owner's add after the capped Extend = %v, want ErrNotAcquired: the item must still be held", err)
+	}
+}
+
+// deadline is when lease's Lost closes unless a renewal moves it.
+func deadline(t *testing.T, lease lockkit.Lease) time.Time {
+	t.Helper()
+	d, ok := lease.(interface{ Deadline() time.Time })
+	if !ok {
+		t.Fatalf("%T reports no deadline", lease)
+	}
+	return d.Deadline()
+}
+
 func serverAddr(t testing.TB) string { return testenv.Require(t, "SHOP_TEST_MEMCACHED_ADDR") }
 
 func dial(t testing.TB, addr string) *memcache.Client {

@@ -203,6 +203,7 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
+	ttl = min(ttl, maxWaitTimeout)
 	conn, err := l.pool.Conn(ctx)
 	if err != nil {
 		return nil, unavailable(err)
@@ -239,7 +240,7 @@ func (l *ForUpdateLocker) grant(ctx context.Context, key string, ttl time.Durati
 	defer h.mu.Unlock()
 	h.expiry = time.AfterFunc(time.Until(sent.Add(ttl)), h.drop)
 	h.lease = backend.NewLease(backend.Grant{
-		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent,
+		Key: key, Fence: fence, TTL: ttl, Watchdog: watchdog, Sent: sent, MaxTTL: maxWaitTimeout,
 		Extend:  h.extend,
 		Release: func(ctx context.Context) error { return h.release(ctx, l.releaseSQL, []byte(key)) },
 		Gone:    h.gone,
@@ -356,6 +357,11 @@ func withoutComments(query string) string {
 	}
 	return b.String()
 }
+
+// maxWaitTimeout is the largest wait_timeout MariaDB and MySQL keep (a
+// larger one is cut to it with a warning): a longer TTL, asked of Acquire
+// or Extend, is capped to it, and the lease trusts no more than that.
+const maxWaitTimeout = 365 * 24 * time.Hour
 
 // seconds is ttl as a wait_timeout: whole seconds, rounded up, so that the
 // server never ends a lease before its holder stops trusting it.

@@ -165,6 +165,39 @@ func TestForUpdateWaiterGetsWholeTTL(t *testing.T) {
 
 // sessionsOn counts the server sessions running a statement on key, other
 // than the lock's holder, which is idle inside its transaction.
+// MariaDB keeps wait_timeout at most 365 days (a larger value is cut to
+// that with a warning): a grant or an Extend asking for more is capped
+// there, and the lease trusts no more than the server enforces.
+func TestForUpdateTTLBeyondTheServersMaximumIsCapped(t *testing.T) {
+	l := newRowLocker(t, testDSN(t))
+	defer l.Close()
+	ctx, key := context.Background(), "mysqllock:"+t.Name()
+	const asked, kept = 400 * 24 * time.Hour, 365 * 24 * time.Hour
+	lease := mustTry(t, l, key, lockkit.WithTTL(asked))
+	defer lease.Release(ctx)
+	granted := time.Now()
+	if got := deadline(t, lease); got.After(granted.Add(kept)) {
+		t.Errorf("grant of %v trusted for %v; the server keeps a session idle %v at most", asked, got.Sub(granted), kept)
+	}
+	if err := lease.Extend(ctx, asked); err != nil {
+		t.Fatalf("Extend(%v): %v", asked, err)
+	}
+	answered := time.Now()
+	if got := deadline(t, lease); got.After(answered.Add(kept)) {
+		t.Errorf("Extend(%v) trusted for %v; the server keeps a session idle %v at most", asked, got.Sub(answered), kept)
+	}
+}
+
+// deadline is when lease's Lost closes unless a renewal moves it.
+func deadline(t *testing.T, lease lockkit.Lease) time.Time {
+	t.Helper()
+	d, ok := lease.(interface{ Deadline() time.Time })
+	if !ok {
+		t.Fatalf("%T reports no deadline", lease)
+	}
+	return d.Deadline()
+}
+
 func sessionsOn(t testing.TB, dsn, key string) int {
 	t.Helper()
 	db, err := sql.Open("mysql", dsn)

@@ -206,9 +206,11 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, watchdo
 	return backend.NewLease(backend.Grant{
 		Key: key, TTL: ttl, Watchdog: watchdog,
 		// Until is redsync's validity end: the attempt's start plus the TTL
-		// minus the clock-drift allowance. Starting the lease there makes
-		// the local deadline, Sent+TTL, exactly that.
-		Sent: m.Until().Add(-ttl),
+		// minus the clock-drift allowance. Starting the lease at the
+		// attempt's start makes the local deadline exactly that, and each
+		// renewal is charged the same allowance from its own send.
+		Sent:  m.Until().Add(drift(ttl) - ttl),
+		Drift: drift,
 		// redsync bounds only lock attempts by its timeout factor; these
 		// get the same bound, or one silent master holds them until ctx
 		// or the client's read timeout ends.
@@ -277,6 +279,7 @@ func (l *Locker) mutex(key string, ttl time.Duration, value string) *redsync.Mut
 	// there for a TTL. Waiting for every master costs opTimeout at most.
 	opts := []redsync.Option{
 		redsync.WithExpiry(ttl),
+		redsync.WithDriftFactor(driftFactor),
 		redsync.WithTries(1),
 		redsync.WithTimeoutFactor(float64(opTimeout(ttl)) / float64(ttl)),
 	}
@@ -284,6 +287,16 @@ func (l *Locker) mutex(key string, ttl time.Duration, value string) *redsync.Mut
 		opts = append(opts, redsync.WithValue(value))
 	}
 	return l.rs.NewMutex(key, opts...)
+}
+
+// driftFactor is redsync's default: the share of a TTL by which the
+// masters' clocks may run ahead of ours.
+const driftFactor = 0.01
+
+// drift is the clock-drift allowance redsync charges a TTL, on a grant's
+// validity and on an extension's alike.
+func drift(ttl time.Duration) time.Duration {
+	return time.Duration(int64(float64(ttl) * driftFactor))
 }
 
 // opTimeout bounds one operation on the masters: Redlock's "small compared

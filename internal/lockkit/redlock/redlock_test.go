@@ -221,6 +221,43 @@ func TestOwnerCheckedAfterTakeover(t *testing.T) {
 	}
 }
 
+// An Extend, and so every watchdog renewal, is trusted for what redsync's
+// validity says after it: the TTL less the clock-drift allowance the grant
+// charges, counted from before the request left.
+func TestExtendChargesTheGrantsDriftAllowance(t *testing.T) {
+	l := redlock.New(dial(t, masterAddrs(t)))
+	defer l.Close()
+	ctx := context.Background()
+	const ttl = 4 * time.Second
+	drift := ttl / 100 // redsync's default drift factor
+	lease, err := l.Acquire(ctx, "redlock:test:"+t.Name(), lockkit.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	granted := time.Now()
+	if got, limit := deadline(t, lease), granted.Add(ttl-drift); got.After(limit) {
+		t.Errorf("grant trusted for %v after its answer, want at most %v", got.Sub(granted), ttl-drift)
+	}
+	if err := lease.Extend(ctx, ttl); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	if got, limit := deadline(t, lease), answered.Add(ttl-drift); got.After(limit) {
+		t.Errorf("Extend trusted for %v after its answer, want at most %v", got.Sub(answered), ttl-drift)
+	}
+}
+
+// deadline is when lease's Lost closes unless a renewal moves it.
+func deadline(t *testing.T, lease lockkit.Lease) time.Time {
+	t.Helper()
+	d, ok := lease.(interface{ Deadline() time.Time })
+	if !ok {
+		t.Fatalf("%T reports no deadline", lease)
+	}
+	return d.Deadline()
+}
+
 func masterAddrs(t testing.TB) []string {
 	t.Helper()
 	addrs := testenv.RequireList(t, "SHOP_TEST_REDLOCK_ADDRS")

@@ -64,9 +64,17 @@ func (l *Locker) findOnceBack(waitCtx context.Context, prefix string) (string, e
 }
 
 // find returns the node whose path starts with prefix (its GUID makes it
-// unique), "" if there is none.
+// unique), "" if there is none. It is asked after a lost reply, when the
+// client may have reconnected to another member of the ensemble, which
+// may not have applied our create yet: the sync makes that member catch
+// up with the leader before it lists (a session's requests are served in
+// order), or the listing could miss our node, and the node, ours, would
+// block the key until the session ends.
 func (l *Locker) find(prefix string) (string, error) {
 	dir := path.Dir(prefix)
+	if _, err := l.conn.Sync(dir); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return "", err
+	}
 	children, _, err := l.conn.Children(dir)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return "", err

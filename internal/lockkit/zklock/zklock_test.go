@@ -159,6 +159,40 @@ func TestLostCreateReplyIsFoundAfterASlowReconnect(t *testing.T) {
 	}
 }
 
+// After a lost create reply the client may reconnect to a member that has
+// not applied the create yet. The look for the node syncs that member with
+// the leader first: a listing without it misses the node, a second node is
+// created behind it, and the first, ours and ahead, blocks the key until
+// the session ends.
+func TestLostCreateReplyIsFoundOnAMemberThatLags(t *testing.T) {
+	addrs := serverAddrs(t)
+	tp := &tap{}
+	a := open(t, addrs, withDialer(tp.dial))
+	b := open(t, addrs)
+	ctx := context.Background()
+	key := "zklock:test:" + t.Name()
+	if err := a.mkdirs(a.dir(key)); err != nil {
+		t.Fatal(err)
+	}
+	tp.dropNextCreateReplyAndLag()
+	// The bound only ends a failing run: a grant needs no waiting here.
+	lease, err := a.Acquire(ctx, key, lockkit.WithWaitTimeout(3*sessionTimeout))
+	if !tp.dropped() {
+		t.Fatal("no create reply was dropped")
+	}
+	if err != nil {
+		t.Fatalf("acquire across a lost create reply and a lagging member: %v; queue %v", err, queue(t, b, key))
+	}
+	if nodes := queue(t, b, key); len(nodes) != 1 {
+		t.Errorf("queue after a lost reply is %v, want one node", nodes)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb := try(t, b, key)
+	_ = lb.Release(ctx)
+}
+
 func BenchmarkUncontended(b *testing.B) {
 	addrs := serverAddrs(b)
 	ctx := context.Background()
