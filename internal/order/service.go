@@ -91,8 +91,8 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 }
 
 func validatePlace(sku string, quantity int64) error {
-	if !inventory.ValidSKU(sku) {
-		return fmt.Errorf("%w: no product %q", inventory.ErrNotFound, sku)
+	if err := inventory.CheckSKU(sku); err != nil {
+		return err
 	}
 	if quantity <= 0 {
 		return fmt.Errorf("%w: quantity must be a positive integer, got %d", inventory.ErrInvalidQuantity, quantity)
