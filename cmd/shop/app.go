@@ -95,6 +95,11 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err != nil {
 		return nil, err
 	}
+	for _, d := range domains {
+		if c, ok := d.(interface{ Collectors() []prometheus.Collector }); ok {
+			reg.MustRegister(c.Collectors()...)
+		}
+	}
 	a.startCloser(orders, log)
 	a.newHandlers(cfg, log, domains, reg)
 	return a, nil
@@ -255,7 +260,7 @@ func newOrders(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem,
 	store := order.NewStore(db.DB, products, accounts)
 	orders := order.NewService(store, order.Options{Locker: l.locker, LockOptions: l.options,
 		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, Metrics: l.metrics,
-		CriticalSectionDelay: cfg.CriticalSectionDelay})
+		CriticalSectionDelay: cfg.CriticalSectionDelay, MaxUnpaidUnits: cfg.OrderMaxUnpaidUnits})
 	return &order.Domain{Service: orders, Store: store, Idem: tokens}
 }
 
