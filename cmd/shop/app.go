@@ -163,7 +163,7 @@ func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logge
 	if err := db.DB.Use(sqlTracing{system: dbSystem(cfg)}); err != nil {
 		return nil, nil, fmt.Errorf("sql tracing: %w", err)
 	}
-	if err := db.Migrate(ctx, models()...); err != nil {
+	if err := migrateAll(ctx, db); err != nil {
 		return nil, nil, fmt.Errorf("migrate: %w", err)
 	}
 
@@ -175,6 +175,15 @@ func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logge
 	}
 	a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
 	return db, rdb, nil
+}
+
+// migrateAll migrates the schema, then the rows an earlier version left in
+// a form this one refuses: SKUs with upper case.
+func migrateAll(ctx context.Context, db *storage.DB) error {
+	if err := db.Migrate(ctx, models()...); err != nil {
+		return err
+	}
+	return order.LowerSKUs(ctx, db.DB)
 }
 
 // locking is what every domain's service is given to keep its writes
