@@ -178,12 +178,19 @@ func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logge
 }
 
 // migrateAll migrates the schema, then the rows an earlier version left in
-// a form this one refuses: SKUs with upper case.
+// a form this one refuses: SKUs with upper case. A SKU that cannot take
+// its lower-case form (another product has it) is left for the admin to
+// rename or delete, with a warning: the rest of the shop can serve.
 func migrateAll(ctx context.Context, db *storage.DB) error {
 	if err := db.Migrate(ctx, models()...); err != nil {
 		return err
 	}
-	return order.LowerSKUs(ctx, db.DB)
+	err := order.LowerSKUs(ctx, db.DB)
+	if errors.Is(err, inventory.ErrSKUCollision) {
+		slog.WarnContext(ctx, "products left unreachable: their SKUs have upper case, and another product has the lower-case form", "err", err)
+		return nil
+	}
+	return err
 }
 
 // locking is what every domain's service is given to keep its writes

@@ -22,14 +22,19 @@ func LowerSKUs(ctx context.Context, db *gorm.DB) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var collisions []error
 	for _, sku := range skus {
-		errs = append(errs, db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			if err := inventory.LowerSKU(tx, sku); err != nil {
 				return err
 			}
 			return tx.Model(&Order{}).Where("sku = ?", sku).Update("sku", gorm.Expr("LOWER(sku)")).Error
-		}))
+		})
+		if errors.Is(err, inventory.ErrSKUCollision) {
+			collisions = append(collisions, err)
+		} else if err != nil {
+			return err
+		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(collisions...)
 }
