@@ -404,8 +404,8 @@ func TestPutBetweenALockedReadAndItsWriteFencesTheWrite(t *testing.T) {
 // spread over four spellings of its SKU. A SKU names one lock key and one
 // row only in its canonical (lower-case) form: the other spellings are
 // refused before they name a lock, so whatever the lock (fenced: local and
-// redis; unfenced: memcached), combined or not, and under atomic-redis's
-// mirror, what is sold is exactly what the stock lost, and no purchase is
+// redis; unfenced: memcached), combined or not, under atomic-redis's
+// mirror and under the optimistic strategy, what is sold is exactly what the stock lost, and no purchase is
 // refused as fenced.
 func TestCaseVariantsOfASKUShareOneLock(t *testing.T) {
 	spellings := []string{"phone-x", "PHONE-X", "Phone-x", "pHONE-X"}
@@ -429,6 +429,7 @@ func TestCaseVariantsOfASKUShareOneLock(t *testing.T) {
 		"lock-memcached": {"memcached", Options{Strategy: StrategyLock}},
 		"lock-combined":  {"local", Options{Strategy: StrategyLock, Combine: 8}},
 		"atomic-redis":   {"local", Options{Strategy: StrategyAtomicRedis}},
+		"optimistic":     {"local", Options{Strategy: StrategyOptimistic, Retry: patient}},
 	}
 	for dbName, newDB := range databases(t) {
 		for name, v := range variants {
