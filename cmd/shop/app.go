@@ -95,6 +95,11 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err != nil {
 		return nil, err
 	}
+	for _, d := range domains {
+		if c, ok := d.(interface{ Collectors() []prometheus.Collector }); ok {
+			reg.MustRegister(c.Collectors()...)
+		}
+	}
 	a.startCloser(orders, log)
 	a.newHandlers(cfg, log, domains, reg)
 	return a, nil
@@ -158,7 +163,7 @@ func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logge
 	if err := db.DB.Use(sqlTracing{system: dbSystem(cfg)}); err != nil {
 		return nil, nil, fmt.Errorf("sql tracing: %w", err)
 	}
-	if err := db.Migrate(ctx, models()...); err != nil {
+	if err := migrateAll(ctx, db); err != nil {
 		return nil, nil, fmt.Errorf("migrate: %w", err)
 	}
 
@@ -170,6 +175,22 @@ func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logge
 	}
 	a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
 	return db, rdb, nil
+}
+
+// migrateAll migrates the schema, then the rows an earlier version left in
+// a form this one refuses: SKUs with upper case. A SKU that cannot take
+// its lower-case form (another product has it) is left for the admin to
+// rename or delete, with a warning: the rest of the shop can serve.
+func migrateAll(ctx context.Context, db *storage.DB) error {
+	if err := db.Migrate(ctx, models()...); err != nil {
+		return err
+	}
+	err := order.LowerSKUs(ctx, db.DB)
+	if errors.Is(err, inventory.ErrSKUCollision) {
+		slog.WarnContext(ctx, "products left unreachable: their SKUs have upper case, and another product has the lower-case form", "err", err)
+		return nil
+	}
+	return err
 }
 
 // locking is what every domain's service is given to keep its writes
@@ -255,7 +276,7 @@ func newOrders(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem,
 	store := order.NewStore(db.DB, products, accounts)
 	orders := order.NewService(store, order.Options{Locker: l.locker, LockOptions: l.options,
 		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, Metrics: l.metrics,
-		CriticalSectionDelay: cfg.CriticalSectionDelay})
+		CriticalSectionDelay: cfg.CriticalSectionDelay, MaxUnpaidUnits: cfg.OrderMaxUnpaidUnits})
 	return &order.Domain{Service: orders, Store: store, Idem: tokens}
 }
 

@@ -150,7 +150,9 @@ func TestKeyedRequestsBoundedMemory(t *testing.T) {
 	prefix := "shop_idem_test_" + randomKey()[:8] + ":"
 	rk := prefixedKeys{rdb: redis.NewClient(&redis.Options{Addr: addr}), prefix: prefix}
 	t.Cleanup(rk.deleteAll)
-	srv, _ := newTestServer(t, map[string]string{"SHOP_REDIS_ADDRS": addr, "SHOP_KEY_PREFIX": prefix})
+	// Every one-unit order is left unpaid.
+	srv, _ := newTestServer(t, map[string]string{"SHOP_REDIS_ADDRS": addr, "SHOP_KEY_PREFIX": prefix,
+		"SHOP_ORDER_MAX_UNPAID_UNITS": fmt.Sprint(keyedRequests)})
 	c := newContract(t, srv.URL)
 	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
 	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/products", token: testAdmin, status: 201,

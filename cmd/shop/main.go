@@ -325,7 +325,7 @@ func migrate(ctx context.Context, cfg config.Config) error {
 		return err
 	}
 	defer db.Close()
-	return db.Migrate(ctx, models()...)
+	return migrateAll(ctx, db)
 }
 
 func token(cfg config.Config, id int64, ttl time.Duration, stdout, stderr io.Writer) int {

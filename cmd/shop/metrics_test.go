@@ -225,7 +225,8 @@ func TestShedRequestsCountedApart(t *testing.T) {
 
 // TestLockMetricsLabelEachKeyByItsClass: every acquisition the service
 // makes is counted under its key's class, a flow over keys of two classes
-// (paying an order locks the order and the account) under each key's own,
+// (placing an order locks the stock and the account, paying it the order
+// and the account) under each key's own,
 // and the order closer's leader lease under "other" (dashboards and
 // alerts select on these values).
 func TestLockMetricsLabelEachKeyByItsClass(t *testing.T) {
@@ -260,7 +261,7 @@ func TestLockMetricsLabelEachKeyByItsClass(t *testing.T) {
 	for deadline := time.Now().Add(30 * time.Second); waits()["other"] == "" && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	want := map[string]string{"stock": "1", "order": "1", "account": "1", "like": "1", "other": "1"}
+	want := map[string]string{"stock": "1", "order": "1", "account": "2", "like": "1", "other": "1"}
 	if got := waits(); !maps.Equal(got, want) {
 		t.Errorf("acquisitions by class %v, want %v", got, want)
 	}

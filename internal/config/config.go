@@ -180,6 +180,9 @@ type Config struct {
 	// 0): how long an order may await payment before the closer cancels it
 	// and returns its stock.
 	OrderPayTimeout time.Duration
+	// OrderMaxUnpaidUnits is SHOP_ORDER_MAX_UNPAID_UNITS (default 10, at
+	// least 1): the units one user may hold in orders awaiting payment.
+	OrderMaxUnpaidUnits int64
 	// CriticalSectionDelay is SHOP_CRITICAL_SECTION_DELAY (default 0): a
 	// sleep between the read and the write of every read-modify-write,
 	// standing in for business work. It widens the race window that the
@@ -273,6 +276,7 @@ func (p *parser) strategies(c *Config) {
 	c.IdemTTL = p.positiveDuration("SHOP_IDEM_TTL", 24*time.Hour)
 	c.IdemMaxTokens = int(p.int("SHOP_IDEM_MAX_TOKENS", 1000, 1))
 	c.OrderPayTimeout = p.positiveDuration("SHOP_ORDER_PAY_TIMEOUT", 15*time.Minute)
+	c.OrderMaxUnpaidUnits = p.int("SHOP_ORDER_MAX_UNPAID_UNITS", 10, 1)
 	c.CriticalSectionDelay = p.duration("SHOP_CRITICAL_SECTION_DELAY", 0)
 }
 
@@ -379,6 +383,7 @@ func (c Config) strategyAttrs() []slog.Attr {
 		slog.Duration("idem_ttl", c.IdemTTL),
 		slog.Int("idem_max_tokens", c.IdemMaxTokens),
 		slog.Duration("order_pay_timeout", c.OrderPayTimeout),
+		slog.Int64("order_max_unpaid_units", c.OrderMaxUnpaidUnits),
 		slog.Duration("critical_section_delay", c.CriticalSectionDelay),
 	}
 }

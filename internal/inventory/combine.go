@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -140,8 +141,9 @@ func (c *combined) serveNext(sku string, q *skuQueue) {
 	q.pending[0].lead <- struct{}{}
 }
 
-// serve sells batch under one grant. Buyers who left while queued are
-// answered with their context's error and take no part.
+// serve sells batch under one grant. Buyers who left while queued, or
+// while the batch waited for the grant, are answered with their context's
+// error and take no part.
 func (c *combined) serve(sku string, batch []*queued) {
 	live := answerDeparted(batch)
 	switch len(live) {
@@ -162,7 +164,7 @@ func (c *combined) serve(sku string, batch []*queued) {
 		return
 	}
 	for i, o := range live {
-		o.done <- batchResult(err, sold[i], purchases[i], o.quantity)
+		o.done <- batchResult(err, sold[i], purchases[i], o)
 	}
 }
 
@@ -189,9 +191,7 @@ func (c *combined) serveAlone(sku string, o *queued) {
 // sellBatch sells to live in one transaction under one grant of sku's
 // lock: purchases[i] is live[i]'s, sold to it if sold[i].
 func (c *combined) sellBatch(sku string, live []*queued) (purchases []Purchase, sold []bool, err error) {
-	// The batch outlives any one buyer's request: it serves them all. The
-	// lock's wait timeout still bounds the wait.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(live[0].ctx), writeTimeout+time.Minute)
+	ctx, cancel := batchContext(live)
 	defer cancel()
 	purchases = make([]Purchase, len(live))
 	sold = make([]bool, len(live))
@@ -211,6 +211,32 @@ func (c *combined) sellBatch(sku string, live []*queued) (purchases []Purchase, 
 	return purchases, sold, err
 }
 
+// batchContext is the context a batch of live buyers is served in. It
+// outlives any one buyer's request, as it serves them all, but not the
+// last: when every buyer has left (a shutdown cancels them all), the wait
+// for the lock ends with the last one's cause. A write already begun
+// finishes regardless (writeBatch).
+func batchContext(live []*queued) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(live[0].ctx))
+	ctx, cancelTimeout := context.WithTimeout(ctx, writeTimeout+time.Minute)
+	var left atomic.Int64
+	stops := make([]func() bool, len(live))
+	for i, o := range live {
+		stops[i] = context.AfterFunc(o.ctx, func() {
+			if int(left.Add(1)) == len(live) {
+				cancel(context.Cause(o.ctx))
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancelTimeout()
+		cancel(nil)
+	}
+}
+
 // countFencedBuyers counts a batch of buyers refused as fenced (err) in
 // shop_fenced_writes_total, one per buyer: the guard counted the batch
 // once, and every buyer in it is answered ErrFenced.
@@ -223,16 +249,19 @@ func (c *combined) countFencedBuyers(err error, buyers int) {
 	}
 }
 
-// batchResult is a batch buyer's answer: the batch's error, the purchase
-// it was sold, or sold out.
-func batchResult(err error, sold bool, p Purchase, quantity int64) queuedResult {
+// batchResult is batch buyer o's answer: the batch's error, the purchase
+// it was sold, its own context's error if it left before it was sold
+// anything, or sold out.
+func batchResult(err error, sold bool, p Purchase, o *queued) queuedResult {
 	switch {
 	case err != nil:
 		return queuedResult{err: err}
 	case sold:
 		return queuedResult{p: p}
+	case context.Cause(o.ctx) != nil:
+		return queuedResult{err: context.Cause(o.ctx)}
 	}
-	return queuedResult{err: soldOut(0, quantity)}
+	return queuedResult{err: soldOut(0, o.quantity)}
 }
 
 // errNotCombinable: the product gained a per-user limit since the buyers
@@ -291,9 +320,15 @@ func (s *Store) claimCombinable(ctx context.Context, sku string, fence uint64) (
 }
 
 // allot sells prod's stock to each of ps in order while it lasts, marking
-// sold[i], and returns the purchases sold with their buyers.
+// sold[i], and returns the purchases sold with their buyers. It runs under
+// the grant: a buyer whose request ended while the batch waited for it
+// (buyers[i] done: the client went, a shutdown, a lost idempotency lease)
+// is sold nothing, as no one would be told of the sale.
 func allot(prod *Product, ps []Purchase, sold []bool, buyers []context.Context) (rows []Purchase, rowBuyers []context.Context) {
 	for i := range ps {
+		if buyers[i] != nil && buyers[i].Err() != nil {
+			continue
+		}
 		if prod.Stock >= ps[i].Quantity {
 			prod.Stock -= ps[i].Quantity
 			sold[i] = true

@@ -80,3 +80,99 @@ func TestStaleBatchIsRefusedWhole(t *testing.T) {
 	}
 	assertNoDrift(t, store)
 }
+
+// announcingLocker grants through local, and tells acquiring when a grant
+// is asked for: from then on, a batch's buyers wait for the lock.
+type announcingLocker struct {
+	lockkit.Locker
+	acquiring chan struct{}
+}
+
+func (a announcingLocker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
+	a.acquiring <- struct{}{}
+	return a.Locker.Acquire(ctx, key, opts...)
+}
+
+// waitingBatch starts serving buyers as one batch of sku while another
+// holder keeps sku's lock, and returns once the batch waits for the
+// grant, with the release of that lock.
+func waitingBatch(t *testing.T, store *Store, sku string, buyers ...*queued) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	l := local.New()
+	t.Cleanup(func() { l.Close() })
+	held, err := l.Acquire(ctx, Key(sku).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquiring := make(chan struct{}, 1)
+	// The wait timeout is only a backstop: a batch that outlived its
+	// buyers is answered ErrNotAcquired a minute later instead of hanging.
+	svc, err := NewService(store, Options{Strategy: StrategyLock, Combine: 8, Locker: announcingLocker{l, acquiring},
+		LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(time.Minute)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go svc.(*combined).serve(sku, buyers)
+	<-acquiring
+	return func() { _ = held.Release(ctx) }
+}
+
+func newQueued(ctx context.Context, user int64) *queued {
+	return &queued{ctx: ctx, user: user, quantity: 1, done: make(chan queuedResult, 1), lead: make(chan struct{}, 1)}
+}
+
+// TestCombinedBuyerWhoLeftWhileTheBatchWaitedIsNotSold: a buyer whose
+// request ends while its batch waits for the lock is answered with its
+// context's error and sold nothing; the buyer who stayed is sold its unit.
+func TestCombinedBuyerWhoLeftWhileTheBatchWaitedIsNotSold(t *testing.T) {
+	ctx := context.Background()
+	store := NewStore(open(t, sqliteOptions(t)).DB, nil)
+	if _, err := store.Put(ctx, Product{SKU: "b", Name: "b", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	leaving, leave := context.WithCancel(ctx)
+	stays, leaves := newQueued(ctx, 1), newQueued(leaving, 2)
+	release := waitingBatch(t, store, "b", stays, leaves)
+	leave()
+	release()
+	if r := <-stays.done; r.err != nil {
+		t.Errorf("the buyer who stayed: %v, want sold", r.err)
+	}
+	if r := <-leaves.done; !errors.Is(r.err, context.Canceled) {
+		t.Errorf("the buyer who left: %+v, want context.Canceled", r)
+	}
+	var rows int64
+	if err := store.db.Model(&Purchase{}).Where("user_id = ?", 2).Count(&rows).Error; err != nil || rows != 0 {
+		t.Errorf("the buyer who left has %d purchase rows (%v), want 0", rows, err)
+	}
+	if p, _ := store.Get(ctx, "b"); p.Stock != 9 {
+		t.Errorf("stock %d, want 9", p.Stock)
+	}
+	assertNoDrift(t, store)
+}
+
+// TestCombinedBatchStopsWaitingWhenEveryBuyerLeft: a batch whose buyers
+// all left (a shutdown cancels every request) stops waiting for the lock
+// at once, with their error, instead of holding the shutdown up for the
+// lock's wait timeout.
+func TestCombinedBatchStopsWaitingWhenEveryBuyerLeft(t *testing.T) {
+	ctx := context.Background()
+	store := NewStore(open(t, sqliteOptions(t)).DB, nil)
+	if _, err := store.Put(ctx, Product{SKU: "b", Name: "b", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	shutdown, stop := context.WithCancel(ctx)
+	buyers := []*queued{newQueued(shutdown, 1), newQueued(shutdown, 2)}
+	release := waitingBatch(t, store, "b", buyers...)
+	defer release()
+	stop()
+	for i, o := range buyers {
+		if r := <-o.done; !errors.Is(r.err, context.Canceled) {
+			t.Errorf("buyer %d: %+v, want context.Canceled", i+1, r)
+		}
+	}
+	if p, _ := store.Get(ctx, "b"); p.Stock != 10 {
+		t.Errorf("stock %d, want 10", p.Stock)
+	}
+}

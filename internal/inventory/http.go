@@ -130,7 +130,7 @@ func (r putRequest) product() (Product, error) {
 	case r.SKU == nil:
 		return Product{}, problem.BadRequest("sku is required")
 	case !ValidSKU(*r.SKU):
-		return Product{}, problem.BadRequest(fmt.Sprintf("sku must be 1 to 64 letters, digits, '.', '-' or '_', got %q", *r.SKU))
+		return Product{}, problem.BadRequest(fmt.Sprintf("sku must be 1 to 64 lower-case letters, digits, '.', '-' or '_', got %q", *r.SKU))
 	case r.Name == nil || *r.Name == "":
 		return Product{}, problem.BadRequest("name is required")
 	case utf8.RuneCountInString(*r.Name) > 200: // characters, as VARCHAR(200) and openapi's maxLength count

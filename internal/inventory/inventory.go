@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/lockbench/shop/internal/guard"
@@ -47,12 +48,27 @@ var (
 	ErrInvalidQuantity = errors.New("invalid quantity")
 )
 
-// skuPattern keeps SKUs fit to be part of lock and Redis keys.
-var skuPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+// skuPattern is the one spelling of a SKU. It is spelled as it is into
+// the lock key, the Redis mirror's keys and the rows, so it has one case:
+// another spelling refused here can never reach a row under a lock key
+// of its own, whatever the database's collation.
+var skuPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
 
-// ValidSKU reports whether sku is well-formed: 1 to 64 letters, digits,
-// dots, dashes or underscores.
+// ValidSKU reports whether sku is well-formed: 1 to 64 lower-case letters,
+// digits, dots, dashes or underscores.
 func ValidSKU(sku string) bool { return skuPattern.MatchString(sku) }
+
+// CheckSKU returns nil for a well-formed SKU, else ErrNotFound saying why:
+// a SKU is a name, and a malformed one names no product.
+func CheckSKU(sku string) error {
+	if ValidSKU(sku) {
+		return nil
+	}
+	if lower := strings.ToLower(sku); ValidSKU(lower) {
+		return fmt.Errorf("%w: no product %q: SKUs are lower case, as in %q", ErrNotFound, sku, lower)
+	}
+	return fmt.Errorf("%w: no product %q", ErrNotFound, sku)
+}
 
 // Product is one item on sale.
 type Product struct {
@@ -171,8 +187,8 @@ func NewService(store *Store, o Options) (Service, error) {
 }
 
 func validate(sku string, quantity int64) error {
-	if !ValidSKU(sku) {
-		return fmt.Errorf("%w: no product %q", ErrNotFound, sku)
+	if err := CheckSKU(sku); err != nil {
+		return err
 	}
 	if quantity <= 0 {
 		return fmt.Errorf("%w: quantity must be a positive integer, got %d", ErrInvalidQuantity, quantity)

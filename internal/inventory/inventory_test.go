@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
+	"github.com/lockbench/shop/internal/lockkit/registry"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/storage"
@@ -397,4 +398,103 @@ func TestPutBetweenALockedReadAndItsWriteFencesTheWrite(t *testing.T) {
 			assertNoDrift(t, s)
 		})
 	}
+}
+
+// TestCaseVariantsOfASKUShareOneLock: 40 one-unit purchases of one product
+// spread over four spellings of its SKU. A SKU names one lock key and one
+// row only in its canonical (lower-case) form: the other spellings are
+// refused before they name a lock, so whatever the lock (fenced: local and
+// redis; unfenced: memcached), combined or not, under atomic-redis's
+// mirror and under the optimistic strategy, what is sold is exactly what the stock lost, and no purchase is
+// refused as fenced.
+func TestCaseVariantsOfASKUShareOneLock(t *testing.T) {
+	spellings := []string{"phone-x", "PHONE-X", "Phone-x", "pHONE-X"}
+	lockers := map[string]func(t *testing.T) lockkit.Locker{
+		"local": func(*testing.T) lockkit.Locker { return local.New() },
+		"redis": func(t *testing.T) lockkit.Locker {
+			c := redis.NewClient(&redis.Options{Addr: shoptest.Env(t, "SHOP_TEST_REDIS_ADDR"), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { c.Close() })
+			return openBackend(t, "redis", registry.Settings{Redis: c})
+		},
+		"memcached": func(t *testing.T) lockkit.Locker {
+			return openBackend(t, "memcached", registry.Settings{MemcachedAddrs: []string{shoptest.Env(t, "SHOP_TEST_MEMCACHED_ADDR")}})
+		},
+	}
+	variants := map[string]struct {
+		locker string
+		o      Options
+	}{
+		"lock-local":     {"local", Options{Strategy: StrategyLock}},
+		"lock-redis":     {"redis", Options{Strategy: StrategyLock}},
+		"lock-memcached": {"memcached", Options{Strategy: StrategyLock}},
+		"lock-combined":  {"local", Options{Strategy: StrategyLock, Combine: 8}},
+		"atomic-redis":   {"local", Options{Strategy: StrategyAtomicRedis}},
+		"optimistic":     {"local", Options{Strategy: StrategyOptimistic, Retry: patient}},
+	}
+	for dbName, newDB := range databases(t) {
+		for name, v := range variants {
+			t.Run(dbName+"/"+name, func(t *testing.T) {
+				ctx := context.Background()
+				o := v.o
+				if o.Strategy == StrategyAtomicRedis {
+					o.Mirror = mirror(t)
+				}
+				store := NewStore(newDB(t).DB, o.Mirror)
+				o.Locker, o.CriticalSectionDelay = lockers[v.locker](t), 5*time.Millisecond
+				defer o.Locker.Close()
+				svc, err := NewService(store, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := store.Put(ctx, Product{SKU: "phone-x", Name: "phone", Stock: 40, PriceCents: 1}); err != nil {
+					t.Fatal(err)
+				}
+				var (
+					mu      sync.Mutex
+					wg      sync.WaitGroup
+					start   = make(chan struct{})
+					answers = map[string]int{}
+				)
+				for i := range 40 {
+					wg.Go(func() {
+						<-start
+						sku := spellings[i%len(spellings)]
+						_, err := svc.Purchase(ctx, int64(i+1), sku, 1)
+						mu.Lock()
+						defer mu.Unlock()
+						switch {
+						case err == nil:
+							answers[sku+" sold"]++
+						case errors.Is(err, ErrNotFound) && sku != "phone-x":
+							answers[sku+" not found"]++
+						default:
+							answers[fmt.Sprintf("%s %v", sku, err)]++
+						}
+					})
+				}
+				close(start)
+				wg.Wait()
+				want := map[string]int{"phone-x sold": 10, "PHONE-X not found": 10, "Phone-x not found": 10, "pHONE-X not found": 10}
+				if fmt.Sprint(answers) != fmt.Sprint(want) {
+					t.Errorf("answers %v, want %v", answers, want)
+				}
+				if p, err := store.Get(ctx, "phone-x"); err != nil || p.Stock != 30 {
+					t.Errorf("stock %d (%v), want 30", p.Stock, err)
+				}
+				assertNoDrift(t, store)
+			})
+		}
+	}
+}
+
+// openBackend opens the lock backend name of the registry on its test
+// server, under a key prefix of its own.
+func openBackend(t *testing.T, name string, s registry.Settings) lockkit.Locker {
+	t.Helper()
+	s.KeyPrefix = shoptest.Prefix("inventory")
+	l, err := registry.Open(context.Background(), name, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

@@ -36,8 +36,12 @@ func NewStore(db *gorm.DB, mirror *Mirror) *Store { return &Store{db: db, mirror
 // Models are the tables of this package, for migrations.
 func Models() []any { return []any{&Product{}, &Purchase{}, &PurchaseLimit{}} }
 
-// Get reads one product.
+// Get reads one product. A malformed SKU names none (CheckSKU), on every
+// database.
 func (s *Store) Get(ctx context.Context, sku string) (Product, error) {
+	if err := CheckSKU(sku); err != nil {
+		return Product{}, err
+	}
 	var p Product
 	err := s.db.WithContext(ctx).Where("sku = ?", sku).Take(&p).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
@@ -22,6 +23,7 @@ func Problems() []problem.Mapping {
 		{Target: ErrNotFound, Status: http.StatusNotFound, Slug: "order-not-found", Title: "Order not found"},
 		{Target: ErrCancelled, Status: http.StatusConflict, Slug: "order-cancelled", Title: "Order cancelled"},
 		{Target: ErrTooLarge, Status: http.StatusUnprocessableEntity, Slug: "order-too-large", Title: "Order amount too large"},
+		{Target: ErrUnpaidLimit, Status: http.StatusConflict, Slug: "unpaid-limit", Title: "Too many units awaiting payment"},
 	}
 }
 
@@ -59,6 +61,12 @@ func (d *Domain) Reset(ctx context.Context, fixture string) error { return d.Sto
 
 // ForgetFences sets every order's fence to 0; see Store.ForgetFences.
 func (d *Domain) ForgetFences(ctx context.Context) error { return d.Store.ForgetFences(ctx) }
+
+// Collectors are the order metrics read from the database at each scrape:
+// shop_order_reserved_unpaid_units.
+func (d *Domain) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{d.Store.ReservedUnpaidCollector()}
+}
 
 // Checks are the order invariants for the audit.
 func (d *Domain) Checks() []audit.Check {

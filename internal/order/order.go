@@ -38,6 +38,9 @@ var (
 	ErrCancelled = errors.New("order cancelled")
 	// ErrTooLarge: price times quantity exceeds the largest amount.
 	ErrTooLarge = errors.New("order amount too large")
+	// ErrUnpaidLimit: the order would leave its user holding more units
+	// awaiting payment than one user may.
+	ErrUnpaidLimit = errors.New("too many units awaiting payment")
 )
 
 // Statuses of an order. awaiting_payment is the only one that changes:

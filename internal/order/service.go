@@ -37,6 +37,9 @@ type Options struct {
 	Metrics *lockmetrics.Metrics
 	// CriticalSectionDelay is slept between the read and the write.
 	CriticalSectionDelay time.Duration
+	// MaxUnpaidUnits is how many units one user may hold in orders
+	// awaiting payment (default DefaultMaxUnpaidUnits).
+	MaxUnpaidUnits int64
 }
 
 // Service places, pays, reads and closes orders. It is safe for concurrent
@@ -53,6 +56,9 @@ type Service struct {
 func NewService(store *Store, o Options) *Service {
 	if o.PayTimeout <= 0 {
 		o.PayTimeout = DefaultPayTimeout
+	}
+	if o.MaxUnpaidUnits <= 0 {
+		o.MaxUnpaidUnits = DefaultMaxUnpaidUnits
 	}
 	if o.LeaderTTL <= 0 {
 		o.LeaderTTL = lockkit.DefaultLeaseTTL
@@ -76,7 +82,7 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 	if found, ok, err := s.store.ByKey(ctx, user, key); err != nil || ok {
 		return found, ok, err
 	}
-	keys, err := s.placeLocks(ctx, user, sku, pay)
+	keys, err := s.placeLocks(ctx, user, sku)
 	if err != nil {
 		return Order{}, false, err
 	}
@@ -91,8 +97,8 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 }
 
 func validatePlace(sku string, quantity int64) error {
-	if !inventory.ValidSKU(sku) {
-		return fmt.Errorf("%w: no product %q", inventory.ErrNotFound, sku)
+	if err := inventory.CheckSKU(sku); err != nil {
+		return err
 	}
 	if quantity <= 0 {
 		return fmt.Errorf("%w: quantity must be a positive integer, got %d", inventory.ErrInvalidQuantity, quantity)
@@ -100,24 +106,23 @@ func validatePlace(sku string, quantity int64) error {
 	return nil
 }
 
-// placeLocks returns the keys placing an order locks: the stock's and, to
-// pay, the account's. Unknown SKUs and accounts are turned away before
-// they name a lock: a backend keeps a fence counter for every key ever
-// locked.
-func (s *Service) placeLocks(ctx context.Context, user int64, sku string, pay bool) ([]lockkey.Key, error) {
+// placeLocks returns the keys placing an order locks: the stock's and the
+// account's. Unknown SKUs and accounts are turned away before they name a
+// lock: a backend keeps a fence counter for every key ever locked. No
+// order without an account: one left unpaid holds stock from every other
+// buyer, and only an account can pay it.
+func (s *Service) placeLocks(ctx context.Context, user int64, sku string) ([]lockkey.Key, error) {
 	if _, err := s.store.products.Get(ctx, sku); err != nil {
 		return nil, err
 	}
-	keys := []lockkey.Key{inventory.Key(sku)}
-	if !pay {
-		return keys, nil
-	}
-	// Paying locks the account even for a free product: the price is read
-	// again under the stock's lock and may have changed meanwhile.
 	if _, err := s.store.accounts.Get(ctx, user); err != nil {
 		return nil, err
 	}
-	return append(keys, account.Key(user)), nil
+	// The account is locked even for a free product or an order left
+	// unpaid: paying debits it, at a price read again under the stock's
+	// lock; not paying counts the user's unpaid orders (checkUnpaid), one
+	// order at a time.
+	return []lockkey.Key{inventory.Key(sku), account.Key(user)}, nil
 }
 
 // decide is Create's decision for an order of quantity units, paid with
@@ -135,6 +140,8 @@ func (s *Service) decide(quantity int64, pay bool) func(ctx context.Context, o *
 		o.AmountCents, o.Status, o.CreatedAt = p.PriceCents*quantity, StatusAwaitingPayment, now()
 		if pay {
 			o.Status, o.PaidAt = StatusPaid, &o.CreatedAt
+		} else if err := s.checkUnpaid(ctx, o); err != nil {
+			return err
 		}
 		return guard.Work(ctx, s.o.CriticalSectionDelay)
 	}

@@ -200,6 +200,42 @@ func (db *DB) Migrate(ctx context.Context, models ...any) error {
 			return errors.New("storage: another instance has been migrating for 60s")
 		}
 		defer tx.Exec("SELECT RELEASE_LOCK('shop_migrate')")
-		return tx.AutoMigrate(models...)
+		if err := tx.Set("gorm:table_options", "DEFAULT CHARSET=utf8mb4 COLLATE="+binaryCollation).AutoMigrate(models...); err != nil {
+			return err
+		}
+		return convertToBinary(tx, models)
 	})
+}
+
+// binaryCollation is every shop table's on MySQL. The identifiers in them
+// (SKUs, idempotency keys) are also spelled into lock keys and Redis keys,
+// which compare byte for byte, as SQLite does. Under MariaDB's default
+// (utf8mb4_general_ci) PHONE-X and phone-x would be one row under two lock
+// keys, each lock admitting its own holder to the same row.
+const binaryCollation = "utf8mb4_bin"
+
+// convertToBinary converts the tables of models that an earlier version
+// created under another collation. A binary unique index is looser than a
+// case-insensitive one, so the rows already there always fit.
+func convertToBinary(tx *gorm.DB, models []any) error {
+	for _, m := range models {
+		stmt := &gorm.Statement{DB: tx}
+		if err := stmt.Parse(m); err != nil {
+			return err
+		}
+		table := stmt.Schema.Table
+		var collation string
+		err := tx.Raw("SELECT table_collation FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
+			table).Scan(&collation).Error
+		if err != nil {
+			return err
+		}
+		if collation == binaryCollation {
+			continue
+		}
+		if err := tx.Exec("ALTER TABLE " + tx.Statement.Quote(table) + " CONVERT TO CHARACTER SET utf8mb4 COLLATE " + binaryCollation).Error; err != nil {
+			return fmt.Errorf("storage: convert %s to %s: %w", table, binaryCollation, err)
+		}
+	}
+	return nil
 }
