@@ -263,9 +263,19 @@ func testKey(t *testing.T, rdb redis.UniversalClient) string {
 	return key
 }
 
+// deletePrefix deletes every key under prefix: a safe lock's fence counter
+// outlives its lease on purpose.
+func deletePrefix(rdb redis.UniversalClient, prefix string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 100).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+}
+
 func dial(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.Require(t, "SHOP_TEST_REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.Require(t, "SHOP_TEST_REDIS_ADDR"), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
