@@ -17,12 +17,17 @@
 //   - UniqueRow is a MariaDB table whose unique key is the lock, INSERT to
 //     lock and DELETE to unlock: a holder that dies locks the key for ever.
 //
+// CountThenInsert is no lock but what a lock was guarding: a per-user
+// purchase limit that counts the user's purchases, then inserts one; two
+// purchases that count at once both pass the limit.
+//
 // Each recipe has exactly its known flaw and is otherwise written as it is
 // usually found. The tests inject the crash or the pause at the exact step
 // through hook fields, so every failure is reproduced deterministically.
 //
 // The tests run each failure beside the recipe that survives the same
-// interleaving (the one-script release, GETSET, the lease row), and show
+// interleaving (the one-script release, GETSET, the lease row, one
+// conditional UPDATE), and show
 // that a row held SELECT … FOR UPDATE stops writers but not a plain SELECT.
 //
 // UNSAFE: use none of them to protect anything; lockkit/redislock and
