@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/redislock"
 )
 
 // A holds the key and starts its release while the key is still its own.
@@ -35,16 +34,8 @@ func TestGetCompareDelReleaseFreesTheNextHoldersLock(t *testing.T) {
 		},
 		wantBothHold: true,
 	}, {
-		name: "owner-checked-delete-script",
-		locker: func(t *testing.T) lockkit.Locker {
-			prefix := "brokenrecipes:" + t.Name() + ":"
-			l, err := redislock.New(rdb, redislock.WithPrefix(prefix))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { deletePrefix(rdb, prefix) })
-			return l
-		},
+		name:   "owner-checked-delete-script",
+		locker: func(t *testing.T) lockkit.Locker { return safeRedisLock(t, rdb) },
 		releasePaused: func(_ lockkit.Locker, lease lockkit.Lease, pause func()) error {
 			pause()
 			return lease.Release(ctx)
