@@ -33,6 +33,9 @@ import (
 // RetryAfter is the Retry-After of a shed request, in seconds.
 const RetryAfter = 1
 
+// Slug is the problem type of a shed request.
+const Slug = "overloaded"
+
 // Admission holds one Limiter per route pattern.
 type Admission struct {
 	o      Options
@@ -65,9 +68,11 @@ func New(o Options, reg prometheus.Registerer) *Admission {
 }
 
 // Handler is gin middleware that admits a request under its route's limit
-// or sheds it. It goes before any handler that does work, tracing,
-// logging and authentication included, so that a refusal costs less than
-// a sale.
+// or sheds it. It goes after authentication and after the body is read,
+// right before the handler: a slot is then held only by a request the
+// service can work on at once, and the latency the limit steers by is the
+// service's, never the time a client takes to send its body. A refusal
+// still costs less than a sale: no database, Redis or lock.
 func (a *Admission) Handler() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		route := c.FullPath()
@@ -115,7 +120,7 @@ func (a *Admission) limiter(route string) *Limiter {
 // refuse answers 503 without problem.Write's log line: a flood sheds
 // thousands a second, and the metrics count them.
 func refuse(c *gin.Context) {
-	e := problem.New(http.StatusServiceUnavailable, "overloaded",
+	e := problem.New(http.StatusServiceUnavailable, Slug,
 		"this route is serving all the requests it can; retry after "+strconv.Itoa(RetryAfter)+" s")
 	e.Title = "Overloaded"
 	e.RetryAfter = RetryAfter
