@@ -136,7 +136,7 @@ func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain,
 	a.handler = newRouter(routerDeps{
 		cfg:      cfg,
 		log:      log,
-		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken),
+		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken, auth.MaxLifetime(cfg.JWTMaxTTL)),
 		auditor:  newAuditor(cfg, domains, reg),
 		domains:  domains,
 		problems: problems(),

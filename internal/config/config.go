@@ -188,6 +188,9 @@ type Config struct {
 	// JWTSecret is SHOP_JWT_SECRET: the HS256 key for user tokens, at least
 	// 32 bytes. Dev default: DevJWTSecret.
 	JWTSecret string
+	// JWTMaxTTL is SHOP_JWT_MAX_TTL (default 24h, always above 0): the
+	// longest lifetime (iat to exp) of a user token that is accepted.
+	JWTMaxTTL time.Duration
 	// AdminToken is SHOP_ADMIN_TOKEN: the bearer token of /admin routes, at
 	// least 32 bytes in production. Dev default: DevAdminToken.
 	AdminToken string
@@ -279,6 +282,7 @@ func (p *parser) strategies(c *Config) {
 // process reads the secrets, the logs and the limits of the process.
 func (p *parser) process(c *Config) {
 	c.JWTSecret = p.str("SHOP_JWT_SECRET", "")
+	c.JWTMaxTTL = p.positiveDuration("SHOP_JWT_MAX_TTL", 24*time.Hour)
 	c.AdminToken = p.str("SHOP_ADMIN_TOKEN", "")
 	c.LogLevel = p.level("SHOP_LOG_LEVEL")
 	c.ShutdownTimeout = p.duration("SHOP_SHUTDOWN_TIMEOUT", 15*time.Second)
@@ -387,6 +391,7 @@ func (c Config) strategyAttrs() []slog.Attr {
 func (c Config) processAttrs() []slog.Attr {
 	return []slog.Attr{
 		slog.String("jwt_secret", mask(c.JWTSecret)),
+		slog.Duration("jwt_max_ttl", c.JWTMaxTTL),
 		slog.String("admin_token", mask(c.AdminToken)),
 		slog.String("log_format", c.LogFormat),
 		slog.String("log_level", c.LogLevel.String()),
@@ -474,6 +479,11 @@ func (p *parser) secrets(c *Config) {
 		p.fail("SHOP_ADMIN_TOKEN", "is the public dev token; production needs its own")
 	case c.Env == EnvProduction && len(c.AdminToken) < minSecretLen:
 		p.fail("SHOP_ADMIN_TOKEN", "is %d bytes; production needs at least %d (openssl rand -hex 32)", len(c.AdminToken), minSecretLen)
+	}
+	// One leaked value must not be both: the admin token would mint user
+	// tokens, and the signing secret would open the admin API.
+	if c.JWTSecret != "" && c.JWTSecret == c.AdminToken {
+		p.fail("SHOP_JWT_SECRET", "is SHOP_ADMIN_TOKEN; give each its own value")
 	}
 }
 

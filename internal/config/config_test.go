@@ -256,3 +256,33 @@ func TestKeyPrefixFitsEveryBackend(t *testing.T) {
 		}
 	}
 }
+
+// TestJWTSecretMustDifferFromTheAdminToken: whoever reads one of them
+// (a log, an environment dump) must not hold both: the admin token would
+// mint user tokens, and a user token secret would open the admin API.
+func TestJWTSecretMustDifferFromTheAdminToken(t *testing.T) {
+	same := strings.Repeat("k", 40)
+	for _, e := range []string{EnvProduction, EnvDev} {
+		_, err := Load(env(map[string]string{"SHOP_ENV": e, "SHOP_JWT_SECRET": same, "SHOP_ADMIN_TOKEN": same}))
+		if err == nil || !strings.Contains(err.Error(), "SHOP_JWT_SECRET") || !strings.Contains(err.Error(), "SHOP_ADMIN_TOKEN") {
+			t.Errorf("%s, one value for both: %v, want refused naming both", e, err)
+		}
+	}
+}
+
+func TestJWTMaxTTL(t *testing.T) {
+	dev := map[string]string{"SHOP_ENV": "dev"}
+	if c, err := Load(env(dev)); err != nil || c.JWTMaxTTL != 24*time.Hour {
+		t.Errorf("default: %s, %v; want 24h", c.JWTMaxTTL, err)
+	}
+	dev["SHOP_JWT_MAX_TTL"] = "1h"
+	if c, err := Load(env(dev)); err != nil || c.JWTMaxTTL != time.Hour {
+		t.Errorf("SHOP_JWT_MAX_TTL=1h: %s, %v", c.JWTMaxTTL, err)
+	}
+	for _, bad := range []string{"0", "-1h", "a day"} {
+		dev["SHOP_JWT_MAX_TTL"] = bad
+		if _, err := Load(env(dev)); err == nil || !strings.Contains(err.Error(), "SHOP_JWT_MAX_TTL") {
+			t.Errorf("SHOP_JWT_MAX_TTL=%s: %v, want refused", bad, err)
+		}
+	}
+}
