@@ -135,7 +135,7 @@ func accessLog(log *slog.Logger) gin.HandlerFunc {
 		c.Next()
 		// A flood sheds thousands a second; the metrics count them, and a
 		// line for each would cost more than the refusal.
-		if problem.SlugOf(c) == admission.Slug {
+		if problem.SlugOf(c) == "overloaded" {
 			return
 		}
 		status := c.Writer.Status()

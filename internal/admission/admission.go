@@ -33,9 +33,6 @@ import (
 // RetryAfter is the Retry-After of a shed request, in seconds.
 const RetryAfter = 1
 
-// Slug is the problem type of a shed request.
-const Slug = "overloaded"
-
 // Admission holds one Limiter per route pattern.
 type Admission struct {
 	o      Options
@@ -120,7 +117,7 @@ func (a *Admission) limiter(route string) *Limiter {
 // refuse answers 503 without problem.Write's log line: a flood sheds
 // thousands a second, and the metrics count them.
 func refuse(c *gin.Context) {
-	e := problem.New(http.StatusServiceUnavailable, Slug,
+	e := problem.New(http.StatusServiceUnavailable, "overloaded",
 		"this route is serving all the requests it can; retry after "+strconv.Itoa(RetryAfter)+" s")
 	e.Title = "Overloaded"
 	e.RetryAfter = RetryAfter

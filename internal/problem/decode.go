@@ -53,6 +53,29 @@ func ReadBody() gin.HandlerFunc {
 	}
 }
 
+// EmptyBody reports whether the request has no body bytes at all,
+// however it is framed: a chunked request with no chunk has no
+// Content-Length (-1), not 0. What it reads stays readable.
+func EmptyBody(c *gin.Context) (bool, error) {
+	body := c.Request.Body
+	if body == nil || body == http.NoBody || c.Request.ContentLength == 0 {
+		return true, nil
+	}
+	var first [1]byte
+	n, err := io.ReadFull(body, first[:])
+	if n == 0 {
+		if errors.Is(err, io.EOF) {
+			return true, nil
+		}
+		return false, decodeError(err)
+	}
+	c.Request.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(first[:n]), body), body}
+	return false, nil
+}
+
 // DecodeJSON reads the request body as exactly one JSON object into dst. It
 // refuses, as a problem whose detail names the fault: a missing media type
 // or one other than JSON (415), a body over the limit (413), malformed JSON, unknown
