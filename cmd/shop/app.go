@@ -55,7 +55,8 @@ func models() []any {
 // app is one shop process's wiring: open it, serve its handler, close it.
 type app struct {
 	handler http.Handler
-	// metrics serves /metrics; on its own listener when SHOP_METRICS_ADDR is set.
+	// metrics serves /metrics, on a listener of its own unless
+	// SHOP_METRICS_ADDR names the API's address.
 	metrics http.Handler
 	// ready are the dependency checks of /readyz.
 	ready    []readyCheck

@@ -62,7 +62,7 @@ func newRouter(d routerDeps) http.Handler {
 
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", readyz(d.ready))
-	if d.cfg.MetricsAddr == "" {
+	if d.cfg.MetricsOnHTTPAddr() {
 		r.GET("/metrics", gin.WrapH(d.metrics))
 	}
 	apidoc.Register(r)
