@@ -42,6 +42,9 @@ func newTestServer(t *testing.T, env map[string]string) (*httptest.Server, *app)
 	vars := map[string]string{
 		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
 		"SHOP_MAX_BODY_BYTES": "1024", "SHOP_ALLOW_RESET": "true",
+		// /metrics on the handler under test, as asked for by naming the
+		// API's own address.
+		"SHOP_METRICS_ADDR": config.DefaultHTTPAddr,
 	}
 	for k, v := range env {
 		vars[k] = v
