@@ -177,6 +177,26 @@ type keys struct{ prefix string }
 // entity maps an entity to its owner's id.
 func (k keys) entity(r Ref) string { return k.prefix + "entity:" + r.String() }
 
+// fence is the lock strategy's fence of r's liker set, in the set's slot.
+// It is the one key of the domain a reset keeps (see Reset).
+func (k keys) fence(r Ref) string { return k.prefix + "{" + r.String() + "}:fence" }
+
+// isFence reports whether key is the fence of some entity: the whole key
+// spelled by fence, not a suffix, since an entity may be named "fence".
+func (k keys) isFence(key string) bool {
+	rest, ok := strings.CutPrefix(key, k.prefix+"{")
+	if !ok {
+		return false
+	}
+	ref, ok := strings.CutSuffix(rest, "}:fence")
+	if !ok {
+		return false
+	}
+	typ, id, _ := strings.Cut(ref, ":")
+	r := Ref{Type: typ, ID: id}
+	return r.Validate() == nil && k.fence(r) == key
+}
+
 // owners is the set of every owner with a registered entity: what the audit
 // walks.
 func (k keys) owners() string { return k.prefix + "owners" }

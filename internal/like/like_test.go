@@ -46,11 +46,13 @@ func testPrefix(t *testing.T) string {
 	return "like_test:" + hex.EncodeToString(b) + ":"
 }
 
-// newService builds a Service under a fresh prefix and deletes its keys
-// when the test ends.
+// newService builds a Service under o.Prefix (a fresh one if empty) and
+// deletes its keys when the test ends.
 func newService(t *testing.T, client redis.UniversalClient, o Options) *Service {
 	t.Helper()
-	o.Prefix = testPrefix(t)
+	if o.Prefix == "" {
+		o.Prefix = testPrefix(t)
+	}
 	s, err := New(client, o)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +72,7 @@ func (s *Service) clearAll(ctx context.Context) error {
 		return err
 	}
 	del := func(ctx context.Context, node redis.UniversalClient) error {
-		it := node.Scan(ctx, 0, s.k.prefix+"*", 500).Iterator()
+		it := node.Scan(ctx, 0, globEscape(s.k.prefix)+"*", 500).Iterator()
 		for it.Next(ctx) {
 			if err := node.Unlink(ctx, it.Val()).Err(); err != nil {
 				return err
@@ -423,5 +425,66 @@ func BenchmarkLike(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestResetRemovesExactlyItsKeys: entities whose ids are the suffixes of
+// other keys (fence, likers) are forgotten by a reset like any other,
+// under both strategies, with prefixes holding glob characters; a service
+// whose prefix those characters would match keeps its likes; only the
+// lock strategy's fence keys stay, matched by their full form.
+func TestResetRemovesExactlyItsKeys(t *testing.T) {
+	client := nodeClient(t)
+	ctx := context.Background()
+	for _, strategy := range []string{StrategyLock, StrategyHashTag} {
+		for _, glob := range []struct{ own, neighbour string }{
+			{own: "*", neighbour: "zz"},  // base*like:* would match basezzlike:…
+			{own: "[x]", neighbour: "x"}, // base[x]like:* would match basexlike:…
+		} {
+			t.Run(strategy+"/"+glob.own, func(t *testing.T) {
+				base := testPrefix(t)
+				o := Options{Strategy: strategy, Locker: redisLocker(t, client)}
+				o.Prefix = base + glob.own
+				s := newService(t, client, o)
+				o.Prefix = base + glob.neighbour
+				neighbour := newService(t, client, o)
+				odd := []Ref{{Type: "post", ID: "fence"}, {Type: "post", ID: "likers"}}
+				for _, svc := range []*Service{s, neighbour} {
+					for _, r := range odd {
+						if _, err := svc.Register(ctx, Entity{Ref: r, Owner: 1}); err != nil {
+							t.Fatal(err)
+						}
+						if _, err := svc.Like(ctx, 2, r); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				if err := s.Reset(ctx, "default"); err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range odd {
+					if _, err := s.Get(ctx, 2, r); !errors.Is(err, ErrEntityNotFound) {
+						t.Errorf("%s after the reset: %v, want ErrEntityNotFound", r, err)
+					}
+					if st, err := neighbour.Get(ctx, 2, r); err != nil || st.Likes != 1 || !st.Liked {
+						t.Errorf("the neighbour's %s after the reset: %+v, %v; want its one like", r, st, err)
+					}
+				}
+				keys, err := client.Keys(ctx, globEscape(s.k.prefix)+"*").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range keys {
+					if strings.Contains(k, "post:fence") || strings.Contains(k, "post:likers") {
+						if !s.k.isFence(k) {
+							t.Errorf("key %q survived the reset", k)
+						}
+					}
+				}
+				if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+					t.Errorf("drift %v, %v; want none", drift, err)
+				}
+			})
+		}
 	}
 }

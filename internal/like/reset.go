@@ -46,10 +46,23 @@ func (s *Service) Reset(ctx context.Context, fixture string) error {
 	return nil
 }
 
+// globEscape quotes the characters SCAN's MATCH pattern would read as a
+// glob, so that a prefix holding them matches only itself.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`\*?[]`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // clear deletes the domain's keys on every master: SCAN sees one node only.
 func (s *Service) clear(ctx context.Context) error {
 	scan := func(ctx context.Context, node redis.UniversalClient) error {
-		it := node.Scan(ctx, 0, s.k.prefix+"*", 500).Iterator()
+		it := node.Scan(ctx, 0, globEscape(s.k.prefix)+"*", 500).Iterator()
 		var batch []string
 		flush := func() error {
 			if len(batch) == 0 {
@@ -67,7 +80,7 @@ func (s *Service) clear(ctx context.Context) error {
 			return err
 		}
 		for it.Next(ctx) {
-			if strings.HasSuffix(it.Val(), ":fence") {
+			if s.k.isFence(it.Val()) {
 				continue
 			}
 			batch = append(batch, it.Val())

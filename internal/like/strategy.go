@@ -32,7 +32,7 @@ type spread struct {
 }
 
 func (s *spread) likers(e Entity) string { return s.k.prefix + "{" + e.Ref.String() + "}:likers" }
-func (s *spread) fence(e Entity) string  { return s.k.prefix + "{" + e.Ref.String() + "}:fence" }
+func (s *spread) fence(e Entity) string  { return s.k.fence(e.Ref) }
 func (s *spread) received(owner int64) string {
 	return s.k.prefix + "received:" + strconv.FormatInt(owner, 10)
 }
