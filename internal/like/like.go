@@ -56,11 +56,14 @@ var (
 	toggleLua string
 	//go:embed drift.lua
 	driftLua string
+	//go:embed count.lua
+	countLua string
 
 	checkScript  = redis.NewScript(checkLua)
 	writeScript  = redis.NewScript(writeLua)
 	toggleScript = redis.NewScript(toggleLua)
 	driftScript  = redis.NewScript(driftLua)
+	countScript  = redis.NewScript(countLua)
 )
 
 // Types and ids become parts of Redis keys: no ':' and no braces, which

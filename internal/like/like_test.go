@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/testenv"
 )
 
@@ -486,5 +487,51 @@ func TestResetRemovesExactlyItsKeys(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestALikeWhoseCounterReplyIsLostCountsOnce: the owner's counter moves,
+// then the connection drops before its reply arrives (a failover, a cut
+// link). The client sends the command again on a new connection; the like
+// must still count once, under both strategies.
+func TestALikeWhoseCounterReplyIsLostCountsOnce(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	for _, strategy := range []string{StrategyLock, StrategyHashTag} {
+		t.Run(strategy, func(t *testing.T) {
+			ctx := context.Background()
+			direct := nodeClient(t)
+			o := Options{Strategy: strategy, Locker: lockkit.None(), Prefix: testPrefix(t)}
+			s := newService(t, direct, o)
+			e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 7}
+			if _, err := s.Register(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			// Loaded beforehand, so that the lost reply is the command's,
+			// not a NOSCRIPT that go-redis answers with EVAL.
+			for _, sc := range []*redis.Script{checkScript, writeScript, toggleScript, countScript} {
+				if err := sc.Load(ctx, direct).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cutter, via := shoptest.NewReplyCutter(t, addr, []byte(s.strategy.received(e.Owner)))
+			proxied := redis.NewClient(&redis.Options{Addr: via, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { proxied.Close() })
+			ps, err := New(proxied, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ps.Like(ctx, 2, e.Ref); err != nil {
+				t.Logf("like with its reply lost: %v (an unknown outcome)", err)
+			}
+			if !cutter.Cut() {
+				t.Fatal("no reply was lost: the test proves nothing")
+			}
+			if n, err := s.Received(ctx, e.Owner); err != nil || n != 1 {
+				t.Errorf("owner's count %d (%v), want 1: one like", n, err)
+			}
+			if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+				t.Errorf("drift %v (%v), want none", drift, err)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package like
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strconv"
@@ -17,6 +18,10 @@ import (
 // counterTimeout bounds the counter write, which runs detached from the
 // request: once the set has changed, the counter must follow.
 const counterTimeout = 5 * time.Second
+
+// countMarkerTTL is how long a counter move remembers it ran: longer than
+// counterTimeout, within which every resend of it is sent.
+const countMarkerTTL = 30 * time.Second
 
 // spread is the lock strategy. Keys are spread the way a cluster wants
 // them: an entity's set and its fence share the entity's slot,
@@ -96,8 +101,19 @@ func (s *spread) setFenced(ctx context.Context, e Entity, user int64, add bool, 
 	// script closes that gap, and the audit reports it.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), counterTimeout)
 	defer cancel()
-	if err := s.client.IncrBy(wctx, s.received(e.Owner), delta).Err(); err != nil {
-		return fmt.Errorf("like: count for owner %d: %w", e.Owner, err)
+	return s.count(wctx, e.Owner, delta)
+}
+
+// count moves owner's counter by delta once. go-redis sends a command
+// again when its connection drops before the reply, though the command
+// may have run; the change's marker makes the second run a no-op. A
+// failure after every retry is an unknown outcome: the counter moved or
+// not, and the audit's like_drift shows which.
+func (s *spread) count(ctx context.Context, owner, delta int64) error {
+	received := s.received(owner)
+	marker := s.k.prefix + "counted:{" + received + "}:" + rand.Text()
+	if err := countScript.Run(ctx, s.client, []string{received, marker}, delta, countMarkerTTL.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("like: count for owner %d: %w", owner, err)
 	}
 	return nil
 }
