@@ -207,6 +207,7 @@ func assertNoDrift(t *testing.T, store *Store) {
 	ctx := context.Background()
 	for name, check := range map[string]func(context.Context) (map[string]int64, error){
 		"oversold": store.Oversold, "stock drift": store.StockDrift,
+		"over limit": store.OverLimit, "miscounted limit": store.MiscountedLimit,
 	} {
 		d, err := check(ctx)
 		if err != nil || len(d) != 0 {
