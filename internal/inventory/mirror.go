@@ -34,7 +34,7 @@ var (
 // that go-redis's resend of a script whose reply was lost (its connection
 // dropped after the script ran) changes nothing. It outlasts every resend:
 // they are sent within the call's own timeout. One marker per sale lives
-// this long: about 100 bytes each, 3 MB at 1,000 sales a second.
+// this long: 136 bytes each (MEMORY USAGE), 4 MB at 1,000 sales a second.
 const markerTTL = 30 * time.Second
 
 // marker names one take or give-back of sku's mirror, in the mirror's slot.

@@ -20,7 +20,9 @@ import (
 const counterTimeout = 5 * time.Second
 
 // countMarkerTTL is how long a counter move remembers it ran: longer than
-// counterTimeout, within which every resend of it is sent.
+// counterTimeout, within which every resend of it is sent. One marker per
+// like or unlike lives this long: 152 bytes each (MEMORY USAGE), 4.5 MB
+// at 1,000 likes a second.
 const countMarkerTTL = 30 * time.Second
 
 // spread is the lock strategy. Keys are spread the way a cluster wants
