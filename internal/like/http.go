@@ -19,6 +19,11 @@ func Problems() []problem.Mapping {
 		{Target: ErrEntityNotFound, Status: http.StatusNotFound, Slug: "entity-not-found", Title: "Entity not found"},
 		{Target: ErrOwnerConflict, Status: http.StatusConflict, Slug: "owner-conflict", Title: "Entity has another owner"},
 		{Target: ErrInvalidEntity, Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input"},
+		// No Retry-After, as for the database's lost commit reply: the
+		// change landed, and only the count is in doubt.
+		{Target: ErrCountUnknown, Status: http.StatusServiceUnavailable, Slug: "outcome-unknown", Title: "Outcome unknown",
+			Detail: "the like or unlike was recorded, and the Redis connection broke before the owner's like count confirmed it followed; " +
+				"sending it again changes nothing, and GET /api/v1/likes/{type}/{id} shows the like as it stands"},
 	}
 }
 

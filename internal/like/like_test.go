@@ -535,3 +535,42 @@ func TestALikeWhoseCounterReplyIsLostCountsOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestALikeWhoseCounterNeverAnswersIsAnUnknownOutcome: every reply of the
+// counter's command is lost, resends included. The set has changed and
+// the counter may have: the like must answer an unknown outcome, not
+// "nothing was changed", and the counter must have moved once however
+// often it was sent.
+func TestALikeWhoseCounterNeverAnswersIsAnUnknownOutcome(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	ctx := context.Background()
+	direct := nodeClient(t)
+	o := Options{Locker: lockkit.None(), Prefix: testPrefix(t)}
+	s := newService(t, direct, o)
+	e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 7}
+	if _, err := s.Register(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []*redis.Script{checkScript, writeScript, countScript} {
+		if err := sc.Load(ctx, direct).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cutter, via := shoptest.NewReplyCutter(t, addr, []byte(s.strategy.received(e.Owner)))
+	cutter.CutEvery()
+	proxied := redis.NewClient(&redis.Options{Addr: via, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { proxied.Close() })
+	ps, err := New(proxied, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ps.Like(ctx, 2, e.Ref); !errors.Is(err, ErrCountUnknown) {
+		t.Errorf("like whose count never answered: %v, want ErrCountUnknown", err)
+	}
+	if n, err := s.Received(ctx, e.Owner); err != nil || n != 1 {
+		t.Errorf("owner's count %d (%v), want 1: one like, however often sent", n, err)
+	}
+	if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+		t.Errorf("drift %v (%v), want none", drift, err)
+	}
+}

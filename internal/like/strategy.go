@@ -115,7 +115,7 @@ func (s *spread) count(ctx context.Context, owner, delta int64) error {
 	received := s.received(owner)
 	marker := s.k.prefix + "counted:{" + received + "}:" + rand.Text()
 	if err := countScript.Run(ctx, s.client, []string{received, marker}, delta, countMarkerTTL.Milliseconds()).Err(); err != nil {
-		return fmt.Errorf("like: count for owner %d: %w", owner, err)
+		return fmt.Errorf("%w: owner %d: %w", ErrCountUnknown, owner, err)
 	}
 	return nil
 }

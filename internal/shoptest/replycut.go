@@ -15,7 +15,12 @@ import (
 type ReplyCutter struct {
 	trigger []byte
 	cut     atomic.Bool
+	every   atomic.Bool
 }
+
+// CutEvery makes the proxy lose the reply of every command that contains
+// the trigger, not only the first: a server that never answers in time.
+func (c *ReplyCutter) CutEvery() { c.every.Store(true) }
 
 // NewReplyCutter starts the proxy in front of target and returns it with
 // the address to dial instead of target. It stops when the test ends.
@@ -56,7 +61,7 @@ func (c *ReplyCutter) forward(client net.Conn, target string) {
 		for {
 			n, err := client.Read(buf)
 			if n > 0 {
-				if !c.cut.Load() && bytes.Contains(buf[:n], c.trigger) {
+				if (c.every.Load() || !c.cut.Load()) && bytes.Contains(buf[:n], c.trigger) {
 					armed.Store(true)
 				}
 				if _, werr := server.Write(buf[:n]); werr != nil {
@@ -73,7 +78,7 @@ func (c *ReplyCutter) forward(client net.Conn, target string) {
 	for {
 		n, err := server.Read(buf)
 		if n > 0 {
-			if armed.Load() && c.cut.CompareAndSwap(false, true) {
+			if armed.Load() && (c.cut.CompareAndSwap(false, true) || c.every.Load()) {
 				return // the command ran; its reply is lost
 			}
 			if _, werr := client.Write(buf[:n]); werr != nil {
