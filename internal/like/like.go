@@ -45,11 +45,12 @@ var (
 	ErrOwnerConflict = errors.New("entity registered with another owner")
 	// ErrInvalidEntity: a type, id or owner id that is not well-formed.
 	ErrInvalidEntity = errors.New("invalid entity")
-	// ErrCountUnknown: the like or unlike changed the liker set, and the
-	// owner's counter may or may not have followed (its command was sent
-	// and no reply came). Sending the change again changes nothing; the
-	// audit's like_drift shows whether the counter moved.
-	ErrCountUnknown = errors.New("the owner's like count may or may not have moved")
+	// ErrOutcomeUnknown: a write of the like or unlike was sent and no
+	// reply came, resends included: the liker set and the owner's counter
+	// may or may not show it. Sending the change again is safe (it is
+	// idempotent per user); the audit's like_drift shows whether the pair
+	// still agrees.
+	ErrOutcomeUnknown = errors.New("the like's outcome is unknown")
 )
 
 var (

@@ -564,8 +564,8 @@ func TestALikeWhoseCounterNeverAnswersIsAnUnknownOutcome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ps.Like(ctx, 2, e.Ref); !errors.Is(err, ErrCountUnknown) {
-		t.Errorf("like whose count never answered: %v, want ErrCountUnknown", err)
+	if _, err := ps.Like(ctx, 2, e.Ref); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Errorf("like whose count never answered: %v, want ErrOutcomeUnknown", err)
 	}
 	if n, err := s.Received(ctx, e.Owner); err != nil || n != 1 {
 		t.Errorf("owner's count %d (%v), want 1: one like, however often sent", n, err)

@@ -92,7 +92,7 @@ func (s *spread) setFenced(ctx context.Context, e Entity, user int64, add bool, 
 	}
 	res, err := writeScript.Run(ctx, s.client, []string{s.likers(e), s.fence(e)}, user, op, fence).Int64()
 	if err != nil {
-		return fmt.Errorf("like: write %s: %w", e.Ref, err)
+		return fmt.Errorf("%w: write %s: %w", ErrOutcomeUnknown, e.Ref, err)
 	}
 	if res < 0 {
 		return fmt.Errorf("%w: likes of %s, token %d", lockkit.ErrFenced, e.Ref, fence)
@@ -115,7 +115,7 @@ func (s *spread) count(ctx context.Context, owner, delta int64) error {
 	received := s.received(owner)
 	marker := s.k.prefix + "counted:{" + received + "}:" + rand.Text()
 	if err := countScript.Run(ctx, s.client, []string{received, marker}, delta, countMarkerTTL.Milliseconds()).Err(); err != nil {
-		return fmt.Errorf("%w: owner %d: %w", ErrCountUnknown, owner, err)
+		return fmt.Errorf("%w: count for owner %d: %w", ErrOutcomeUnknown, owner, err)
 	}
 	return nil
 }
@@ -187,7 +187,7 @@ func (t *tagged) set(ctx context.Context, e Entity, user int64, add bool) error 
 		op = "add"
 	}
 	if err := toggleScript.Run(ctx, t.client, []string{t.likers(e), t.received(e.Owner)}, user, op).Err(); err != nil {
-		return fmt.Errorf("like: %s %s: %w", op, e.Ref, err)
+		return fmt.Errorf("%w: %s %s: %w", ErrOutcomeUnknown, op, e.Ref, err)
 	}
 	return nil
 }
