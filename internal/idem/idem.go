@@ -66,7 +66,13 @@
 // while its request runs, so that a crash blocks the key for one lease at
 // most. The lease is fenced by the record's own run number, not by a lock's
 // counter: a run whose lease lapsed and whose key was claimed again cannot
-// store or free it. A user holds at most Options.MaxTokens live tokens;
+// store or free it. Each claim carries an id of its own, kept on the
+// record: go-redis sends a script again when its connection drops before
+// the reply, and the resend of a claim that ran finds its own id and runs
+// the request, instead of answering 409 for a lease nobody else holds.
+// Minting (the token is named before the script) and the scripts fenced
+// by the run number are idempotent as they stand. A user holds at most
+// Options.MaxTokens live tokens;
 // minting more is 429 idempotency-tokens-exhausted with Retry-After.
 //
 // Redis layout (one hash slot per user, so that it works on a Cluster):
@@ -281,7 +287,7 @@ func (m *Idem) claim(ctx context.Context, user int64, key, fp string, required b
 		req = "1"
 	}
 	res, err := claimScript.Run(ctx, m.client, []string{recKey, leaseKey},
-		fp, m.o.Lease.Milliseconds(), m.o.TTL.Milliseconds(), req).StringSlice()
+		fp, m.o.Lease.Milliseconds(), m.o.TTL.Milliseconds(), req, rand.Text()).StringSlice()
 	if err != nil {
 		return 0, "", record{}, fmt.Errorf("idem: claim key: %w", err)
 	}
