@@ -76,7 +76,7 @@ func TestTransfersAndPutsKeepMoneyBalanced(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if _, err := locked.Deposit(ctx, 4, 1000); err != nil {
+			if _, err := locked.Deposit(ctx, 4, 1000, Precondition{}); err != nil {
 				t.Fatal(err)
 			}
 			if r := moneyAudit(t, s); !r.OK {

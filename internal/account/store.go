@@ -279,8 +279,9 @@ func numbered(n int, balance int64) []Account {
 }
 
 // Reset replaces every account and the whole ledger, every history's, with
-// the fixture's accounts. Fences of accounts that stay are kept, and their
-// version and history are raised in the same transaction, as Put does: a
+// the fixture's accounts. Fences of accounts that stay are kept; their
+// history is raised, and upsert raises their version, in the same
+// transaction, as Put does: a
 // holder that claimed and read an account before the reset is refused when
 // it writes (optimistic.ErrConflict), whatever its token.
 func (s *Store) Reset(ctx context.Context, fixture string) error {
@@ -300,7 +301,7 @@ func (s *Store) Reset(ctx context.Context, fixture string) error {
 		if err := tx.Where("id NOT IN ?", ids).Delete(&Account{}).Error; err != nil {
 			return err
 		}
-		if err := tx.Exec("UPDATE accounts SET history = history + 1, version = version + 1").Error; err != nil {
+		if err := tx.Exec("UPDATE accounts SET history = history + 1").Error; err != nil {
 			return err
 		}
 		return upsert(tx, accts)
