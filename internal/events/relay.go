@@ -92,15 +92,16 @@ type Relay struct {
 	o    RelayOptions
 	wake chan struct{}
 	// afterPublish, when set by a test, runs after a batch was
-	// acknowledged and before it is marked: the window a relay killed
-	// there leaves.
-	afterPublish func(ctx context.Context)
+	// acknowledged and before it is marked; an error stops the round
+	// there, unmarked, as a relay killed in that window would.
+	afterPublish func() error
 	streamReady  bool
 }
 
 // NewRelay returns a relay; Run starts it.
 func NewRelay(o RelayOptions) *Relay {
 	o.defaults()
+	o.Stream.defaults()
 	return &Relay{o: o, wake: make(chan struct{}, 1)}
 }
 
@@ -196,7 +197,9 @@ func (r *Relay) Round(ctx context.Context, fence uint64) (int, error) {
 	acked, err := r.publish(ctx, rows)
 	if len(acked) > 0 {
 		if r.afterPublish != nil {
-			r.afterPublish(ctx)
+			if err := r.afterPublish(); err != nil {
+				return 0, err
+			}
 		}
 		if merr := r.o.Outbox.MarkPublished(context.WithoutCancel(ctx), fence, acked); merr != nil {
 			return 0, merr
@@ -231,7 +234,7 @@ func (r *Relay) publish(ctx context.Context, rows []OutboxRow) ([]int64, error) 
 	for _, row := range rows {
 		msg, span := r.message(ctx, row)
 		spans = append(spans, span)
-		f, err := r.o.JS.PublishMsgAsync(msg, jetstream.WithMsgID(row.EventID), jetstream.WithExpectStream(Stream))
+		f, err := r.o.JS.PublishMsgAsync(msg, jetstream.WithMsgID(row.EventID), jetstream.WithExpectStream(r.o.Stream.Name))
 		if err != nil {
 			errs = append(errs, err)
 			span.SetStatus(codes.Error, err.Error())
@@ -280,12 +283,13 @@ var tracer = otel.Tracer("github.com/lockbench/shop/internal/events")
 // context travels in the headers so that the consumer's span is its child.
 func (r *Relay) message(ctx context.Context, row OutboxRow) (*nats.Msg, trace.Span) {
 	tc := propagation.TraceContext{}
+	subject := r.o.Stream.SubjectPrefix + row.Type
 	parent := tc.Extract(context.WithoutCancel(ctx), propagation.MapCarrier{"traceparent": row.Traceparent})
-	pctx, span := tracer.Start(parent, "publish "+SubjectPrefix+row.Type, trace.WithSpanKind(trace.SpanKindProducer),
+	pctx, span := tracer.Start(parent, "publish "+subject, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("messaging.system", "nats"),
-			attribute.String("messaging.destination.name", SubjectPrefix+row.Type),
+			attribute.String("messaging.destination.name", subject),
 			attribute.String("messaging.message.id", row.EventID)))
-	msg := nats.NewMsg(SubjectPrefix + row.Type)
+	msg := nats.NewMsg(subject)
 	msg.Data = row.Payload
 	tc.Inject(pctx, propagation.HeaderCarrier(msg.Header))
 	if msg.Header.Get("traceparent") == "" && row.Traceparent != "" {

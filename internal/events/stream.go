@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,6 +14,9 @@ import (
 // StreamOptions are the settings of the stream SHOP_EVENTS that shop
 // creates or updates at start (docs/config.md says why each is what it is).
 type StreamOptions struct {
+	// Name and SubjectPrefix default to Stream and SubjectPrefix; tests
+	// sharing a server set their own.
+	Name, SubjectPrefix string
 	// Replicas is how many servers keep each message: 1 on a lone server,
 	// 3 on a 3-node cluster (an acknowledged message survives one node).
 	Replicas int
@@ -32,11 +36,30 @@ const (
 	DefaultMaxAge          = 7 * 24 * time.Hour
 )
 
+func (o *StreamOptions) defaults() {
+	if o.Name == "" {
+		o.Name = Stream
+	}
+	if o.SubjectPrefix == "" {
+		o.SubjectPrefix = SubjectPrefix
+	}
+	if o.Replicas <= 0 {
+		o.Replicas = DefaultReplicas
+	}
+	if o.DuplicateWindow <= 0 {
+		o.DuplicateWindow = DefaultDuplicateWindow
+	}
+	if o.MaxAge <= 0 {
+		o.MaxAge = DefaultMaxAge
+	}
+}
+
 // StreamConfig is the stream as o describes it.
 func (o StreamOptions) StreamConfig() jetstream.StreamConfig {
+	o.defaults()
 	return jetstream.StreamConfig{
-		Name:     Stream,
-		Subjects: []string{Subjects},
+		Name:     o.Name,
+		Subjects: []string{o.SubjectPrefix + ">"},
 		// File storage: an acknowledged event must outlive a broker
 		// restart, or the relay's mark would record a publish that is gone.
 		Storage: jetstream.FileStorage,
@@ -55,7 +78,7 @@ func (o StreamOptions) StreamConfig() jetstream.StreamConfig {
 func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) error {
 	_, err := js.CreateOrUpdateStream(ctx, o.StreamConfig())
 	if err != nil {
-		return fmt.Errorf("stream %s: %w", Stream, err)
+		return fmt.Errorf("stream %s: %w", o.StreamConfig().Name, err)
 	}
 	return nil
 }
@@ -67,8 +90,10 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, o StreamOptions) 
 func BrokerRefused(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
-		return true
+		// 503: JetStream is there but has no leader yet (a cluster
+		// electing one, or without quorum): unavailable, not refused.
+		return apiErr.Code != http.StatusServiceUnavailable && apiErr.Code != http.StatusRequestTimeout
 	}
-	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
 		errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrPermissionViolation)
 }
