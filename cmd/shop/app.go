@@ -59,7 +59,10 @@ type app struct {
 	// SHOP_METRICS_ADDR names the API's address.
 	metrics http.Handler
 	// ready are the dependency checks of /readyz.
-	ready    []readyCheck
+	ready []readyCheck
+	// degraded are dependencies /readyz names without failing: without
+	// them the instance still serves (the broker: events wait).
+	degraded []readyCheck
 	stopping atomic.Bool
 	closers  []func() error // run in reverse order
 	// hooks for tests in this package
@@ -101,15 +104,19 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 			reg.MustRegister(c.Collectors()...)
 		}
 	}
-	a.startCloser(orders, log)
+	if err := a.openEvents(ctx, cfg, db, locks, reg, orders.Store, log); err != nil {
+		return nil, err
+	}
+	a.startCloser(orders.Service, log)
 	a.newHandlers(cfg, log, domains, reg)
 	return a, nil
 }
 
 // newDomains builds every domain on the stores and the locking, and
-// returns them with the order service, whose closer the app runs.
+// returns them with the order domain, whose closer and events the app
+// runs.
 func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB, rdb redis.UniversalClient,
-	locks locking) ([]domain, *order.Service, error) {
+	locks locking) ([]domain, *order.Domain, error) {
 	// Idempotency leases and answers live in Redis whatever the lock
 	// backend, each fenced by its own run number, not by a lock; the
 	// record of a keyed change commits with the change, in the database.
@@ -132,7 +139,7 @@ func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB,
 	if err := forgetFences(ctx, cfg, domains); err != nil {
 		return nil, nil, err
 	}
-	return domains, orders.Service, nil
+	return domains, orders, nil
 }
 
 // newHandlers builds the handlers: the API and admin routes of domains, the
@@ -149,6 +156,7 @@ func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain,
 		reg:      reg,
 		metrics:  a.metrics,
 		ready:    a.readiness,
+		degraded: a.degradation,
 	})
 }
 
@@ -423,6 +431,20 @@ func (a *app) readiness(ctx context.Context) (down map[string]error) {
 		}
 	}
 	return down
+}
+
+// degradation asks the degraded checks, within readinessBudget: what
+// /readyz names while still answering 200.
+func (a *app) degradation(ctx context.Context) map[string]error {
+	ctx, cancel := context.WithTimeout(ctx, readinessBudget)
+	defer cancel()
+	out := map[string]error{}
+	for _, c := range a.degraded {
+		if err := c.ping(ctx); err != nil {
+			out[c.name] = err
+		}
+	}
+	return out
 }
 
 // close releases everything newApp opened, last opened first.

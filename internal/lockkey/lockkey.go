@@ -32,6 +32,8 @@ const (
 	Order Class = "order"
 	// OrderCloser is the order closer's leader lease: lock:order-closer.
 	OrderCloser Class = "order-closer"
+	// EventRelay is the outbox relay's leader lease: lock:event-relay.
+	EventRelay Class = "event-relay"
 )
 
 // Key is one lock key with its class. The zero Key is no key.

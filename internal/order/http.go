@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,6 +25,7 @@ func Problems() []problem.Mapping {
 		{Target: ErrCancelled, Status: http.StatusConflict, Slug: "order-cancelled", Title: "Order cancelled"},
 		{Target: ErrTooLarge, Status: http.StatusUnprocessableEntity, Slug: "order-too-large", Title: "Order amount too large"},
 		{Target: ErrUnpaidLimit, Status: http.StatusConflict, Slug: "unpaid-limit", Title: "Too many units awaiting payment"},
+		{Target: ErrPaymentTooLate, Status: http.StatusConflict, Slug: "payment-too-late", Title: "Payment too late"},
 	}
 }
 
@@ -70,8 +72,8 @@ func (d *Domain) Collectors() []prometheus.Collector {
 
 // Checks are the order invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
-	return append([]audit.Check{{Name: "duplicate_orders", By: "by_key", Run: d.Store.Duplicates}},
-		d.Store.checks(d.Service.stuckAfter())...)
+	return slices.Concat([]audit.Check{{Name: "duplicate_orders", By: "by_key", Run: d.Store.Duplicates}},
+		d.Store.checks(d.Service.stuckAfter()), d.Store.eventChecks(d.Service.o.UnpublishedAfter))
 }
 
 type placeRequest struct {
