@@ -91,7 +91,8 @@ func TestABatchedDuplicateOfAKeyDoesNotFailItsNeighbours(t *testing.T) {
 // persistence, a failover), and the client retries, as a 503
 // outcome-unknown tells it to. The retry must answer the order that
 // committed, not "unknown key, mint a new one", whose new order would
-// take the money a second time.
+// take the money a second time, with every header the first answer had
+// (its Location names the order).
 func TestAnOrderRetriedAfterRedisLostItsTokenReplays(t *testing.T) {
 	addr := shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")
 	prefix := shoptest.Prefix("idemorder")
@@ -121,6 +122,14 @@ func TestAnOrderRetriedAfterRedisLostItsTokenReplays(t *testing.T) {
 	if again.StatusCode != http.StatusCreated || againBody != firstBody || again.Header.Get(idem.ReplayedHeader) != "true" {
 		t.Fatalf("the retry after Redis lost the token: %d %s; want the first answer, %d %s, replayed",
 			again.StatusCode, againBody, first.StatusCode, firstBody)
+	}
+	if first.Header.Get("Location") == "" {
+		t.Fatal("the order was answered without a Location")
+	}
+	for _, h := range []string{"Content-Type", "Location", "Cache-Control"} {
+		if got, want := again.Header.Get(h), first.Header.Get(h); got != want {
+			t.Errorf("the retry after Redis lost the token: %s %q, want the first answer's %q", h, got, want)
+		}
 	}
 	other, _ := send(t, c, srv, path, u1, tok.Token, `{"sku":"order-lost","quantity":2,"pay":true}`)
 	if other.StatusCode != http.StatusUnprocessableEntity {

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"net/http"
 	"time"
 
 	"gorm.io/gorm"
@@ -38,9 +40,9 @@ func Models() []any { return []any{&Record{}} }
 // its change first. It is also answered 409 idempotency-key-in-use.
 var ErrKeyTaken = errors.New("(the key was recorded by another run)")
 
-// jsonHeader is the Content-Type gin's c.JSON sends, which a replay of a
-// recorded answer sends again.
-const jsonHeader = `{"Content-Type":"application/json; charset=utf-8"}`
+// jsonContentType is the Content-Type gin's c.JSON sends, which a replay
+// of a recorded answer sends again.
+const jsonContentType = "application/json; charset=utf-8"
 
 // attempt is a keyed request that runs, as its context carries it to the
 // store that writes its effect.
@@ -49,6 +51,7 @@ type attempt struct {
 	key, fp, rid    string
 	status          int
 	answer          any
+	header          func(answer any) http.Header
 	recorded, taken bool
 }
 
@@ -73,6 +76,22 @@ func Answer(ctx context.Context, status int, v any) {
 	}
 }
 
+// HeaderFor tells the keyed request ctx carries, if any, the headers its
+// handler will answer with besides Content-Type, made from the answer
+// (the *T given to Answer) when Save records it: a Location naming the id
+// the insert assigned is known only then. The handler sends header(answer)
+// itself, so that the recorded answer is the one the client got.
+func HeaderFor[T any](ctx context.Context, header func(*T) http.Header) {
+	if a := attemptOf(ctx); a != nil {
+		a.header = func(answer any) http.Header {
+			if v, ok := answer.(*T); ok {
+				return header(v)
+			}
+			return nil
+		}
+	}
+}
+
 // Save inserts, in the transaction tx of the change, the record of the
 // keyed request ctx carries, with the answer given to Answer. Without a key,
 // or without an answer, it does nothing. Stores call it last in the
@@ -92,8 +111,12 @@ func Save(ctx context.Context, tx *gorm.DB) error {
 	if err != nil {
 		return fmt.Errorf("idem: encode the answer: %w", err)
 	}
+	header := http.Header{"Content-Type": {jsonContentType}}
+	if a.header != nil {
+		maps.Copy(header, a.header(a.answer))
+	}
 	rec := Record{UserID: a.user, KeyHash: recordName(a.key), Fingerprint: a.fp, Status: a.status,
-		Header: jsonHeader, Body: string(body), RequestID: a.rid}
+		Header: storedHeaderJSON(header), Body: string(body), RequestID: a.rid}
 	err = tx.Create(&rec).Error
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
 		a.taken = true
