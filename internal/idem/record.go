@@ -20,14 +20,14 @@ import (
 // Redis keeps the in-flight lease and a copy of the answer; this row is
 // what a retry finds when the commit's reply was lost or Redis forgot.
 type Record struct {
-	UserID      int64  `gorm:"primaryKey;autoIncrement:false"`
-	KeyHash     string `gorm:"primaryKey;size:32"` // the key's sha256, as Redis names it
-	Fingerprint string `gorm:"size:64;not null"`
-	Status      int    `gorm:"not null"`
-	Header      string `gorm:"size:1024;not null"` // JSON of the stored headers
-	Body        string `gorm:"type:mediumtext;not null"`
-	RequestID   string `gorm:"size:64;not null;default:''"`
-	CreatedAt   time.Time
+	UserID      int64     `gorm:"primaryKey;autoIncrement:false"`
+	KeyHash     string    `gorm:"primaryKey;size:32"` // the key's sha256, as Redis names it
+	Fingerprint string    `gorm:"size:64;not null"`
+	Status      int       `gorm:"not null"`
+	Header      string    `gorm:"size:1024;not null"` // JSON of the stored headers
+	Body        string    `gorm:"type:mediumtext;not null"`
+	RequestID   string    `gorm:"size:64;not null;default:''"`
+	CreatedAt   time.Time `gorm:"index"` // the pruner's order
 }
 
 // TableName keeps the table's name independent of the type's.

@@ -32,6 +32,9 @@ const (
 	Order Class = "order"
 	// OrderCloser is the order closer's leader lease: lock:order-closer.
 	OrderCloser Class = "order-closer"
+	// IdemPruner is the idempotency record pruner's leader lease:
+	// lock:idem-pruner.
+	IdemPruner Class = "idem-pruner"
 )
 
 // Key is one lock key with its class. The zero Key is no key.
