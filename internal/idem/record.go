@@ -93,9 +93,10 @@ func HeaderFor[T any](ctx context.Context, header func(*T) http.Header) {
 }
 
 // Save inserts, in the transaction tx of the change, the record of the
-// keyed request ctx carries, with the answer given to Answer. Without a key,
-// or without an answer, it does nothing. Stores call it last in the
-// transaction that writes the change.
+// keyed request ctx carries, with the answer given to Answer and the
+// headers HeaderFor makes of it. Without a key, or without an answer, it
+// does nothing. Stores call it last in the transaction that writes the
+// change.
 //
 // If the key was recorded already (another run of the same key, whose
 // lease in Redis lapsed, committed first), Save fails with 409
