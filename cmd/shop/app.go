@@ -65,6 +65,9 @@ type app struct {
 	degraded []readyCheck
 	stopping atomic.Bool
 	closers  []func() error // run in reverse order
+	// records are the idempotency records: reset with the domains, pruned
+	// by one instance at a time.
+	records *idem.Idem
 	// hooks for tests in this package
 	accounts *account.Store
 }
@@ -108,6 +111,8 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		return nil, err
 	}
 	a.startCloser(orders.Service, log)
+	a.startPruner(locks.locker, cfg.LockTTL, log)
+	a.records.RegisterMetrics(reg)
 	a.newHandlers(cfg, log, domains, reg)
 	return a, nil
 }
@@ -124,6 +129,7 @@ func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB,
 	if err != nil {
 		return nil, nil, err
 	}
+	a.records = tokens
 	accounts := newAccounts(cfg, db, locks, tokens)
 	a.accounts = accounts.Store
 	products, err := newProducts(cfg, db, rdb, locks, tokens)
@@ -150,7 +156,7 @@ func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain,
 		cfg:      cfg,
 		log:      log,
 		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken, auth.MaxLifetime(cfg.JWTMaxTTL)),
-		auditor:  newAuditor(cfg, domains, reg),
+		auditor:  newAuditor(cfg, domains, reg, a.records),
 		domains:  domains,
 		problems: problems(),
 		reg:      reg,
@@ -306,14 +312,15 @@ func forgetFences(ctx context.Context, cfg config.Config, domains []domain) erro
 }
 
 // newAuditor audits every domain's checks and resets every domain, in the
-// order of domains.
-func newAuditor(cfg config.Config, domains []domain, reg prometheus.Registerer) *audit.Auditor {
+// order of domains, then the idempotency records of their changes.
+func newAuditor(cfg config.Config, domains []domain, reg prometheus.Registerer, records *idem.Idem) *audit.Auditor {
 	var checks []audit.Check
 	var resetters []audit.Resetter
 	for _, d := range domains {
 		checks = append(checks, d.Checks()...)
 		resetters = append(resetters, d)
 	}
+	resetters = append(resetters, records)
 	auditor := audit.New(checks, resetters)
 	auditor.RegisterMetrics(reg)
 	if !cfg.AllowReset {
@@ -355,6 +362,19 @@ func (a *app) startCloser(orders *order.Service, log *slog.Logger) {
 	go func() {
 		defer close(done)
 		orders.RunCloser(ctx, log)
+	}()
+	a.closers = append(a.closers, func() error { cancel(); <-done; return nil })
+}
+
+// startPruner prunes expired idempotency records until the app closes,
+// under a leader lease from leader; like the closer, it stops before the
+// stores close.
+func (a *app) startPruner(leader lockkit.Locker, leaderTTL time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.records.RunPruner(ctx, leader, leaderTTL, log)
 	}()
 	a.closers = append(a.closers, func() error { cancel(); <-done; return nil })
 }

@@ -39,9 +39,9 @@
 //
 // The proof that a keyed change happened is in the database, not in Redis:
 // the store that writes a change calls Save in the change's transaction,
-// with the answer the service gave Answer, and a Record (user and key as
-// primary key, fingerprint, status, body) commits with the change or not
-// at all. A request that Redis lets run looks for that record first and
+// with the answer the service gave Answer and the headers the handler
+// gave HeaderFor, and a Record (user and key as primary key, fingerprint,
+// status, headers, body) commits with the change or not at all. A request that Redis lets run looks for that record first and
 // replays it (a commit whose reply was lost, a record Redis lost); a
 // second run of one key cannot commit, its record colliding on the key.
 //
@@ -73,7 +73,9 @@
 // Minting (the token is named before the script) and the scripts fenced
 // by the run number are idempotent as they stand. A user holds at most
 // Options.MaxTokens live tokens;
-// minting more is 429 idempotency-tokens-exhausted with Retry-After.
+// minting more is 429 idempotency-tokens-exhausted with Retry-After. The
+// database's records outlive Redis's by a little: RunPruner deletes those
+// older than Options.TTL, on one instance at a time.
 //
 // Redis layout (one hash slot per user, so that it works on a Cluster):
 //
@@ -96,6 +98,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
 )
@@ -194,6 +197,7 @@ type Options struct {
 type Idem struct {
 	client redis.UniversalClient
 	o      Options
+	pruned prometheus.Counter
 }
 
 // New returns an Idem keeping its records in client (a single node, a
@@ -211,7 +215,7 @@ func New(client redis.UniversalClient, o Options) (*Idem, error) {
 	if o.MaxTokens <= 0 {
 		o.MaxTokens = DefaultMaxTokens
 	}
-	return &Idem{client: client, o: o}, nil
+	return &Idem{client: client, o: o, pruned: newPrunedCounter()}, nil
 }
 
 // keys are a key's record and its lease. The key itself is hashed: it may

@@ -34,6 +34,9 @@ const (
 	OrderCloser Class = "order-closer"
 	// EventRelay is the outbox relay's leader lease: lock:event-relay.
 	EventRelay Class = "event-relay"
+	// IdemPruner is the idempotency record pruner's leader lease:
+	// lock:idem-pruner.
+	IdemPruner Class = "idem-pruner"
 )
 
 // Key is one lock key with its class. The zero Key is no key.

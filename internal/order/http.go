@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -91,13 +92,20 @@ func (d *Domain) place(c *gin.Context) error {
 	if req.SKU == nil || req.Quantity == nil {
 		return problem.BadRequest("sku and quantity are required")
 	}
+	idem.HeaderFor(c.Request.Context(), placedHeader)
 	o, _, err := d.Service.Place(c.Request.Context(), auth.UserID(c), idem.Key(c), *req.SKU, *req.Quantity, req.Pay)
 	if err != nil {
 		return err
 	}
-	c.Header("Location", "/api/v1/orders/"+strconv.FormatInt(o.ID, 10))
+	maps.Copy(c.Writer.Header(), placedHeader(&o))
 	c.JSON(http.StatusCreated, o)
 	return nil
+}
+
+// placedHeader is what a placed order's answer carries besides its body,
+// in the answer and in its idempotency record alike.
+func placedHeader(o *Order) http.Header {
+	return http.Header{"Location": {"/api/v1/orders/" + strconv.FormatInt(o.ID, 10)}}
 }
 
 func (d *Domain) pay(c *gin.Context) error {
