@@ -2,11 +2,13 @@ package redislock_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/lockkit"
@@ -139,12 +141,16 @@ func TestRunOfEightThenFreedAndCloseDuringYield(t *testing.T) {
 	elsewhere := newLocker(t, newClient(t, addr))
 	holder := hold(t, here, key)
 	other := acquireAsync(elsewhere, ctx, key, lockkit.WithWaitTimeout(20*time.Second))
-	time.Sleep(100 * time.Millisecond) // refused elsewhere: marked
+	waitForMark(t, admin, "{"+testPrefix+key+"}") // refused elsewhere: marked
+	// The waiters here are given time to queue, but on a loaded machine
+	// not always in the order of the calls: the test takes the next grant
+	// from any of them, since the run's length, not its order, is what it
+	// proves.
 	const n = 10
-	var waiters []<-chan acquired
+	granted := make(chan acquired, n)
 	for range n {
-		waiters = append(waiters, acquireAsync(here, ctx, key, lockkit.WithWaitTimeout(20*time.Second)))
-		time.Sleep(20 * time.Millisecond) // in this order
+		go func() { granted <- <-acquireAsync(here, ctx, key, lockkit.WithWaitTimeout(20*time.Second)) }()
+		time.Sleep(20 * time.Millisecond)
 	}
 	noMessage := func(i int) {
 		select {
@@ -156,9 +162,9 @@ func TestRunOfEightThenFreedAndCloseDuringYield(t *testing.T) {
 	cur := holder
 	for i := range 8 {
 		_ = cur.Release(ctx)
-		got := <-waiters[i]
+		got := <-granted
 		if got.err != nil {
-			t.Fatalf("waiter %d here: %v", i, got.err)
+			t.Fatalf("grant %d here: %v", i, got.err)
 		}
 		noMessage(i)
 		cur = got.lease
@@ -170,8 +176,8 @@ func TestRunOfEightThenFreedAndCloseDuringYield(t *testing.T) {
 		t.Fatal("the release after a run of 8 with a waiter elsewhere sent no message")
 	}
 	_ = here.Close() // the head here still yielding
-	for i := 8; i < n; i++ {
-		if got := <-waiters[i]; got.err == nil {
+	for range n - 8 {
+		if got := <-granted; got.err == nil {
 			_ = got.lease.Release(ctx)
 		}
 	}
@@ -183,4 +189,19 @@ func TestRunOfEightThenFreedAndCloseDuringYield(t *testing.T) {
 	elsewhere.Close()
 	sub.Close()
 	goleak.VerifyNone(t, baseline)
+}
+
+// waitForMark waits until a waiter has marked the holder's value of lock
+// (acquire.lua's trailing '!'): it was refused and waits for the release
+// message.
+func waitForMark(t *testing.T, c redis.UniversalClient, lock string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if v, _ := c.Get(context.Background(), lock).Result(); strings.HasSuffix(v, "!") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no waiter marked %s", lock)
+		}
+	}
 }
