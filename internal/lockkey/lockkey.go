@@ -32,6 +32,10 @@ const (
 	Order Class = "order"
 	// OrderCloser is the order closer's leader lease: lock:order-closer.
 	OrderCloser Class = "order-closer"
+	// Event guards one consumer's handling of one event, for the lock
+	// dedup: lock:event:<consumer>:<event id>. The event id holds ':'
+	// ("order:42:order.paid"); as the last part it stays unambiguous.
+	Event Class = "event"
 )
 
 // Key is one lock key with its class. The zero Key is no key.
