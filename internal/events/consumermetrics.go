@@ -11,23 +11,23 @@ type ConsumerMetrics struct {
 
 // NewConsumerMetrics registers the consumer metrics on reg.
 func NewConsumerMetrics(reg prometheus.Registerer) *ConsumerMetrics {
-	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append([]string{"consumer"}, labels...))
-		reg.MustRegister(v)
-		return v
+	m := &ConsumerMetrics{
+		consumedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shop_consumer_messages_total",
+			Help: "Deliveries the consumer handled, redeliveries included."}, []string{"consumer"}),
+		appliedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shop_consumer_applied_total",
+			Help: "Events whose effect the consumer committed."}, []string{"consumer"}),
+		duplicatesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shop_consumer_duplicates_total",
+			Help: "Deliveries of an event already applied, acked without an effect (inbox or lock dedup)."}, []string{"consumer"}),
+		redeliveriesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shop_consumer_redeliveries_total",
+			Help: "Deliveries after the first of the same message (ack timed out, nak, or a consumer restarted)."}, []string{"consumer"}),
+		fencedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shop_consumer_fenced_total",
+			Help: "Lock dedup: a stale lock holder's effect refused by the fenced mark."}, []string{"consumer"}),
+		deadLettersTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shop_consumer_dead_letters_total",
+			Help: "Messages dead-lettered, by reason: recorded in event_dead_letters and never delivered again."},
+			[]string{"consumer", "reason"}),
 	}
-	return &ConsumerMetrics{
-		consumedTotal: counter("shop_consumer_messages_total", "Deliveries the consumer handled, redeliveries included."),
-		appliedTotal:  counter("shop_consumer_applied_total", "Events whose effect the consumer committed."),
-		duplicatesTotal: counter("shop_consumer_duplicates_total",
-			"Deliveries of an event already applied, acked without an effect (inbox or lock dedup)."),
-		redeliveriesTotal: counter("shop_consumer_redeliveries_total",
-			"Deliveries after the first of the same message (ack timed out, nak, or consumer restarted)."),
-		fencedTotal: counter("shop_consumer_fenced_total",
-			"Lock dedup: a stale lock holder's effect refused by the fenced mark."),
-		deadLettersTotal: counter("shop_consumer_dead_letters_total",
-			"Messages dead-lettered, by reason: recorded in event_dead_letters and never delivered again.", "reason"),
-	}
+	reg.MustRegister(m.consumedTotal, m.appliedTotal, m.duplicatesTotal, m.redeliveriesTotal, m.fencedTotal, m.deadLettersTotal)
+	return m
 }
 
 // The methods are no-ops on a nil *ConsumerMetrics, so that tests and
