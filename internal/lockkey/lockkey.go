@@ -32,6 +32,8 @@ const (
 	Order Class = "order"
 	// OrderCloser is the order closer's leader lease: lock:order-closer.
 	OrderCloser Class = "order-closer"
+	// EventRelay is the outbox relay's leader lease: lock:event-relay.
+	EventRelay Class = "event-relay"
 	// Event guards one consumer's handling of one event, for the lock
 	// dedup: lock:event:<consumer>:<event id>. The event id holds ':'
 	// ("order:42:order.paid"); as the last part it stays unambiguous.

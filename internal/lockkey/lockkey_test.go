@@ -21,6 +21,7 @@ func TestKeysAreByteIdentical(t *testing.T) {
 		{lockkey.Like.Key("post", "7"), "lock:like:post:7", "like"},
 		{lockkey.Order.Key("9"), "lock:order:9", "order"},
 		{lockkey.OrderCloser.Key(), "lock:order-closer", "order-closer"},
+		{lockkey.EventRelay.Key(), "lock:event-relay", "event-relay"},
 		{lockkey.Event.Key("loyalty", "order:42:order.paid"), "lock:event:loyalty:order:42:order.paid", "event"},
 	} {
 		if got := tc.key.String(); got != tc.want {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -62,8 +63,8 @@ func (d *Domain) ForgetFences(ctx context.Context) error { return d.Store.Forget
 
 // Checks are the order invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
-	return append([]audit.Check{{Name: "duplicate_orders", By: "by_key", Run: d.Store.Duplicates}},
-		d.Store.checks(d.Service.stuckAfter())...)
+	return slices.Concat([]audit.Check{{Name: "duplicate_orders", By: "by_key", Run: d.Store.Duplicates}},
+		d.Store.checks(d.Service.stuckAfter()), d.Store.eventChecks(d.Service.o.UnpublishedAfter))
 }
 
 type placeRequest struct {

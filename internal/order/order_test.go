@@ -25,6 +25,7 @@ import (
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/events"
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
@@ -216,6 +217,7 @@ func (s *shop) token(as int64) string {
 type state struct {
 	orders, debits, reservations, returns int64
 	balance, stock                        int64
+	events                                int64 // outbox rows
 }
 
 func (s *shop) state() state {
@@ -231,6 +233,7 @@ func (s *shop) state() state {
 	must(db.Model(&account.LedgerEntry{}).Where("account_id = ? AND kind = ?", user, account.KindOrder).Count(&st.debits).Error)
 	must(db.Model(&inventory.Purchase{}).Where("quantity > 0").Count(&st.reservations).Error)
 	must(db.Model(&inventory.Purchase{}).Where("quantity < 0").Count(&st.returns).Error)
+	must(db.Model(&events.OutboxRow{}).Count(&st.events).Error)
 	a, err := s.accounts.Get(ctx, user)
 	must(err)
 	p, err := s.products.Get(ctx, "widget")
@@ -257,7 +260,7 @@ func (s *shop) auditOK() {
 	}
 	for _, name := range []string{"duplicate_orders", "unreconciled_order_cents", "unreconciled_order_units",
 		"miscounted_order_records", "paid_and_cancelled_orders", "stock_returned_twice", "stuck_orders",
-		"misattributed_order_records"} {
+		"misattributed_order_records", "unpublished_order_events"} {
 		if _, ok := r.Drifts[name]; !ok {
 			s.t.Fatalf("the audit has no %s check", name)
 		}
@@ -295,7 +298,7 @@ func TestFiftyDuplicatesPlaceOneOrder(t *testing.T) {
 	wg.Wait()
 
 	first := oneCreatedTheRestReplayed(t, res)
-	want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2}
+	want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2, events: 2}
 	if got := s.state(); got != want {
 		t.Fatalf("stores hold %+v; want %+v", got, want)
 	}

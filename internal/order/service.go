@@ -37,6 +37,10 @@ type Options struct {
 	Metrics *lockmetrics.Metrics
 	// CriticalSectionDelay is slept between the read and the write.
 	CriticalSectionDelay time.Duration
+	// UnpublishedAfter is how long an order event may wait in the outbox
+	// before the audit counts it as unpublished (default
+	// DefaultUnpublishedAfter).
+	UnpublishedAfter time.Duration
 }
 
 // Service places, pays, reads and closes orders. It is safe for concurrent
@@ -56,6 +60,9 @@ func NewService(store *Store, o Options) *Service {
 	}
 	if o.LeaderTTL <= 0 {
 		o.LeaderTTL = lockkit.DefaultLeaseTTL
+	}
+	if o.UnpublishedAfter <= 0 {
+		o.UnpublishedAfter = DefaultUnpublishedAfter
 	}
 	if o.Locker == nil {
 		o.Locker = lockkit.None()
