@@ -16,12 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/storage"
 	"github.com/lockbench/shop/internal/testenv"
@@ -181,18 +179,6 @@ func (r *rig) dedup(mode string, locker lockkit.Locker, opts ...lockkit.Option) 
 		r.t.Fatal(err)
 	}
 	return d
-}
-
-func redisLocker(t *testing.T) lockkit.Locker {
-	t.Helper()
-	client := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{testenv.Require(t, "SHOP_TEST_REDIS_ADDR")}, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { client.Close() })
-	l, err := redislock.New(client, redislock.WithPrefix(shoptest.Prefix("events")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l
 }
 
 // The same event delivered twice (two copies on the stream, as a
