@@ -286,9 +286,10 @@ func (c *Consumer) ack(ctx context.Context, msg jetstream.Msg) error {
 	return msg.DoubleAck(actx)
 }
 
-// headerCarrier reads and writes the trace context in NATS headers. It is
-// not propagation.HeaderCarrier: NATS header names are case-sensitive and
-// not canonicalized, and the producer writes "traceparent" as is.
+// headerCarrier reads and writes the trace context in NATS headers,
+// matching names without regard to case: NATS keeps them as written, and
+// producers differ (the relay's propagation.HeaderCarrier writes
+// "Traceparent", other clients "traceparent").
 type headerCarrier nats.Header
 
 func (h headerCarrier) Get(key string) string {

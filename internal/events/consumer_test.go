@@ -16,6 +16,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
@@ -377,5 +382,47 @@ func waitFor(t *testing.T, ok func() bool) {
 			t.Fatal("condition not reached in 60s")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The consumer's span continues the trace whose traceparent the message
+// carries, whether the producer wrote the header name as is or
+// canonicalized it (propagation.HeaderCarrier does).
+func TestConsumerSpanContinuesTheTraceInTheMessageHeaders(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	t.Cleanup(func() { otel.SetTracerProvider(prevTP); otel.SetTextMapPropagator(prevProp) })
+
+	r := newRig(t)
+	r.run(r.consumer(r.dedup(DedupInbox, nil), 5*time.Second, nil))
+	parents := map[string]string{ // header name: trace id
+		"traceparent": "4bf92f3577b34da6a3ce929d0e0e4736",
+		"Traceparent": "5bf92f3577b34da6a3ce929d0e0e4737",
+	}
+	order := int64(20)
+	for header, traceID := range parents {
+		b, _ := json.Marshal(paid(order))
+		msg := nats.NewMsg(r.subject + TypeOrderPaid)
+		msg.Data = b
+		msg.Header[header] = []string{"00-" + traceID + "-00f067aa0ba902b7-01"}
+		if _, err := r.js.PublishMsg(context.Background(), msg); err != nil {
+			t.Fatal(err)
+		}
+		order++
+	}
+	r.drained(2)
+	got := map[string]bool{}
+	for _, s := range spans.GetSpans() {
+		if s.SpanKind == trace.SpanKindConsumer && s.Parent.IsRemote() {
+			got[s.SpanContext.TraceID().String()] = true
+		}
+	}
+	for header, traceID := range parents {
+		if !got[traceID] {
+			t.Errorf("no consumer span in trace %s (header %q); spans: %d", traceID, header, len(spans.GetSpans()))
+		}
 	}
 }
