@@ -3,7 +3,11 @@ package order
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,4 +135,47 @@ func TestAuditCountsEventsNeverPublished(t *testing.T) {
 	if d.Total != 2 || d.By[events.TypeOrderPlaced] != 1 || d.By[events.TypeOrderPaid] != 1 {
 		t.Fatalf("unpublished_order_events %+v, want placed 1 and paid 1", d)
 	}
+}
+
+// The pay deadline is the contract: a pay after it is refused with 409
+// payment-too-late even though no closer has run, and the order ends
+// cancelled, its stock returned and its order.cancelled event written;
+// never paid.
+func TestPayAfterTheDeadlineIsRefusedAndCancelsTheOrder(t *testing.T) {
+	const payTimeout = time.Hour
+	s := newShop(t, Options{PayTimeout: payTimeout})
+	ctx := context.Background()
+	o, _, err := s.service.Place(ctx, user, "k-late", "widget", 2, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aged := o.CreatedAt.Add(-payTimeout - time.Second)
+	if err := s.db.Exec("UPDATE orders SET created_at = ? WHERE id = ?", aged, o.ID).Error; err != nil {
+		t.Fatal(err)
+	}
+	w := s.do("POST", "/api/v1/orders/"+jsonID(o)+"/pay", user, "", "")
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "payment-too-late") {
+		t.Fatalf("late pay: %d %s; want 409 payment-too-late", w.Code, w.Body)
+	}
+	if _, err := s.service.Pay(ctx, user, o.ID); !errors.Is(err, ErrPaymentTooLate) && !errors.Is(err, ErrCancelled) {
+		t.Fatalf("pay again: %v", err)
+	}
+	got, err := s.service.Get(ctx, user, o.ID)
+	if err != nil || got.Status != StatusCancelled {
+		t.Fatalf("order after a late pay: %+v, %v; want cancelled", got, err)
+	}
+	if st := s.state(); st.debits != 0 || st.returns != 1 || st.balance != opening || st.stock != stock {
+		t.Fatalf("after a late pay: %+v", st)
+	}
+	var types []string
+	for _, r := range s.outbox() {
+		types = append(types, r.Type)
+	}
+	if fmt.Sprint(types) != fmt.Sprint([]string{events.TypeOrderPlaced, events.TypeOrderCancelled}) {
+		t.Fatalf("events %v; want placed, cancelled", types)
+	}
+	if n, err := s.service.CloseExpired(ctx, slog.Default()); n != 0 || err != nil {
+		t.Fatalf("the closer cancelled again: %d, %v", n, err)
+	}
+	s.auditOK()
 }

@@ -23,6 +23,7 @@ func Problems() []problem.Mapping {
 		{Target: ErrNotFound, Status: http.StatusNotFound, Slug: "order-not-found", Title: "Order not found"},
 		{Target: ErrCancelled, Status: http.StatusConflict, Slug: "order-cancelled", Title: "Order cancelled"},
 		{Target: ErrTooLarge, Status: http.StatusUnprocessableEntity, Slug: "order-too-large", Title: "Order amount too large"},
+		{Target: ErrPaymentTooLate, Status: http.StatusConflict, Slug: "payment-too-late", Title: "Payment too late"},
 	}
 }
 

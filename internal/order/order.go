@@ -38,6 +38,10 @@ var (
 	ErrCancelled = errors.New("order cancelled")
 	// ErrTooLarge: price times quantity exceeds the largest amount.
 	ErrTooLarge = errors.New("order amount too large")
+	// ErrPaymentTooLate: the pay came at or after the order's pay
+	// deadline; the order is cancelled instead, whether or not the closer
+	// had run.
+	ErrPaymentTooLate = errors.New("payment too late")
 )
 
 // Statuses of an order. awaiting_payment is the only one that changes:
