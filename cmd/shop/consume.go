@@ -92,9 +92,6 @@ func newConsumeApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a 
 	if err != nil {
 		return nil, err
 	}
-	if cfg.NATSURL == "" {
-		return nil, fmt.Errorf("shop consume needs SHOP_NATS_URL: the broker the shop instances publish to")
-	}
 	js, err := a.connectJetStream(cfg.NATSURL, log)
 	if err != nil {
 		return nil, err

@@ -242,7 +242,15 @@ func noFlags(run func(call) int) func(*flag.FlagSet) (func([]string) error, func
 
 func runServe(c call) int { return runServer(c, newApp) }
 
-func runConsume(c call) int { return runServer(c, newConsumeApp) }
+// runConsume refuses, as a configuration error and before opening
+// anything, to run without a broker.
+func runConsume(c call) int {
+	if c.cfg.NATSURL == "" {
+		fmt.Fprintln(c.stderr, "shop: invalid configuration:\nSHOP_NATS_URL is required by shop consume: the broker the shop instances publish order events to")
+		return 2
+	}
+	return runServer(c, newConsumeApp)
+}
 
 // runServer serves the app open makes until SIGTERM or SIGINT.
 func runServer(c call, open appOpener) int {
