@@ -426,3 +426,16 @@ func TestConsumerSpanContinuesTheTraceInTheMessageHeaders(t *testing.T) {
 		}
 	}
 }
+
+// The server takes the consumer's settings for any MaxDeliver config
+// accepts, 1 included (a BackOff must be shorter than MaxDeliver).
+func TestConsumerConfigIsAcceptedForEveryMaxDeliver(t *testing.T) {
+	r := newRig(t)
+	for _, maxDeliver := range []int{1, 2, 5, 20} {
+		o := ConsumerOptions{Name: fmt.Sprintf("max%d", maxDeliver), AckWait: 30 * time.Second, MaxDeliver: maxDeliver,
+			FilterSubject: r.subject + ">"}
+		if _, err := r.js.CreateOrUpdateConsumer(context.Background(), r.stream, o.Config()); err != nil {
+			t.Errorf("MaxDeliver %d: %v", maxDeliver, err)
+		}
+	}
+}

@@ -59,7 +59,11 @@ func printEventTable(w io.Writer) {
 	if len(eventTable.rows) == 0 {
 		return
 	}
-	fmt.Fprintln(w)
+	table.mu.Lock()
+	if len(table.rows) > 0 {
+		fmt.Fprintln(w) // below the lock table
+	}
+	table.mu.Unlock()
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT FAULT\tCONFIG\tEVENTS\tPOINTS DOUBLED\tPOINTS MISSING\tREDELIVERED\tWHAT IT SHOWED")
 	for _, r := range eventTable.rows {
