@@ -169,8 +169,10 @@ func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstrea
 				"max_deliver", c.o.MaxDeliver)
 			return cons, nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, nats.ErrTimeout) &&
-			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		// A broker that is down or still starting, or a stream the relay
+		// has not created yet, is waited for; settings the broker refuses
+		// are a configuration error.
+		if BrokerRefused(err) && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return nil, fmt.Errorf("events: consumer %s on stream %s: %w", c.o.Name, c.o.Stream, err)
 		}
 		c.o.Log.Info("waiting for the stream", "consumer", c.o.Name, "stream", c.o.Stream, "err", err, "retry_in", wait)

@@ -439,3 +439,63 @@ func TestConsumerConfigIsAcceptedForEveryMaxDeliver(t *testing.T) {
 		}
 	}
 }
+
+// A consumer started before the relay created the stream waits for it,
+// then consumes.
+func TestConsumerWaitsForTheStream(t *testing.T) {
+	r := newRig(t)
+	late := r.stream + "_LATE"
+	c := r.consumer(r.dedup(DedupInbox, nil), 5*time.Second, nil)
+	c.o.Stream, c.o.FilterSubject = late, "late"+r.subject+">"
+	r.run(c)
+	time.Sleep(300 * time.Millisecond) // a retry or two
+	if _, err := r.js.CreateStream(context.Background(), jetstream.StreamConfig{Name: late, Subjects: []string{"late" + r.subject + ">"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.js.DeleteStream(context.Background(), late) })
+	e := paid(30)
+	b, _ := json.Marshal(e)
+	if _, err := r.js.Publish(context.Background(), "late"+r.subject+e.Type, b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return r.count(e.ID) == 1 })
+}
+
+// A consumer whose broker is down when it starts waits for it instead of
+// failing: the orders it will credit are still being paid meanwhile.
+func TestConsumerStartedWhileTheBrokerIsDownWaitsForIt(t *testing.T) {
+	r := newRig(t) // for the database
+	broker := testenv.StartNATS(t)
+	broker.Stop()
+	nc, err := nats.Connect(broker.URL(), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := r.consumer(r.dedup(DedupInbox, nil), 5*time.Second, nil)
+	c.o.Stream, c.o.FilterSubject = Stream, Subjects
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, js) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("the consumer gave up while the broker was down: %v", err)
+	default:
+	}
+	broker.Start()
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: Stream, Subjects: []string{Subjects}}); err != nil {
+		t.Fatal(err)
+	}
+	e := paid(40)
+	b, _ := json.Marshal(e)
+	if _, err := js.Publish(context.Background(), e.Subject(), b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return r.count(e.ID) == 1 })
+}
