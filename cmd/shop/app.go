@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/gin-gonic/gin"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -61,9 +62,15 @@ type app struct {
 	// metrics serves /metrics; on its own listener when SHOP_METRICS_ADDR is set.
 	metrics http.Handler
 	// ready are the dependency checks of /readyz.
-	ready    []readyCheck
+	ready []readyCheck
+	// degraded are dependencies /readyz names without failing: without
+	// them the instance still serves (the broker: events wait).
+	degraded []readyCheck
 	stopping atomic.Bool
 	closers  []func() error // run in reverse order
+	// broker is the connection openEvents made, which the consumer in
+	// serve shares.
+	broker jetstream.JetStream
 	// hooks for tests in this package
 	accounts *account.Store
 }
@@ -98,7 +105,10 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err != nil {
 		return nil, err
 	}
-	a.startCloser(orders, log)
+	if err := a.openEvents(ctx, cfg, db, locks, reg, orders.Store, log); err != nil {
+		return nil, err
+	}
+	a.startCloser(orders.Service, log)
 	if err := a.consumeInServe(cfg, db, locks, reg, log); err != nil {
 		return nil, err
 	}
@@ -109,26 +119,25 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 // consumeInServe runs the loyalty consumer inside shop serve, as make run
 // needs, unless SHOP_EVENTS_CONSUME_IN_SERVE=false leaves it to shop
 // consume processes.
+// It shares the relay's broker connection (the embedded nats-server for
+// make run).
 func (a *app) consumeInServe(cfg config.Config, db *storage.DB, locks locking, reg prometheus.Registerer, log *slog.Logger) error {
-	if !cfg.EventsConsumeInServe || cfg.NATSURL == "" {
+	if !cfg.Events.ConsumeInServe {
 		return nil
 	}
 	consumer, err := newLoyaltyConsumer(cfg, db, locks, reg, log)
 	if err != nil {
 		return err
 	}
-	js, err := a.connectJetStream(cfg.NATSURL, log)
-	if err != nil {
-		return err
-	}
-	a.startConsumer(consumer, js, log)
+	a.startConsumer(consumer, a.broker, log)
 	return nil
 }
 
 // newDomains builds every domain on the stores and the locking, and
-// returns them with the order service, whose closer the app runs.
+// returns them with the order domain, whose closer and events the app
+// runs.
 func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB, rdb redis.UniversalClient,
-	locks locking) ([]domain, *order.Service, error) {
+	locks locking) ([]domain, *order.Domain, error) {
 	// Idempotency leases and answers live in Redis whatever the lock
 	// backend, each fenced by its own run number, not by a lock; the
 	// record of a keyed change commits with the change, in the database.
@@ -152,7 +161,7 @@ func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB,
 	if err := forgetFences(ctx, cfg, domains); err != nil {
 		return nil, nil, err
 	}
-	return domains, orders.Service, nil
+	return domains, orders, nil
 }
 
 // newHandlers builds the handlers: the API and admin routes of domains, the
@@ -169,6 +178,7 @@ func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain,
 		reg:      reg,
 		metrics:  a.metrics,
 		ready:    a.readiness,
+		degraded: a.degradation,
 	})
 }
 
@@ -427,6 +437,20 @@ func (a *app) readiness(ctx context.Context) (down map[string]error) {
 		}
 	}
 	return down
+}
+
+// degradation asks the degraded checks, within readinessBudget: what
+// /readyz names while still answering 200.
+func (a *app) degradation(ctx context.Context) map[string]error {
+	ctx, cancel := context.WithTimeout(ctx, readinessBudget)
+	defer cancel()
+	out := map[string]error{}
+	for _, c := range a.degraded {
+		if err := c.ping(ctx); err != nil {
+			out[c.name] = err
+		}
+	}
+	return out
 }
 
 // close releases everything newApp opened, last opened first.

@@ -22,27 +22,26 @@ import (
 // the app's database and locking.
 func newLoyaltyConsumer(cfg config.Config, db *storage.DB, locks locking, reg prometheus.Registerer,
 	log *slog.Logger) (*events.Consumer, error) {
-	dedup, err := events.NewDedup(events.DedupOptions{Mode: cfg.EventsDedup, DB: db.DB,
+	dedup, err := events.NewDedup(events.DedupOptions{Mode: cfg.Events.Dedup, DB: db.DB,
 		Locker: locks.locker, LockOptions: locks.options})
 	if err != nil {
 		return nil, err
 	}
 	return events.NewConsumer(events.ConsumerOptions{
-		Name: loyalty.ConsumerName, AckWait: cfg.EventsAckWait, MaxDeliver: cfg.EventsMaxDeliver,
+		Name: loyalty.ConsumerName, AckWait: cfg.Events.AckWait, MaxDeliver: cfg.Events.MaxDeliver,
 		Dedup: dedup, Store: events.NewConsumerStore(db.DB), Effect: loyalty.Effect{},
 		Metrics: events.NewConsumerMetrics(reg), Log: log.With("component", "consumer"),
 	})
 }
 
-// connectJetStream connects to the broker at url, reconnecting for ever:
-// a broker that is down at start or later delays the events, it does not
-// stop the process. /readyz reports the connection.
-func (a *app) connectJetStream(url string, log *slog.Logger) (jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Name("shop"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("nats disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }))
+// connectJetStream connects shop consume to SHOP_NATS_URL, reconnecting
+// for ever: a broker that is down at start or later delays the credits, it
+// does not stop the process. /readyz fails while it is away: a consumer
+// without its broker has nothing to do.
+func (a *app) connectJetStream(cfg config.Config, log *slog.Logger) (jetstream.JetStream, error) {
+	nc, err := nats.Connect(cfg.Events.NATSURL, natsOptions(cfg, log)...)
 	if err != nil {
-		return nil, fmt.Errorf("nats %s: %w", url, err)
+		return nil, fmt.Errorf("events: connect to %s: %w", redactNATS(cfg.Events.NATSURL), err)
 	}
 	a.closers = append(a.closers, func() error { nc.Close(); return nil })
 	a.ready = append(a.ready, readyCheck{"nats", func(context.Context) error {
@@ -92,7 +91,7 @@ func newConsumeApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a 
 	if err != nil {
 		return nil, err
 	}
-	js, err := a.connectJetStream(cfg.NATSURL, log)
+	js, err := a.connectJetStream(cfg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +108,7 @@ func probesOnly(cfg config.Config, a *app) http.Handler {
 	r.Use(problem.Errors(nil), problem.Recover())
 	r.NoRoute(problem.NoRoute)
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
-	r.GET("/readyz", readyz(a.readiness))
+	r.GET("/readyz", readyz(a.readiness, a.degradation))
 	if cfg.MetricsAddr == "" {
 		r.GET("/metrics", gin.WrapH(a.metrics))
 	}

@@ -245,7 +245,7 @@ func runServe(c call) int { return runServer(c, newApp) }
 // runConsume refuses, as a configuration error and before opening
 // anything, to run without a broker.
 func runConsume(c call) int {
-	if c.cfg.NATSURL == "" {
+	if c.cfg.Events.EmbeddedNATS() {
 		fmt.Fprintln(c.stderr, "shop: invalid configuration:\nSHOP_NATS_URL is required by shop consume: the broker the shop instances publish order events to")
 		return 2
 	}

@@ -224,24 +224,8 @@ type Config struct {
 	// (default 2) and SHOP_ADMISSION_MAX_LIMIT (default 1024): the bounds of
 	// each route's limit.
 	AdmissionMinLimit, AdmissionMaxLimit int
-
-	// NATSURL is SHOP_NATS_URL: the JetStream servers, comma-separated
-	// nats:// URLs.
-	NATSURL string
-	// EventsDedup is SHOP_EVENTS_DEDUP, how the order-event consumer keeps
-	// a redelivery from applying twice: inbox (default), lock or none.
-	EventsDedup string
-	// EventsAckWait is SHOP_EVENTS_ACK_WAIT (default 30s): how long a
-	// delivery may go unacked before JetStream delivers it again; the
-	// first step of the redelivery backoff, which doubles from it.
-	EventsAckWait time.Duration
-	// EventsMaxDeliver is SHOP_EVENTS_MAX_DELIVER (default 5, at least 1):
-	// deliveries of one message before its last failure is dead-lettered.
-	EventsMaxDeliver int
-	// EventsConsumeInServe is SHOP_EVENTS_CONSUME_IN_SERVE (default true):
-	// whether shop serve also runs the consumer, as make run needs; a
-	// deployment that runs shop consume on its own sets it false.
-	EventsConsumeInServe bool
+	// Events are the order events' settings (SHOP_NATS_*, SHOP_EVENTS_*).
+	Events Events
 }
 
 // Dedup ways SHOP_EVENTS_DEDUP accepts; they are events.DedupModes (a test
@@ -263,6 +247,7 @@ func Load(getenv func(string) string) (Config, error) {
 	p.envDefaults(&c)
 	p.consumer(&c)
 	p.crossCheck(&c)
+	p.events(&c)
 	p.secrets(&c)
 	p.backendNeeds(c)
 	return c, errors.Join(p.errs...)
@@ -319,11 +304,10 @@ func (p *parser) process(c *Config) {
 
 // consumer reads the order-event consumer's settings.
 func (p *parser) consumer(c *Config) {
-	c.NATSURL = p.str("SHOP_NATS_URL", "")
-	c.EventsDedup = p.oneOf("SHOP_EVENTS_DEDUP", EventsDedupInbox, []string{EventsDedupInbox, EventsDedupLock, EventsDedupNone})
-	c.EventsAckWait = p.positiveDuration("SHOP_EVENTS_ACK_WAIT", 30*time.Second)
-	c.EventsMaxDeliver = int(p.int("SHOP_EVENTS_MAX_DELIVER", 5, 1))
-	c.EventsConsumeInServe = p.bool("SHOP_EVENTS_CONSUME_IN_SERVE", true)
+	c.Events.Dedup = p.oneOf("SHOP_EVENTS_DEDUP", EventsDedupInbox, []string{EventsDedupInbox, EventsDedupLock, EventsDedupNone})
+	c.Events.AckWait = p.positiveDuration("SHOP_EVENTS_ACK_WAIT", 30*time.Second)
+	c.Events.MaxDeliver = int(p.int("SHOP_EVENTS_MAX_DELIVER", 5, 1))
+	c.Events.ConsumeInServe = p.bool("SHOP_EVENTS_CONSUME_IN_SERVE", true)
 }
 
 // envDefaults reads the settings whose default depends on SHOP_ENV.
@@ -377,9 +361,8 @@ func (c Config) EmbeddedRedis() bool { return len(c.RedisAddrs) == 0 }
 // LogValue prints the configuration with secrets masked, so that it can be
 // logged at start: the JWT secret, the admin token and the DSN password.
 func (c Config) LogValue() slog.Value {
-	attrs := append(c.serverAttrs(), c.strategyAttrs()...)
-	attrs = append(attrs, c.processAttrs()...)
-	return slog.GroupValue(append(attrs, c.consumerAttrs()...)...)
+	attrs := slices.Concat(c.serverAttrs(), c.strategyAttrs(), c.processAttrs(), c.eventAttrs(), c.consumerAttrs())
+	return slog.GroupValue(attrs...)
 }
 
 // serverAttrs are the settings servers reads.
@@ -440,11 +423,10 @@ func (c Config) processAttrs() []slog.Attr {
 // consumerAttrs are the settings consumer reads.
 func (c Config) consumerAttrs() []slog.Attr {
 	return []slog.Attr{
-		slog.String("nats_url", c.NATSURL),
-		slog.String("events_dedup", c.EventsDedup),
-		slog.Duration("events_ack_wait", c.EventsAckWait),
-		slog.Int("events_max_deliver", c.EventsMaxDeliver),
-		slog.Bool("events_consume_in_serve", c.EventsConsumeInServe),
+		slog.String("events_dedup", c.Events.Dedup),
+		slog.Duration("events_ack_wait", c.Events.AckWait),
+		slog.Int("events_max_deliver", c.Events.MaxDeliver),
+		slog.Bool("events_consume_in_serve", c.Events.ConsumeInServe),
 	}
 }
 

@@ -263,8 +263,8 @@ func TestKeyPrefixFitsEveryBackend(t *testing.T) {
 
 func TestEventsConsumerSettings(t *testing.T) {
 	c, err := Load(env(map[string]string{"SHOP_ENV": "dev"}))
-	if err != nil || c.EventsDedup != EventsDedupInbox || c.EventsAckWait != 30*time.Second || c.EventsMaxDeliver != 5 ||
-		!c.EventsConsumeInServe {
+	if err != nil || c.Events.Dedup != EventsDedupInbox || c.Events.AckWait != 30*time.Second || c.Events.MaxDeliver != 5 ||
+		!c.Events.ConsumeInServe {
 		t.Fatalf("defaults: %+v, %v", c, err)
 	}
 	_, err = Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_EVENTS_DEDUP": "watermill",

@@ -153,9 +153,9 @@ func checkConsumeWorkload(t *testing.T, o k8sObjects, env map[string]string) {
 	if err != nil {
 		t.Fatalf("the consumer's environment does not load: %v", err)
 	}
-	if cfg.NATSURL == "" || cfg.EventsConsumeInServe {
+	if cfg.Events.EmbeddedNATS() || cfg.Events.ConsumeInServe {
 		t.Errorf("SHOP_NATS_URL %q, SHOP_EVENTS_CONSUME_IN_SERVE %v: want a broker, and serve not consuming",
-			cfg.NATSURL, cfg.EventsConsumeInServe)
+			cfg.Events.NATSURL, cfg.Events.ConsumeInServe)
 	}
 	if c := pod.Spec.Containers; len(c) != 1 || c[0].Image != o.deployments[0].Spec.Template.Spec.Containers[0].Image ||
 		len(c[0].Command) > 0 || !slices.Equal(c[0].Args, []string{"consume"}) {

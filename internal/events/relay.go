@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -95,7 +96,10 @@ type Relay struct {
 	// acknowledged and before it is marked; an error stops the round
 	// there, unmarked, as a relay killed in that window would.
 	afterPublish func() error
-	streamReady  bool
+	// streamReady is set once the stream was created or updated, and
+	// cleared by a failed publish; direct delivery publishes from many
+	// requests at once.
+	streamReady atomic.Bool
 }
 
 // NewRelay returns a relay; Run starts it.
@@ -136,7 +140,7 @@ func (r *Relay) Run(ctx context.Context) {
 				return err
 			}
 			return r.drain(ctx, fence)
-		}, lockkit.WithAutoRenew(r.o.LeaderTTL))
+		}, lockkit.WithAutoRenew(r.o.LeaderTTL), lockkit.WithClass(string(LeaderKey.Class())))
 		if ctx.Err() != nil {
 			return
 		}
@@ -209,14 +213,14 @@ func (r *Relay) Round(ctx context.Context, fence uint64) (int, error) {
 }
 
 func (r *Relay) ensureStream(ctx context.Context) error {
-	if r.streamReady {
+	if r.streamReady.Load() {
 		return nil
 	}
 	if err := EnsureStream(ctx, r.o.JS, r.o.Stream); err != nil {
 		r.o.Metrics.publishFailed()
 		return fmt.Errorf("%w: %w", errPublish, err)
 	}
-	r.streamReady = true
+	r.streamReady.Store(true)
 	return nil
 }
 
@@ -272,7 +276,7 @@ func (r *Relay) failed(errs []error, n int) error {
 		r.o.Metrics.publishFailed()
 	}
 	// A stream deleted or changed under the relay is created again.
-	r.streamReady = false
+	r.streamReady.Store(false)
 	return fmt.Errorf("%w: %d of the batch failed: %w", errPublish, n, errors.Join(errs...))
 }
 

@@ -211,7 +211,7 @@ func (s *Store) checks(stuckAfter time.Duration) []audit.Check {
 // eventChecks are the audit's checks of the order events: those never
 // published, once the ones younger than unpublishedAfter are left aside.
 func (s *Store) eventChecks(unpublishedAfter time.Duration) []audit.Check {
-	return []audit.Check{{Name: "unpublished_order_events", By: "by_type", Unit: "events",
+	return []audit.Check{{Name: "unpublished_order_events", By: "by_type",
 		Run: func(ctx context.Context) (map[string]int64, error) {
 			return s.UnpublishedEvents(ctx, time.Now().UTC().Add(-unpublishedAfter))
 		}}}
