@@ -43,7 +43,7 @@ func (d *Domain) Checks() []audit.Check {
 	return []audit.Check{
 		{Name: "points_doubled", By: "by_order", Unit: "points", Run: d.Store.Doubled},
 		{Name: "points_missing", By: "by_order", Unit: "points", Run: d.Store.Missing},
-		{Name: "dead_letters", By: "by_reason", Unit: "messages", Run: d.Consumer.DeadLetters},
+		{Name: "dead_letters", By: "by_reason", Run: d.Consumer.DeadLetters},
 	}
 }
 
