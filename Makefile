@@ -7,7 +7,7 @@ BIN := $(CURDIR)/bin
 # variables to use servers of your own instead).
 WITH_SERVERS := scripts/with-testenv.sh
 
-.PHONY: help run build image test test-unit vet fmt bench servers-up servers-down openapi-lint
+.PHONY: help run build image test test-unit vet fmt bench events-bench servers-up servers-down openapi-lint
 
 # Variables a target's description names, shown by make help with their value.
 HELP_VARS := FUZZTIME
@@ -98,6 +98,22 @@ bench: ## Every backend beside its peer and its server's raw round trip, interle
 		echo "## Wall clock: medians and ranges of $(BENCH_ROUNDS) interleaved rounds"; echo; \
 		echo '```'; awk -f scripts/benchtable.awk /tmp/shop-bench.txt; echo '```'; } > $(BENCH_RESULTS)
 	@echo "wrote $(BENCH_RESULTS)"
+
+# make events-bench: what the outbox adds to placing an order (statements,
+# p50/p99 against the same place without it, interleaved rounds) and the
+# relay's events per second to a real nats-server, on MariaDB and on SQLite.
+EVENTS_RESULTS := docs/results/events-$(shell date -u +%Y-%m-%d).md
+
+events-bench: ## Measure the outbox's cost per place and the relay's events per second (MariaDB and SQLite); writes docs/results/events-<date>.md
+	@mkdir -p docs/results
+	@{ echo "# make events-bench, $$(date -u '+%Y-%m-%d %H:%M') UTC"; echo; \
+		echo "- Command: \`make events-bench\`"; \
+		echo "- Machine: $$(nproc) cores, $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), shared with other work"; \
+		echo "- Commit: $(BENCH_COMMIT)"; echo; } > $(EVENTS_RESULTS)
+	$(WITH_SERVERS) bash -c 'for dsn in "$$SHOP_TEST_MYSQL_DSN" ""; do \
+		SHOP_TEST_MYSQL_DSN="$$dsn" SHOP_MEASURE_OUT=$(CURDIR)/$(EVENTS_RESULTS) $(GO) test -count=1 -p 1 -timeout 20m \
+			-run "^TestMeasure" ./internal/order/ ./internal/events/ || exit 1; done'
+	@echo "wrote $(EVENTS_RESULTS)"
 
 include loadtest.mk compose.mk
 -include faults.mk

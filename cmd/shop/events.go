@@ -116,6 +116,11 @@ func natsOptions(cfg config.Config, log *slog.Logger) []nats.Option {
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
+		// No buffer while disconnected: a publish then fails at once and
+		// the relay retries it later, rather than each retry queueing one
+		// more copy for the reconnect to flush (and direct delivery
+		// pretending to a publish that may or may not happen).
+		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Warn("events: disconnected from the broker", "err", err)
 		}),

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/propagation"
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/lockkit"
@@ -97,7 +99,7 @@ type broker struct {
 func connect(t *testing.T, url string) broker {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
-		nats.RetryOnFailedConnect(true))
+		nats.RetryOnFailedConnect(true), nats.ReconnectBufSize(-1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,5 +382,68 @@ func TestUnpublishedTakesOneEventPerOrder(t *testing.T) {
 	}
 	if want := fmt.Sprint([]string{ID(1, TypeOrderPlaced), ID(2, TypeOrderPlaced), ID(3, TypeOrderPlaced)}); fmt.Sprint(got) != want {
 		t.Fatalf("batch %v, want %v", got, want)
+	}
+}
+
+// The outbox row keeps the trace context of the request that made the
+// change, and the published message carries that trace on, so that the
+// consumer's span joins the request's trace.
+func TestRelayCarriesTheRequestsTraceToTheMessage(t *testing.T) {
+	b := connect(t, testenv.Require(t, testenv.NATSURLVar))
+	db := openDB(t)
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	parent := propagation.TraceContext{}.Extract(context.Background(),
+		propagation.MapCarrier{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"})
+	e := Event{ID: ID(1, TypeOrderPlaced), Type: TypeOrderPlaced, OrderID: 1}
+	if err := db.Transaction(func(tx *gorm.DB) error { return Append(parent, tx, e) }); err != nil {
+		t.Fatal(err)
+	}
+	row, err := NewOutbox(db).Row(context.Background(), e.ID)
+	if err != nil || !strings.Contains(row.Traceparent, traceID) {
+		t.Fatalf("outbox row traceparent %q, %v; want trace %s", row.Traceparent, err, traceID)
+	}
+	if _, err := newRelay(db, b, nil, nil).Round(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tp := m.Header.Get("traceparent"); !strings.Contains(tp, traceID) {
+		t.Fatalf("message traceparent %q; want trace %s", tp, traceID)
+	}
+}
+
+// Direct delivery publishes once, right after the commit: what the broker
+// missed then stays unpublished for good (no relay reads the outbox),
+// which the audit counts; what it took is marked.
+func TestDirectDeliveryLosesWhatTheBrokerMissed(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	b := connect(t, srv.URL())
+	db := openDB(t)
+	appendOrders(t, db, 1, 2)
+	d := NewDirect(RelayOptions{Outbox: NewOutbox(db), JS: b.js, PublishTimeout: time.Second, Stream: b.stream})
+	ctx := context.Background()
+	d.Publish(ctx, ID(1, TypeOrderPlaced), ID(1, TypeOrderPaid))
+	srv.Stop()
+	d.Publish(ctx, ID(2, TypeOrderPlaced), ID(2, TypeOrderPaid))
+	srv.Start()
+	for deadline := time.Now().Add(30 * time.Second); !b.nc.IsConnected(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no reconnection within 30s")
+		}
+	}
+	bl, err := NewOutbox(db).Backlog(ctx)
+	if err != nil || bl.Rows != 2 {
+		t.Fatalf("backlog %+v, %v; want order 2's two events, lost", bl, err)
+	}
+	if ids := b.messages(t); fmt.Sprint(ids) != fmt.Sprint([]string{ID(1, TypeOrderPlaced), ID(1, TypeOrderPaid)}) {
+		t.Fatalf("stream holds %v; want order 1's events only", ids)
 	}
 }

@@ -179,3 +179,18 @@ func TestPayAfterTheDeadlineIsRefusedAndCancelsTheOrder(t *testing.T) {
 	}
 	s.auditOK()
 }
+
+// The reset deletes the outbox with the orders: an event of an order that
+// no longer exists must not be published after it.
+func TestResetEmptiesTheOutbox(t *testing.T) {
+	s := newShop(t, Options{})
+	if _, _, err := s.service.Place(context.Background(), user, "k", "widget", 1, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.domain.Reset(context.Background(), "default"); err != nil {
+		t.Fatal(err)
+	}
+	if rows := s.outbox(); len(rows) != 0 {
+		t.Fatalf("outbox after the reset: %+v", rows)
+	}
+}
