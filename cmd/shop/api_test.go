@@ -252,6 +252,7 @@ func TestAPI(t *testing.T) {
 		{name: "product-200", method: "GET", path: "/api/v1/products/api-1", token: u1, status: 200},
 		{name: "purchase-201", method: "POST", path: "/api/v1/seckill/api-1/purchase", token: u1, body: `{"quantity":2}`, status: 201},
 		{name: "audit-200", method: "GET", path: "/admin/v1/audit", token: testAdmin, status: 200},
+		{name: "points-200", method: "GET", path: "/api/v1/users/1/points", token: u1, status: 200},
 		{name: "healthz-200", method: "GET", path: "/healthz", status: 200},
 		{name: "readyz-200", method: "GET", path: "/readyz", status: 200},
 		{name: "metrics-200", method: "GET", path: "/metrics", status: 200},
@@ -377,6 +378,9 @@ func TestAPI(t *testing.T) {
 		{name: "order-pay-400-bad-id", method: "POST", path: "/api/v1/orders/0/pay", token: u2, status: 400, detail: "positive integer"},
 		{name: "orders-list-400-cursor", method: "GET", path: "/api/v1/orders?cursor=nope", token: u2, status: 400, detail: "next_cursor"},
 		{name: "orders-list-400-limit", method: "GET", path: "/api/v1/orders?limit=1000", token: u2, status: 400, detail: "limit must be"},
+		// loyalty
+		{name: "points-403-other-user", method: "GET", path: "/api/v1/users/2/points", token: u1, status: 403, detail: "may act only on account 1"},
+		{name: "points-400-bad-id", method: "GET", path: "/api/v1/users/x/points", token: u1, status: 400, detail: `got "x"`},
 		// routing
 		{name: "route-404", method: "GET", path: "/api/v2/accounts/1", token: u1, status: 404, detail: "no route"},
 		{name: "method-405", method: "DELETE", path: "/api/v1/accounts/1", token: u1, status: 405, detail: "allowed: GET"},

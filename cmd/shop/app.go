@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/gin-gonic/gin"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -22,6 +23,7 @@ import (
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/events"
 	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
@@ -29,6 +31,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/admission"
 	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/loyalty"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/order"
 	"github.com/lockbench/shop/internal/storage"
@@ -49,7 +52,8 @@ type domain interface {
 
 // models are every table, for migrations. Add a domain's here.
 func models() []any {
-	return slices.Concat(account.Models(), inventory.Models(), order.Models(), idem.Models())
+	return slices.Concat(account.Models(), inventory.Models(), order.Models(), idem.Models(),
+		loyalty.Models(), events.ConsumerModels())
 }
 
 // app is one shop process's wiring: open it, serve its handler, close it.
@@ -68,6 +72,9 @@ type app struct {
 	// records are the idempotency records: reset with the domains, pruned
 	// by one instance at a time.
 	records *idem.Idem
+	// broker is the connection openEvents made, which the consumer in
+	// serve shares.
+	broker jetstream.JetStream
 	// hooks for tests in this package
 	accounts *account.Store
 }
@@ -113,8 +120,28 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	a.startCloser(orders.Service, log)
 	a.startPruner(locks.locker, cfg.LockTTL, log)
 	a.records.RegisterMetrics(reg)
+	if err := a.consumeInServe(cfg, db, locks, reg, log); err != nil {
+		return nil, err
+	}
 	a.newHandlers(cfg, log, domains, reg)
 	return a, nil
+}
+
+// consumeInServe runs the loyalty consumer inside shop serve, as make run
+// needs, unless SHOP_EVENTS_CONSUME_IN_SERVE=false leaves it to shop
+// consume processes.
+// It shares the relay's broker connection (the embedded nats-server for
+// make run).
+func (a *app) consumeInServe(cfg config.Config, db *storage.DB, locks locking, reg prometheus.Registerer, log *slog.Logger) error {
+	if !cfg.Events.ConsumeInServe {
+		return nil
+	}
+	consumer, err := newLoyaltyConsumer(cfg, db, locks, reg, log)
+	if err != nil {
+		return err
+	}
+	a.startConsumer(consumer, a.broker, log)
+	return nil
 }
 
 // newDomains builds every domain on the stores and the locking, and
@@ -141,7 +168,8 @@ func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB,
 		return nil, nil, err
 	}
 	orders := newOrders(cfg, db, locks, tokens, accounts.Store, products.Store)
-	domains := []domain{accounts, products, likes, orders}
+	points := &loyalty.Domain{Store: loyalty.NewStore(db.DB), Consumer: events.NewConsumerStore(db.DB)}
+	domains := []domain{accounts, products, likes, orders, points}
 	if err := forgetFences(ctx, cfg, domains); err != nil {
 		return nil, nil, err
 	}

@@ -57,6 +57,8 @@ func TestCommandLine(t *testing.T) {
 		{name: "port-out-of-range", args: []string{"serve"}, env: map[string]string{"SHOP_ENV": "dev", "SHOP_HTTP_ADDR": ":99999"},
 			code: 2, stderr: "SHOP_HTTP_ADDR"},
 		{name: "production-by-default", args: []string{"serve"}, code: 2, stderr: "SHOP_JWT_SECRET is required"},
+		{name: "consume-help", args: []string{"consume", "-h"}, env: broken, code: 0, stdout: "usage: shop consume"},
+		{name: "consume-without-broker", args: []string{"consume"}, env: dev, code: 2, stderr: "SHOP_NATS_URL is required by shop consume"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr strings.Builder

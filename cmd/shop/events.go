@@ -51,6 +51,7 @@ func (a *app) openEvents(ctx context.Context, cfg config.Config, db *storage.DB,
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
+	a.broker = js
 	e := cfg.Events
 	stream := events.StreamOptions{Replicas: e.Replicas, DuplicateWindow: e.DuplicateWindow, MaxAge: e.MaxAge}
 	sctx, cancel := context.WithTimeout(ctx, streamCheckTimeout)

@@ -1,6 +1,7 @@
 // Command shop is the reference microservice for distributed locks.
 //
 //	shop serve                    run the HTTP service (config from SHOP_* variables)
+//	shop consume                  run the order-event consumer (loyalty points)
 //	shop migrate                  create or extend the database tables, then exit
 //	shop token <user> [-ttl 24h]  print a user token signed with SHOP_JWT_SECRET
 //	shop healthcheck              exit 0 if this host's shop answers /readyz with 200, else 1
@@ -66,6 +67,14 @@ func commands() []command {
 SHOP_* variables (docs/config.md); SHOP_ENV defaults to production, which
 needs SHOP_JWT_SECRET and SHOP_ADMIN_TOKEN of 32 bytes or more. For a
 developer's machine: SHOP_ENV=dev shop serve.
+`},
+		{name: "consume", synopsis: "consume", summary: "run the order-event consumer (loyalty points) until SIGTERM",
+			config: true, bind: noFlags(runConsume),
+			help: `Runs the loyalty-points consumer of the order events on SHOP_NATS_URL until
+SIGTERM or SIGINT: a durable JetStream pull consumer that credits each paid
+order's points once, deduplicating as SHOP_EVENTS_DEDUP says (docs/events.md).
+It serves /healthz, /readyz and /metrics on SHOP_HTTP_ADDR, and no API.
+Several may run: they share the durable consumer.
 `},
 		{name: "migrate", synopsis: "migrate", summary: "create or extend the database tables, then exit",
 			config: true, bind: noFlags(runMigrate),
@@ -231,7 +240,20 @@ func noFlags(run func(call) int) func(*flag.FlagSet) (func([]string) error, func
 	}
 }
 
-func runServe(c call) int {
+func runServe(c call) int { return runServer(c, newApp) }
+
+// runConsume refuses, as a configuration error and before opening
+// anything, to run without a broker.
+func runConsume(c call) int {
+	if c.cfg.Events.EmbeddedNATS() {
+		fmt.Fprintln(c.stderr, "shop: invalid configuration:\nSHOP_NATS_URL is required by shop consume: the broker the shop instances publish order events to")
+		return 2
+	}
+	return runServer(c, newConsumeApp)
+}
+
+// runServer serves the app open makes until SIGTERM or SIGINT.
+func runServer(c call, open appOpener) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	shutdownTracing, err := setupTracing(ctx, c.getenv)
@@ -246,7 +268,7 @@ func runServe(c call) int {
 		defer cancel()
 		_ = shutdownTracing(fctx)
 	}()
-	if err := serve(ctx, c.cfg, c.log); err != nil {
+	if err := serveApp(ctx, c.cfg, c.log, open); err != nil {
 		c.log.Error("shop stopped", "err", err)
 		return 1
 	}

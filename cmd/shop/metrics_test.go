@@ -80,7 +80,7 @@ func TestAuditDriftUnitsFollowTheCheck(t *testing.T) {
 	if len(series) == 0 {
 		t.Fatal("no shop_audit_drift series after an audit")
 	}
-	want := map[string]string{"like_drift": "likes"}
+	want := map[string]string{"like_drift": "likes", "points_doubled": "points", "points_missing": "points"}
 	for _, m := range series {
 		check, unit := m[1], m[2]
 		w, ok := want[check]

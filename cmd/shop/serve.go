@@ -34,8 +34,14 @@ const cancelGrace = 5 * time.Second
 // database rolls back what was not committed, where closing them would let
 // the handler run on against closed clients.
 func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	return serveApp(ctx, cfg, log, newApp)
+}
+
+// serveApp is serve with the app open makes: newApp for shop serve,
+// newConsumeApp for shop consume (probes and metrics only).
+func serveApp(ctx context.Context, cfg config.Config, log *slog.Logger, open appOpener) error {
 	log.Info("starting", "version", readBuildInfo().String(), "config", cfg)
-	s, err := start(ctx, cfg, log)
+	s, err := start(ctx, cfg, log, open)
 	if err != nil {
 		return err
 	}
@@ -62,9 +68,12 @@ type server struct {
 	cancelRequests context.CancelCauseFunc
 }
 
+// appOpener opens an app: newApp or newConsumeApp.
+type appOpener func(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, error)
+
 // start opens the app and its listeners. On error nothing stays open.
-func start(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *server, err error) {
-	a, err := newApp(ctx, cfg, log)
+func start(ctx context.Context, cfg config.Config, log *slog.Logger, open appOpener) (_ *server, err error) {
+	a, err := open(ctx, cfg, log)
 	if err != nil {
 		return nil, err
 	}

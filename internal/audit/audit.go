@@ -36,7 +36,7 @@ type Check struct {
 	// By names the breakdown member, e.g. "by_sku".
 	By string
 	// Unit is what the drift counts: "cents", "units" (of stock), "likes",
-	// "orders". It is the unit label of shop_audit_drift, so that no query
+	// "points" (loyalty), "orders". It is the unit label of shop_audit_drift, so that no query
 	// adds cents to units; empty is "count".
 	Unit string
 	// Run returns the drift of each item that drifted (zero entries may be

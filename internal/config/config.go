@@ -241,6 +241,14 @@ type Config struct {
 	Events Events
 }
 
+// Dedup ways SHOP_EVENTS_DEDUP accepts; they are events.DedupModes (a test
+// checks that the two agree).
+const (
+	EventsDedupInbox = "inbox"
+	EventsDedupLock  = "lock"
+	EventsDedupNone  = "none"
+)
+
 // Load reads the configuration through getenv (os.Getenv in main). It
 // returns every invalid value at once, each naming its variable.
 func Load(getenv func(string) string) (Config, error) {
@@ -250,6 +258,7 @@ func Load(getenv func(string) string) (Config, error) {
 	p.strategies(&c)
 	p.process(&c)
 	p.envDefaults(&c)
+	p.consumer(&c)
 	p.crossCheck(&c)
 	p.events(&c)
 	p.secrets(&c)
@@ -308,6 +317,14 @@ func (p *parser) process(c *Config) {
 	c.AdmissionMaxLimit = int(p.int("SHOP_ADMISSION_MAX_LIMIT", 1024, 2))
 }
 
+// consumer reads the order-event consumer's settings.
+func (p *parser) consumer(c *Config) {
+	c.Events.Dedup = p.oneOf("SHOP_EVENTS_DEDUP", EventsDedupInbox, []string{EventsDedupInbox, EventsDedupLock, EventsDedupNone})
+	c.Events.AckWait = p.positiveDuration("SHOP_EVENTS_ACK_WAIT", 30*time.Second)
+	c.Events.MaxDeliver = int(p.int("SHOP_EVENTS_MAX_DELIVER", 5, 1))
+	c.Events.ConsumeInServe = p.bool("SHOP_EVENTS_CONSUME_IN_SERVE", true)
+}
+
 // envDefaults reads the settings whose default depends on SHOP_ENV.
 // Production defaults suit a process behind a load balancer; dev ones a
 // developer's terminal, where Ctrl-C should stop at once.
@@ -357,7 +374,7 @@ func (c Config) EmbeddedRedis() bool { return len(c.RedisAddrs) == 0 }
 // LogValue prints the configuration with secrets masked, so that it can be
 // logged at start: the JWT secret, the admin token and the DSN password.
 func (c Config) LogValue() slog.Value {
-	attrs := slices.Concat(c.serverAttrs(), c.strategyAttrs(), c.processAttrs(), c.eventAttrs())
+	attrs := slices.Concat(c.serverAttrs(), c.strategyAttrs(), c.processAttrs(), c.eventAttrs(), c.consumerAttrs())
 	return slog.GroupValue(attrs...)
 }
 
@@ -415,6 +432,16 @@ func (c Config) processAttrs() []slog.Attr {
 		slog.Int64("max_body_bytes", c.MaxBodyBytes),
 		slog.Bool("admission", c.Admission),
 		slog.Duration("admission_target", c.AdmissionTarget),
+	}
+}
+
+// consumerAttrs are the settings consumer reads.
+func (c Config) consumerAttrs() []slog.Attr {
+	return []slog.Attr{
+		slog.String("events_dedup", c.Events.Dedup),
+		slog.Duration("events_ack_wait", c.Events.AckWait),
+		slog.Int("events_max_deliver", c.Events.MaxDeliver),
+		slog.Bool("events_consume_in_serve", c.Events.ConsumeInServe),
 	}
 }
 

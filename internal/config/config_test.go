@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/events"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
 	"github.com/lockbench/shop/internal/lockkit/registry"
@@ -202,6 +203,9 @@ func TestStrategyNamesMatchTheDomains(t *testing.T) {
 		{StockAtomicRedis, inventory.StrategyAtomicRedis},
 		{LikeLock, like.StrategyLock},
 		{LikeHashTag, like.StrategyHashTag},
+		{EventsDedupInbox, events.DedupModes[0]},
+		{EventsDedupLock, events.DedupModes[1]},
+		{EventsDedupNone, events.DedupModes[2]},
 	} {
 		if pair[0] != pair[1] {
 			t.Errorf("config says %q, the domain %q", pair[0], pair[1])
@@ -294,6 +298,21 @@ func TestJWTMaxTTL(t *testing.T) {
 		dev["SHOP_JWT_MAX_TTL"] = bad
 		if _, err := Load(env(dev)); err == nil || !strings.Contains(err.Error(), "SHOP_JWT_MAX_TTL") {
 			t.Errorf("SHOP_JWT_MAX_TTL=%s: %v, want refused", bad, err)
+		}
+	}
+}
+
+func TestEventsConsumerSettings(t *testing.T) {
+	c, err := Load(env(map[string]string{"SHOP_ENV": "dev"}))
+	if err != nil || c.Events.Dedup != EventsDedupInbox || c.Events.AckWait != 30*time.Second || c.Events.MaxDeliver != 5 ||
+		!c.Events.ConsumeInServe {
+		t.Fatalf("defaults: %+v, %v", c, err)
+	}
+	_, err = Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_EVENTS_DEDUP": "watermill",
+		"SHOP_EVENTS_ACK_WAIT": "0s", "SHOP_EVENTS_MAX_DELIVER": "0"}))
+	for _, name := range []string{"SHOP_EVENTS_DEDUP", "SHOP_EVENTS_ACK_WAIT", "SHOP_EVENTS_MAX_DELIVER"} {
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s not reported: %v", name, err)
 		}
 	}
 }

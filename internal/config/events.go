@@ -54,6 +54,21 @@ type Events struct {
 	// RelayMaxBackoff is SHOP_EVENTS_RELAY_MAX_BACKOFF (default 5s): the
 	// longest wait between two attempts while the broker fails.
 	RelayMaxBackoff time.Duration
+
+	// Dedup is SHOP_EVENTS_DEDUP, how the order-event consumer keeps a
+	// redelivery from applying twice: inbox (default), lock or none.
+	Dedup string
+	// AckWait is SHOP_EVENTS_ACK_WAIT (default 30s): how long a delivery
+	// may go unacked before JetStream delivers it again; the first step of
+	// the redelivery backoff, which doubles from it.
+	AckWait time.Duration
+	// MaxDeliver is SHOP_EVENTS_MAX_DELIVER (default 5, at least 1):
+	// deliveries of one message before its last failure is dead-lettered.
+	MaxDeliver int
+	// ConsumeInServe is SHOP_EVENTS_CONSUME_IN_SERVE (default true):
+	// whether shop serve also runs the consumer, as make run needs; a
+	// deployment that runs shop consume on its own sets it false.
+	ConsumeInServe bool
 }
 
 // EmbeddedNATS reports whether shop starts its own nats-server.

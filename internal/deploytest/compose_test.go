@@ -74,11 +74,27 @@ func shopServices(p *types.Project) []types.ServiceConfig {
 	return out
 }
 
-// serving are the shop services that serve traffic (not the migrate job).
-func serving(p *types.Project) []types.ServiceConfig {
+// consumers are the shop consume services: they stay up and are scraped,
+// but serve no API, so nginx does not balance them.
+var consumers = []string{"consume-1", "consume-2"}
+
+// running are the shop services that stay up: the API instances and the
+// consumers (not the migrate job).
+func running(p *types.Project) []types.ServiceConfig {
 	var out []types.ServiceConfig
 	for _, s := range shopServices(p) {
 		if !slices.Contains(oneShot, s.Name) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// serving are the shop services that serve the API.
+func serving(p *types.Project) []types.ServiceConfig {
+	var out []types.ServiceConfig
+	for _, s := range running(p) {
+		if !slices.Contains(consumers, s.Name) {
 			out = append(out, s)
 		}
 	}
@@ -154,7 +170,7 @@ func TestComposeHealthchecks(t *testing.T) {
 	// Distroless has no shell: the shop healthcheck must be the exec form
 	// of the binary itself, the path the Dockerfile copies it to.
 	bin := dockerfileBinary(t)
-	for _, s := range serving(p) {
+	for _, s := range running(p) {
 		if got := []string(s.HealthCheck.Test); len(got) < 2 || got[0] != "CMD" || got[1] != bin {
 			t.Errorf("%s healthcheck is %q, want [CMD %s ...] (no shell in the image)", s.Name, got, bin)
 		}
@@ -494,7 +510,8 @@ func TestComposeMountsExist(t *testing.T) {
 func TestComposeScrapesAndBalancesEveryInstance(t *testing.T) {
 	root := repoRoot(t)
 	p := loadCompose(t, nil)
-	want, wantScraped := shopInstanceAddrs(t, p)
+	want, _ := shopInstanceAddrs(t, p, serving(p))
+	_, wantScraped := shopInstanceAddrs(t, p, running(p))
 
 	scraped := prometheusTargets(t, filepath.Join(root, "deploy/prometheus/prometheus.yml"), "shop")
 	slices.Sort(scraped)
@@ -518,11 +535,11 @@ func TestComposeScrapesAndBalancesEveryInstance(t *testing.T) {
 	}
 }
 
-// shopInstanceAddrs are the serving instances as host:port, sorted: where
-// each serves the API, and where each serves /metrics.
-func shopInstanceAddrs(t *testing.T, p *types.Project) (api, metrics []string) {
+// shopInstanceAddrs are services as host:port, sorted: where each serves
+// HTTP, and where each serves /metrics.
+func shopInstanceAddrs(t *testing.T, p *types.Project, services []types.ServiceConfig) (api, metrics []string) {
 	t.Helper()
-	for _, s := range serving(p) {
+	for _, s := range services {
 		_, port, err := net.SplitHostPort(envOf(s)["SHOP_HTTP_ADDR"])
 		if err != nil {
 			t.Fatalf("%s: SHOP_HTTP_ADDR: %v", s.Name, err)

@@ -72,9 +72,14 @@ func buildKustomization(t *testing.T, dir string) k8sObjects {
 			t.Fatalf("%s: %s %s: %v", dir, r.GetKind(), r.GetName(), err)
 		}
 	}
-	if len(objs.deployments) != 1 || len(objs.configMaps) != 1 || len(objs.secrets) != 1 ||
+	if len(objs.deployments) != 2 || len(objs.configMaps) != 1 || len(objs.secrets) != 1 ||
 		len(objs.services) != 1 || len(objs.pdbs) != 1 {
-		t.Fatalf("%s: want one Deployment, ConfigMap, Secret, Service and PodDisruptionBudget", dir)
+		t.Fatalf("%s: want two Deployments (shop, shop-consume), one ConfigMap, Secret, Service and PodDisruptionBudget", dir)
+	}
+	// shop's first, as the checks below expect.
+	slices.SortFunc(objs.deployments, func(a, b appsv1.Deployment) int { return strings.Compare(a.Name, b.Name) })
+	if objs.deployments[0].Name != "shop" || objs.deployments[1].Name != "shop-consume" {
+		t.Fatalf("%s: Deployments %s and %s, want shop and shop-consume", dir, objs.deployments[0].Name, objs.deployments[1].Name)
 	}
 	return objs
 }
@@ -83,8 +88,13 @@ func buildKustomization(t *testing.T, dir string) k8sObjects {
 // envFrom names (kustomize has added their hash suffixes to both).
 func (o k8sObjects) env(t *testing.T) map[string]string {
 	t.Helper()
+	return o.envOf(t, o.deployments[0])
+}
+
+func (o k8sObjects) envOf(t *testing.T, d appsv1.Deployment) map[string]string {
+	t.Helper()
 	env := map[string]string{}
-	for _, from := range o.deployments[0].Spec.Template.Spec.Containers[0].EnvFrom {
+	for _, from := range d.Spec.Template.Spec.Containers[0].EnvFrom {
 		switch {
 		case from.ConfigMapRef != nil && from.ConfigMapRef.Name == o.configMaps[0].Name:
 			for k, v := range o.configMaps[0].Data {
@@ -118,6 +128,7 @@ func TestKubernetesBase(t *testing.T) {
 	}
 	env["SHOP_JWT_SECRET"], env["SHOP_ADMIN_TOKEN"] = strings.Repeat("j", 32), strings.Repeat("a", 32)
 	checkShopWorkload(t, o, env)
+	checkConsumeWorkload(t, o, env)
 }
 
 func TestKubernetesDevOverlay(t *testing.T) {
@@ -127,6 +138,47 @@ func TestKubernetesDevOverlay(t *testing.T) {
 		t.Errorf("the dev overlay runs SHOP_ENV=%q", env["SHOP_ENV"])
 	}
 	checkShopWorkload(t, o, env)
+	checkConsumeWorkload(t, o, env)
+}
+
+// checkConsumeWorkload: shop consume runs from the same image and
+// configuration, with a broker to consume from and the consumer left out
+// of serve; its pods answer the probes but are neither in the Service nor
+// matched by shop's own selector.
+func checkConsumeWorkload(t *testing.T, o k8sObjects, env map[string]string) {
+	t.Helper()
+	d := o.deployments[1]
+	pod := d.Spec.Template
+	cfg, err := config.Load(mapEnv(env))
+	if err != nil {
+		t.Fatalf("the consumer's environment does not load: %v", err)
+	}
+	if cfg.Events.EmbeddedNATS() || cfg.Events.ConsumeInServe {
+		t.Errorf("SHOP_NATS_URL %q, SHOP_EVENTS_CONSUME_IN_SERVE %v: want a broker, and serve not consuming",
+			cfg.Events.NATSURL, cfg.Events.ConsumeInServe)
+	}
+	if c := pod.Spec.Containers; len(c) != 1 || c[0].Image != o.deployments[0].Spec.Template.Spec.Containers[0].Image ||
+		len(c[0].Command) > 0 || !slices.Equal(c[0].Args, []string{"consume"}) {
+		t.Fatalf("shop-consume containers %+v: want shop's image with args [consume]", c)
+	}
+	ports := map[string]int32{}
+	for _, p := range pod.Spec.Containers[0].Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	checkProbes(t, pod.Spec.Containers[0], ports)
+	checkPodSecurity(t, pod.Spec)
+	if !selects(d.Spec.Selector.MatchLabels, pod.Labels) {
+		t.Errorf("shop-consume selects %v, not its pods %v", d.Spec.Selector.MatchLabels, pod.Labels)
+	}
+	for name, sel := range map[string]map[string]string{
+		"Service " + o.services[0].Name:         o.services[0].Spec.Selector,
+		"PodDisruptionBudget " + o.pdbs[0].Name: o.pdbs[0].Spec.Selector.MatchLabels,
+		"Deployment selector shop":              o.deployments[0].Spec.Selector.MatchLabels,
+	} {
+		if selects(sel, pod.Labels) {
+			t.Errorf("%s (%v) selects the consumer's pods %v", name, sel, pod.Labels)
+		}
+	}
 }
 
 func mapEnv(env map[string]string) func(string) string {

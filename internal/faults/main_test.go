@@ -24,9 +24,11 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	shoptest.Cleanup()
 	printTable(os.Stdout)
+	printEventTable(os.Stdout)
 	if path := os.Getenv("SHOP_FAULTS_REPORT"); path != "" {
 		if f, err := os.Create(path); err == nil {
 			printTable(f)
+			printEventTable(f)
 			f.Close()
 		}
 	}

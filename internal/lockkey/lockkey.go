@@ -37,6 +37,10 @@ const (
 	// IdemPruner is the idempotency record pruner's leader lease:
 	// lock:idem-pruner.
 	IdemPruner Class = "idem-pruner"
+	// Event guards one consumer's handling of one event, for the lock
+	// dedup: lock:event:<consumer>:<event id>. The event id holds ':'
+	// ("order:42:order.paid"); as the last part it stays unambiguous.
+	Event Class = "event"
 )
 
 // Key is one lock key with its class. The zero Key is no key.

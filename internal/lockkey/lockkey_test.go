@@ -23,6 +23,7 @@ func TestKeysAreByteIdentical(t *testing.T) {
 		{lockkey.OrderCloser.Key(), "lock:order-closer", "order-closer"},
 		{lockkey.EventRelay.Key(), "lock:event-relay", "event-relay"},
 		{lockkey.IdemPruner.Key(), "lock:idem-pruner", "idem-pruner"},
+		{lockkey.Event.Key("loyalty", "order:42:order.paid"), "lock:event:loyalty:order:42:order.paid", "event"},
 	} {
 		if got := tc.key.String(); got != tc.want {
 			t.Errorf("key %q, want %q", got, tc.want)

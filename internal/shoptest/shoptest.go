@@ -142,6 +142,13 @@ type Instance struct {
 // it listens, and stops it with SIGTERM when the test ends. Its logs are printed if the test failed.
 func Start(t testing.TB, bin string, env map[string]string) *Instance {
 	t.Helper()
+	return StartCommand(t, bin, "serve", env)
+}
+
+// StartCommand is Start for another long-running command of bin (consume),
+// which logs "listening" as serve does.
+func StartCommand(t testing.TB, bin, command string, env map[string]string) *Instance {
+	t.Helper()
 	// Tests reset their data and stop instances often: no drain delay.
 	full := map[string]string{"SHOP_HTTP_ADDR": "127.0.0.1:0", "SHOP_LOG_FORMAT": "json",
 		"SHOP_ALLOW_RESET": "true", "SHOP_DRAIN_DELAY": "0"}
@@ -154,7 +161,7 @@ func Start(t testing.TB, bin string, env map[string]string) *Instance {
 	if _, ok := full["SHOP_METRICS_ADDR"]; !ok {
 		full["SHOP_METRICS_ADDR"] = full["SHOP_HTTP_ADDR"]
 	}
-	cmd := exec.Command(bin, "serve")
+	cmd := exec.Command(bin, command)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
 	for k, v := range full {
 		cmd.Env = append(cmd.Env, k+"="+v)
