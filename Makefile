@@ -19,7 +19,7 @@ help: ## List the targets
 			while (match(d, /\$$\([A-Z_]+\)/)) { v = substr(d, RSTART + 2, RLENGTH - 3); d = substr(d, 1, RSTART - 1) ENVIRON[v] substr(d, RSTART + RLENGTH) } \
 			printf "  %s%-16s%s %s\n", ENVIRON["on"], $$1, ENVIRON["off"], d }' $(MAKEFILE_LIST)
 
-run: ## Start one instance on :8080, SHOP_ENV=dev (public dev secrets), on SQLite + in-process Redis; needs only Go
+run: ## Start one instance on :8080 (metrics on 127.0.0.1:9100), SHOP_ENV=dev (public dev secrets), on SQLite + in-process Redis; needs only Go
 	SHOP_ENV=dev $(GO) run -ldflags='$(LDFLAGS)' ./cmd/shop serve
 
 # What shop version prints: git describe of the checkout, and its commit.

@@ -42,6 +42,9 @@ func newTestServer(t *testing.T, env map[string]string) (*httptest.Server, *app)
 	vars := map[string]string{
 		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
 		"SHOP_MAX_BODY_BYTES": "1024", "SHOP_ALLOW_RESET": "true",
+		// /metrics on the handler under test, as asked for by naming the
+		// API's own address.
+		"SHOP_METRICS_ADDR": config.DefaultHTTPAddr,
 	}
 	for k, v := range env {
 		vars[k] = v
@@ -297,6 +300,10 @@ func TestAPI(t *testing.T) {
 		{name: "withdraw-400-int64-overflow", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{"amount_cents":9223372036854775808}`, status: 400, detail: "got 9223372036854775808"},
 		{name: "withdraw-400-malformed", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{"amount_cents":`, status: 400, detail: "ends in the middle"},
 		{name: "withdraw-400-syntax", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{"amount_cents" 5}`, status: 400, detail: "not valid JSON at byte"},
+		{name: "deposit-412-stale-if-match", method: "POST", path: "/api/v1/accounts/1/deposit", token: u1, body: `{"amount_cents":5}`,
+			header: map[string]string{"If-Match": `"0"`}, status: 412, detail: `If-Match asks for "0"`},
+		{name: "withdraw-400-if-match-unquoted", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{"amount_cents":5}`,
+			header: map[string]string{"If-Match": "0"}, status: 400, detail: "an entity-tag is quoted"},
 		{name: "withdraw-400-unknown-field", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{"amount_cents":5,"amount":5}`, status: 400, detail: `unknown field "amount"`},
 		{name: "withdraw-400-trailing", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{"amount_cents":5} {"amount_cents":5}`, status: 400, detail: "data after the JSON object"},
 		{name: "withdraw-400-empty-body", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, status: 400, detail: "body is empty"},

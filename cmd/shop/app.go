@@ -55,7 +55,8 @@ func models() []any {
 // app is one shop process's wiring: open it, serve its handler, close it.
 type app struct {
 	handler http.Handler
-	// metrics serves /metrics; on its own listener when SHOP_METRICS_ADDR is set.
+	// metrics serves /metrics, on a listener of its own unless
+	// SHOP_METRICS_ADDR names the API's address.
 	metrics http.Handler
 	// ready are the dependency checks of /readyz.
 	ready    []readyCheck
@@ -141,7 +142,7 @@ func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain,
 	a.handler = newRouter(routerDeps{
 		cfg:      cfg,
 		log:      log,
-		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken),
+		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken, auth.MaxLifetime(cfg.JWTMaxTTL)),
 		auditor:  newAuditor(cfg, domains, reg),
 		domains:  domains,
 		problems: problems(),

@@ -49,6 +49,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "token-bad-user", args: []string{"token", "alice"}, env: dev, code: 2, stderr: `user id "alice" is not a number`},
 		{name: "token-zero-user", args: []string{"token", "0"}, env: dev, code: 2, stderr: `user id "0" is not a positive`},
 		{name: "token-bad-ttl", args: []string{"token", "1", "-ttl", "-1h"}, env: dev, code: 2, stderr: "-ttl must be positive"},
+		{name: "token-over-the-max-ttl", args: []string{"token", "1", "-ttl", "25h"}, env: dev, code: 1, stderr: "SHOP_JWT_MAX_TTL"},
 		{name: "token-args-before-secrets", args: []string{"token", "alice"}, code: 2, stderr: "not a number", notErr: "SHOP_JWT_SECRET is required"},
 		{name: "token-missing-before-secrets", args: []string{"token"}, code: 2, stderr: "missing the user id", notErr: "SHOP_JWT_SECRET is required"},
 		{name: "token-after-double-dash", args: []string{"token", "-ttl", "1h", "--", "1"}, env: dev, code: 0, stdout: "."},

@@ -90,6 +90,8 @@ func benchApp(b testing.TB, env map[string]string, logs io.Writer) (send func(ct
 		"SHOP_MYSQL_DSN":   shoptest.MySQL(b),
 		"SHOP_REDIS_ADDRS": shoptest.Env(b, "SHOP_TEST_REDIS_ADDR"),
 		"SHOP_KEY_PREFIX":  shoptest.Prefix("cpubench"),
+		// /metrics on the handler under test.
+		"SHOP_METRICS_ADDR": config.DefaultHTTPAddr,
 	}
 	maps.Copy(vars, env)
 	cfg, err := config.Load(func(k string) string { return vars[k] })

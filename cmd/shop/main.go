@@ -329,7 +329,7 @@ func migrate(ctx context.Context, cfg config.Config) error {
 }
 
 func token(cfg config.Config, id int64, ttl time.Duration, stdout, stderr io.Writer) int {
-	tok, err := auth.New([]byte(cfg.JWTSecret), cfg.AdminToken).Token(id, ttl, time.Now())
+	tok, err := auth.New([]byte(cfg.JWTSecret), cfg.AdminToken, auth.MaxLifetime(cfg.JWTMaxTTL)).Token(id, ttl, time.Now())
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

@@ -25,6 +25,33 @@ import (
 	"github.com/lockbench/shop/internal/problem"
 )
 
+// TestMetricsAreNotOnTheAPIPortByDefault: without SHOP_METRICS_ADDR the
+// API handler answers /metrics with 404 and the metrics handler, which
+// serve puts on a listener of its own, serves them.
+func TestMetricsAreNotOnTheAPIPortByDefault(t *testing.T) {
+	vars := map[string]string{"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin}
+	cfg, err := config.Load(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := newApp(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.close() })
+	for _, tc := range []struct {
+		name    string
+		handler http.Handler
+		want    int
+	}{{"api", a.handler, http.StatusNotFound}, {"metrics", a.metrics, http.StatusOK}} {
+		rec := httptest.NewRecorder()
+		tc.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		if rec.Code != tc.want {
+			t.Errorf("GET /metrics on the %s handler: %d, want %d", tc.name, rec.Code, tc.want)
+		}
+	}
+}
+
 // TestAuditMetricsOnMetrics checks the wiring: the registry the auditor
 // writes to is the one /metrics serves.
 func TestAuditMetricsOnMetrics(t *testing.T) {

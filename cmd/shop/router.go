@@ -50,11 +50,6 @@ func newRouter(d routerDeps) http.Handler {
 
 	// Counted first, so that the metrics see every answer, shed ones too.
 	r.Use(newHTTPMetrics(d.reg).observe)
-	if d.cfg.Admission {
-		// Then shed, before any work: a refusal costs the counter above,
-		// not a span, a request id, a log line or authentication.
-		r.Use(apiOnly(admission.New(admissionOptions(d.cfg), d.reg).Handler()))
-	}
 	// The request's span next, so that every log line of the request
 	// carries its trace id (requestIDHandler). Probes and scrapes are not
 	// traced: they would be most of the traces and none of the interest.
@@ -67,28 +62,26 @@ func newRouter(d routerDeps) http.Handler {
 
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", readyz(d.ready))
-	if d.cfg.MetricsAddr == "" {
+	if d.cfg.MetricsOnHTTPAddr() {
 		r.GET("/metrics", gin.WrapH(d.metrics))
 	}
 	apidoc.Register(r)
 
-	api := r.Group("/api/v1", d.auth.User())
+	// A request takes its admission slot only once its caller is known and
+	// its body is in memory: a client that sends slowly or not at all
+	// would otherwise hold a slot of its route (and count its dawdling as
+	// the route's latency) for as long as the server's ReadTimeout, and a
+	// few such clients would shed everyone else.
+	api := r.Group("/api/v1", d.auth.User(), problem.ReadBody())
+	if d.cfg.Admission {
+		api.Use(admission.New(admissionOptions(d.cfg), d.reg).Handler())
+	}
 	admin := r.Group("/admin/v1", d.auth.Admin())
 	d.auditor.Register(admin)
 	for _, dom := range d.domains {
 		dom.Register(api, admin)
 	}
 	return r
-}
-
-// apiOnly runs h for the routes under /api/v1 only: probes, scrapes and
-// the admin API are never shed.
-func apiOnly(h gin.HandlerFunc) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		if strings.HasPrefix(c.FullPath(), "/api/v1/") {
-			h(c)
-		}
-	}
 }
 
 func admissionOptions(cfg config.Config) admission.Options {
@@ -140,6 +133,11 @@ func accessLog(log *slog.Logger) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		start := time.Now()
 		c.Next()
+		// A flood sheds thousands a second; the metrics count them, and a
+		// line for each would cost more than the refusal.
+		if problem.SlugOf(c) == "overloaded" {
+			return
+		}
 		status := c.Writer.Status()
 		level := slog.LevelInfo
 		if status >= 500 {

@@ -56,7 +56,7 @@ type server struct {
 	cfg            config.Config
 	log            *slog.Logger
 	app            *app
-	http, metrics  *http.Server // metrics is nil without SHOP_METRICS_ADDR
+	http, metrics  *http.Server // metrics is nil when /metrics is on http
 	failed         chan error   // a listener's Serve returned
 	running        inflight
 	cancelRequests context.CancelCauseFunc
@@ -88,7 +88,7 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *server,
 	if err := s.listen(s.http, cfg.HTTPAddr, "listening"); err != nil {
 		return nil, err
 	}
-	if cfg.MetricsAddr != "" {
+	if !cfg.MetricsOnHTTPAddr() {
 		s.metrics = &http.Server{Handler: a.metrics, ReadHeaderTimeout: 5 * time.Second}
 		if err := s.listen(s.metrics, cfg.MetricsAddr, "metrics listening"); err != nil {
 			_ = s.http.Close()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"maps"
 	"net/http"
 	"regexp"
 	"strings"
@@ -116,6 +117,12 @@ func (b *syncBuffer) String() string {
 // closed when serve has returned, with its result.
 func serveInProcess(t *testing.T, vars map[string]string) (base string, logs *syncBuffer, stop func(), served *serveResult) {
 	t.Helper()
+	// /metrics on the API listener unless the test says otherwise: the
+	// default loopback port would be shared by every test process.
+	vars = maps.Clone(vars)
+	if _, ok := vars["SHOP_METRICS_ADDR"]; !ok {
+		vars["SHOP_METRICS_ADDR"] = vars["SHOP_HTTP_ADDR"]
+	}
 	cfg, err := config.Load(func(k string) string { return vars[k] })
 	if err != nil {
 		t.Fatal(err)

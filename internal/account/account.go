@@ -39,6 +39,9 @@ var (
 	ErrInvalidAmount = errors.New("invalid amount")
 	// ErrSameAccount: a transfer from an account to itself.
 	ErrSameAccount = errors.New("transfer to the same account")
+	// ErrPreconditionFailed: the account is not at a version the change's
+	// Precondition names (If-Match); nothing was written.
+	ErrPreconditionFailed = errors.New("precondition failed")
 )
 
 // Account is one balance, in integer cents.
@@ -59,6 +62,9 @@ type Account struct {
 	// written in.
 	History   int64     `gorm:"not null;default:0" json:"-"`
 	UpdatedAt time.Time `json:"-"`
+	// pinned makes the write of a change that carried a Precondition land
+	// only over the Version read, under every strategy.
+	pinned bool
 }
 
 // LedgerEntry is one balance change, never updated or deleted (except by an
@@ -91,8 +97,10 @@ type Transfer struct {
 // Service is the account domain, as handlers and other domains see it.
 type Service interface {
 	Get(ctx context.Context, id int64) (Account, error)
-	Deposit(ctx context.Context, id, amount int64) (Account, error)
-	Withdraw(ctx context.Context, id, amount int64) (Account, error)
+	// Deposit and Withdraw write only while pre holds (the zero
+	// Precondition always does).
+	Deposit(ctx context.Context, id, amount int64, pre Precondition) (Account, error)
+	Withdraw(ctx context.Context, id, amount int64, pre Precondition) (Account, error)
 	Transfer(ctx context.Context, from, to, amount int64) (Transfer, error)
 }
 
@@ -177,7 +185,7 @@ func (s *service) update(ctx context.Context, kind string, ids []int64, fn func(
 
 func (s *service) Get(ctx context.Context, id int64) (Account, error) { return s.store.Get(ctx, id) }
 
-func (s *service) Deposit(ctx context.Context, id, amount int64) (Account, error) {
+func (s *service) Deposit(ctx context.Context, id, amount int64, pre Precondition) (Account, error) {
 	if amount <= 0 {
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
@@ -185,6 +193,9 @@ func (s *service) Deposit(ctx context.Context, id, amount int64) (Account, error
 	idem.Answer(ctx, http.StatusOK, &out)
 	err := s.update(ctx, "deposit", []int64{id}, func(ctx context.Context, accts []*Account) error {
 		a := accts[0]
+		if err := pre.apply(a); err != nil {
+			return err
+		}
 		if a.Balance > math.MaxInt64-amount {
 			return fmt.Errorf("%w: balance %d + %d cents exceeds %d", ErrOverflow, a.Balance, amount, int64(math.MaxInt64))
 		}
@@ -195,7 +206,7 @@ func (s *service) Deposit(ctx context.Context, id, amount int64) (Account, error
 	return out, err
 }
 
-func (s *service) Withdraw(ctx context.Context, id, amount int64) (Account, error) {
+func (s *service) Withdraw(ctx context.Context, id, amount int64, pre Precondition) (Account, error) {
 	if amount <= 0 {
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
@@ -203,6 +214,9 @@ func (s *service) Withdraw(ctx context.Context, id, amount int64) (Account, erro
 	idem.Answer(ctx, http.StatusOK, &out)
 	err := s.update(ctx, "withdraw", []int64{id}, func(ctx context.Context, accts []*Account) error {
 		a := accts[0]
+		if err := pre.apply(a); err != nil {
+			return err
+		}
 		if a.Balance < amount {
 			return fmt.Errorf("%w: balance is %d cents, withdrawal asks %d", ErrInsufficientFunds, a.Balance, amount)
 		}

@@ -108,10 +108,10 @@ func TestRules(t *testing.T) {
 		op   func() error
 		want error
 	}{
-		"withdraw-insufficient": {func() error { _, err := svc.Withdraw(ctx, 1, 101); return err }, ErrInsufficientFunds},
-		"withdraw-zero":         {func() error { _, err := svc.Withdraw(ctx, 1, 0); return err }, ErrInvalidAmount},
-		"deposit-overflow":      {func() error { _, err := svc.Deposit(ctx, 2, 11); return err }, ErrOverflow},
-		"deposit-unknown":       {func() error { _, err := svc.Deposit(ctx, 3, 1); return err }, ErrNotFound},
+		"withdraw-insufficient": {func() error { _, err := svc.Withdraw(ctx, 1, 101, Precondition{}); return err }, ErrInsufficientFunds},
+		"withdraw-zero":         {func() error { _, err := svc.Withdraw(ctx, 1, 0, Precondition{}); return err }, ErrInvalidAmount},
+		"deposit-overflow":      {func() error { _, err := svc.Deposit(ctx, 2, 11, Precondition{}); return err }, ErrOverflow},
+		"deposit-unknown":       {func() error { _, err := svc.Deposit(ctx, 3, 1, Precondition{}); return err }, ErrNotFound},
 		"transfer-same":         {func() error { _, err := svc.Transfer(ctx, 1, 1, 1); return err }, ErrSameAccount},
 		"transfer-overflow":     {func() error { _, err := svc.Transfer(ctx, 1, 2, 11); return err }, ErrOverflow},
 		"transfer-unknown":      {func() error { _, err := svc.Transfer(ctx, 1, 3, 1); return err }, ErrNotFound},

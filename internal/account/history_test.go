@@ -32,8 +32,8 @@ func moveMoney(t *testing.T, db *gorm.DB, svc Service, order int64) int64 {
 	t.Helper()
 	ctx := context.Background()
 	for _, err := range []error{
-		second(svc.Deposit(ctx, 1, 100)),
-		second(svc.Withdraw(ctx, 1, 30)),
+		second(svc.Deposit(ctx, 1, 100, Precondition{})),
+		second(svc.Withdraw(ctx, 1, 30, Precondition{})),
 		second(svc.Transfer(ctx, 1, 2, 50)),
 		db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return Debit(tx, 1, 25, 0, order) }),
 	} {
@@ -172,7 +172,7 @@ func TestAnOlderLedgerMigratesIntoHistoryZero(t *testing.T) {
 				t.Fatalf("put: created %v, %v", created, err)
 			}
 			svc := NewService(store, Options{Locker: lockkit.None()})
-			if _, err := svc.Deposit(ctx, 1, 5); err != nil {
+			if _, err := svc.Deposit(ctx, 1, 5, Precondition{}); err != nil {
 				t.Fatal(err)
 			}
 			if d, err := store.Drift(ctx); err != nil || len(d) != 0 {

@@ -21,6 +21,7 @@ func Problems() []problem.Mapping {
 		{Target: ErrOverflow, Status: http.StatusUnprocessableEntity, Slug: "balance-overflow", Title: "Balance overflow"},
 		{Target: ErrInvalidAmount, Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input"},
 		{Target: ErrSameAccount, Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input"},
+		{Target: ErrPreconditionFailed, Status: http.StatusPreconditionFailed, Slug: "precondition-failed", Title: "Precondition failed"},
 	}
 }
 
@@ -91,6 +92,7 @@ func (d *Domain) get(c *gin.Context) error {
 	if err != nil {
 		return err
 	}
+	c.Header("ETag", ETag(a.Version))
 	c.JSON(http.StatusOK, a)
 	return nil
 }
@@ -98,8 +100,12 @@ func (d *Domain) get(c *gin.Context) error {
 func (d *Domain) deposit(c *gin.Context) error  { return d.change(c, d.Service.Deposit) }
 func (d *Domain) withdraw(c *gin.Context) error { return d.change(c, d.Service.Withdraw) }
 
-func (d *Domain) change(c *gin.Context, op func(context.Context, int64, int64) (Account, error)) error {
+func (d *Domain) change(c *gin.Context, op func(context.Context, int64, int64, Precondition) (Account, error)) error {
 	id, err := ownAccount(c)
+	if err != nil {
+		return err
+	}
+	pre, err := ParseIfMatch(c.Request.Header.Values("If-Match"))
 	if err != nil {
 		return err
 	}
@@ -110,7 +116,7 @@ func (d *Domain) change(c *gin.Context, op func(context.Context, int64, int64) (
 	if err := positive("amount_cents", req.Amount); err != nil {
 		return err
 	}
-	a, err := op(c.Request.Context(), id, *req.Amount)
+	a, err := op(c.Request.Context(), id, *req.Amount, pre)
 	if err != nil {
 		return err
 	}

@@ -42,8 +42,8 @@ func TestWriteThatLandedBeforeTheLeaseWasLostSucceeds(t *testing.T) {
 		name string
 		call func(Service) error
 	}{
-		{"deposit", func(s Service) error { _, err := s.Deposit(ctx, 1, 100); return err }},
-		{"withdraw", func(s Service) error { _, err := s.Withdraw(ctx, 1, 100); return err }},
+		{"deposit", func(s Service) error { _, err := s.Deposit(ctx, 1, 100, Precondition{}); return err }},
+		{"withdraw", func(s Service) error { _, err := s.Withdraw(ctx, 1, 100, Precondition{}); return err }},
 		{"transfer", func(s Service) error { _, err := s.Transfer(ctx, 1, 2, 100); return err }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -70,9 +70,9 @@ func mixedOp(ctx context.Context, svc Service, n int) error {
 	var err error
 	switch n {
 	case 0:
-		_, err = svc.Deposit(ctx, 1, 100)
+		_, err = svc.Deposit(ctx, 1, 100, Precondition{})
 	case 1:
-		_, err = svc.Withdraw(ctx, 1, 30)
+		_, err = svc.Withdraw(ctx, 1, 30, Precondition{})
 	case 2:
 		_, err = svc.Transfer(ctx, 1, 2, 7)
 	case 3:
@@ -95,7 +95,7 @@ func TestNoLockLosesUpdates(t *testing.T) {
 	for range 32 {
 		wg.Go(func() {
 			<-start
-			if _, err := svc.Deposit(ctx, 1, 100); err != nil {
+			if _, err := svc.Deposit(ctx, 1, 100, Precondition{}); err != nil {
 				t.Error(err)
 			}
 		})
@@ -128,7 +128,7 @@ func TestOptimisticGivesUpWithConflict(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	_, err := svc.Withdraw(ctx, 1, 10)
+	_, err := svc.Withdraw(ctx, 1, 10, Precondition{})
 	if !errors.Is(err, optimistic.ErrConflict) || attempts != 3 {
 		t.Fatalf("got %v after %d attempts, want ErrConflict after 3", err, attempts)
 	}

@@ -157,13 +157,19 @@ func (s *Store) claim(ctx context.Context, ids []int64, fences map[int64]uint64)
 // SHOP_BALANCE_STRATEGY runs both) and must not be overwritten either.
 // Unfenced (fence 0) it checks nothing, which is what lets the none
 // baseline lose updates; it still bumps the version for optimistic
-// writers to see.
+// writers to see. A pinned change (one with an If-Match) checks the
+// version whatever the fence: the client's precondition holds even where
+// the lock does not.
 func writeBalance(tx *gorm.DB, a *Account, fence uint64) error {
 	now := time.Now().UTC()
 	var res *gorm.DB
-	if fence == 0 {
+	switch {
+	case fence == 0 && a.pinned:
+		res = tx.Exec("UPDATE accounts SET balance = ?, version = version + 1, updated_at = ? WHERE id = ? AND version = ?",
+			a.Balance, now, a.ID, a.Version)
+	case fence == 0:
 		res = tx.Exec("UPDATE accounts SET balance = ?, version = version + 1, updated_at = ? WHERE id = ?", a.Balance, now, a.ID)
-	} else {
+	default:
 		res = tx.Exec("UPDATE accounts SET balance = ?, version = version + 1, updated_at = ? WHERE id = ? AND fence = ? AND version = ?",
 			a.Balance, now, a.ID, fence, a.Version)
 	}
@@ -171,14 +177,20 @@ func writeBalance(tx *gorm.DB, a *Account, fence uint64) error {
 		return res.Error
 	}
 	if res.RowsAffected == 0 {
-		if fence == 0 {
-			return fmt.Errorf("%w: account %d was deleted while in use", ErrNotFound, a.ID)
-		}
 		var cur Account
-		if err := tx.Take(&cur, a.ID).Error; err == nil && cur.Fence == fence {
-			return fmt.Errorf("%w: account %d was written outside lock %d", optimistic.ErrConflict, a.ID, fence)
+		err := tx.Take(&cur, a.ID).Error
+		switch {
+		case errors.Is(err, gorm.ErrRecordNotFound):
+			return fmt.Errorf("%w: account %d was deleted while in use", ErrNotFound, a.ID)
+		case err != nil:
+			return err
+		case fence != 0 && cur.Fence != fence:
+			return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, a.ID, fence)
+		case a.pinned:
+			return fmt.Errorf("%w: account %d moved from ETag %s to %s while this change was written",
+				ErrPreconditionFailed, a.ID, ETag(a.Version), ETag(cur.Version))
 		}
-		return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, a.ID, fence)
+		return fmt.Errorf("%w: account %d was written outside lock %d", optimistic.ErrConflict, a.ID, fence)
 	}
 	return nil
 }
@@ -215,18 +227,18 @@ func insertInHistory(tx *gorm.DB, e *LedgerEntry) error {
 // Put creates account id with an opening balance, or replaces an existing
 // one's balance and opening. Replacing starts a new history: the ledger
 // rows stay, as the old history's (the orders they paid still reconcile
-// against them), but no longer count in the balance audit. The same
-// statement raises the row's version, so that a holder that read the
-// balance before the put (under a lock or optimistically) is refused when
-// it writes (optimistic.ErrConflict: its write checks the version it
-// read). The fence is kept, not raised: a backend whose tokens count by
-// one would otherwise see its next grant refused. It reports whether the
-// account was created.
+// against them), but no longer count in the balance audit. The upsert
+// raises the row's version, so that a holder that read the balance before
+// the put (under a lock or optimistically) is refused when it writes
+// (optimistic.ErrConflict: its write checks the version it read). The
+// fence is kept, not raised: a backend whose tokens count by one would
+// otherwise see its next grant refused. It reports whether the account
+// was created.
 func (s *Store) Put(ctx context.Context, id, balance int64) (created bool, err error) {
 	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// One statement tells a replacement, starts its history (two puts
-		// at once start two) and refuses every earlier reader's write.
-		res := tx.Exec("UPDATE accounts SET history = history + 1, version = version + 1 WHERE id = ?", id)
+		// One statement tells a replacement and starts its history (two
+		// puts at once start two).
+		res := tx.Exec("UPDATE accounts SET history = history + 1 WHERE id = ?", id)
 		if res.Error != nil {
 			return res.Error
 		}
@@ -236,10 +248,16 @@ func (s *Store) Put(ctx context.Context, id, balance int64) (created bool, err e
 	return created, err
 }
 
+// upsert creates accts or replaces their balances. A replaced row's
+// version moves as with any other write of its balance: it is the
+// account's ETag, and a reader of the old balance must not write over the
+// new one.
 func upsert(tx *gorm.DB, accts []Account) error {
+	updates := append(clause.AssignmentColumns([]string{"balance", "opening", "updated_at"}),
+		clause.Assignment{Column: clause.Column{Name: "version"}, Value: gorm.Expr("version + 1")})
 	return tx.Clauses(clause.OnConflict{
 		Columns:   []clause.Column{{Name: "id"}},
-		DoUpdates: clause.AssignmentColumns([]string{"balance", "opening", "updated_at"}),
+		DoUpdates: updates,
 	}).CreateInBatches(&accts, 500).Error
 }
 

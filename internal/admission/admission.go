@@ -65,9 +65,11 @@ func New(o Options, reg prometheus.Registerer) *Admission {
 }
 
 // Handler is gin middleware that admits a request under its route's limit
-// or sheds it. It goes before any handler that does work, tracing,
-// logging and authentication included, so that a refusal costs less than
-// a sale.
+// or sheds it. It goes after authentication and after the body is read,
+// right before the handler: a slot is then held only by a request the
+// service can work on at once, and the latency the limit steers by is the
+// service's, never the time a client takes to send its body. A refusal
+// still costs less than a sale: no database, Redis or lock.
 func (a *Admission) Handler() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		route := c.FullPath()

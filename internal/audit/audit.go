@@ -240,8 +240,13 @@ func (a *Auditor) postReset(c *gin.Context) error {
 		return ErrResetDisabled
 	}
 	req := resetRequest{Fixture: Fixtures[0]}
-	// The body is optional: an empty one resets to the default fixture.
-	if c.Request.ContentLength != 0 {
+	// The body is optional: an empty one resets to the default fixture,
+	// chunked or not.
+	empty, err := problem.EmptyBody(c)
+	if err != nil {
+		return err
+	}
+	if !empty {
 		if err := problem.DecodeJSON(c, &req); err != nil {
 			return err
 		}

@@ -103,3 +103,47 @@ func TestAuditWithoutMetrics(t *testing.T) {
 		t.Errorf("audit: %+v, %v", r, err)
 	}
 }
+
+type fixtureRecorder struct{ got []string }
+
+func (f *fixtureRecorder) Reset(_ context.Context, fixture string) error {
+	f.got = append(f.got, fixture)
+	return nil
+}
+
+// TestResetWithAnEmptyBodyIsTheDefaultFixture: an empty body resets to the
+// default fixture however it is framed: none, Content-Length: 0, or
+// chunked with no chunk (no Content-Length at all, as curl -T /dev/null or
+// a streaming client sends it).
+func TestResetWithAnEmptyBodyIsTheDefaultFixture(t *testing.T) {
+	f := &fixtureRecorder{}
+	a := New(nil, []Resetter{f})
+	gin.SetMode(gin.TestMode)
+	r := gin.New()
+	a.Register(r.Group("/admin/v1"))
+	for _, tc := range []struct {
+		name   string
+		body   string
+		length int64
+		json   bool
+		want   string
+	}{
+		{"no-body", "", 0, false, Fixtures[0]},
+		{"chunked-empty", "", -1, false, Fixtures[0]},
+		{"chunked-empty-json", "", -1, true, Fixtures[0]},
+		{"chunked-fixture", `{"fixture":"` + Fixtures[len(Fixtures)-1] + `"}`, -1, true, Fixtures[len(Fixtures)-1]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodPost, "/admin/v1/reset", strings.NewReader(tc.body))
+			req.ContentLength = tc.length
+			if tc.json {
+				req.Header.Set("Content-Type", "application/json")
+			}
+			rec := httptest.NewRecorder()
+			r.ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK || len(f.got) == 0 || f.got[len(f.got)-1] != tc.want {
+				t.Errorf("status %d %s, reset to %v; want 200 and %s", rec.Code, rec.Body, f.got, tc.want)
+			}
+		})
+	}
+}

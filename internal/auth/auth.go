@@ -26,25 +26,44 @@ const userKey = "auth.user"
 
 var hs256 = jwt.SigningMethodHS256.Alg()
 
+// DefaultMaxLifetime is the longest a user token may live when
+// MaxLifetime is not given: a day, the default of `shop token`.
+const DefaultMaxLifetime = 24 * time.Hour
+
 // Auth checks user tokens and the admin token. It is safe for concurrent use.
 type Auth struct {
-	secret []byte
+	secret      []byte
+	maxLifetime time.Duration
 	// adminHash is the SHA-256 of the admin token: comparing two hashes of
 	// fixed length in constant time leaks neither the token's bytes nor its
 	// length, which subtle.ConstantTimeCompare on raw strings would.
 	adminHash [32]byte
 }
 
+// Option changes an Auth from its defaults.
+type Option func(*Auth)
+
+// MaxLifetime is the longest a user token may live, from its iat (or, a
+// token without one, from now) to its exp.
+func MaxLifetime(d time.Duration) Option { return func(a *Auth) { a.maxLifetime = d } }
+
 // New returns an Auth that verifies user tokens with secret (HS256) and
 // admin requests against adminToken.
-func New(secret []byte, adminToken string) *Auth {
-	return &Auth{secret: secret, adminHash: sha256.Sum256([]byte(adminToken))}
+func New(secret []byte, adminToken string, opts ...Option) *Auth {
+	a := &Auth{secret: secret, maxLifetime: DefaultMaxLifetime, adminHash: sha256.Sum256([]byte(adminToken))}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
 }
 
 // Token mints a user token for user, valid for ttl from now.
 func (a *Auth) Token(user int64, ttl time.Duration, now time.Time) (string, error) {
 	if user <= 0 {
 		return "", fmt.Errorf("auth: user id must be positive, got %d", user)
+	}
+	if ttl > a.maxLifetime {
+		return "", fmt.Errorf("auth: a token's lifetime may be at most %s (SHOP_JWT_MAX_TTL), not %s", a.maxLifetime, ttl)
 	}
 	claims := jwt.RegisteredClaims{
 		Subject:   strconv.FormatInt(user, 10),
@@ -55,14 +74,19 @@ func (a *Auth) Token(user int64, ttl time.Duration, now time.Time) (string, erro
 }
 
 // Verify returns the user id of a valid token: signed with HS256 and this
-// secret, not expired, with exp present and a positive integer sub. Any
-// other algorithm, none included, is refused before the signature is looked
-// at, so a token cannot choose how it is checked.
+// secret, not expired, with exp present, not issued in the future, living
+// no longer than the maximum lifetime, and a sub that is a positive user id
+// in its one decimal spelling. Any other algorithm, none included, is
+// refused before the signature is looked at, so a token cannot choose how
+// it is checked. The lifetime is bounded so that a token leaked or minted
+// with a stolen secret does not work for years; an iat in the future would
+// stretch it past that bound.
 func (a *Auth) Verify(token string) (int64, error) {
 	var claims jwt.RegisteredClaims
 	parsed, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return a.secret, nil },
 		jwt.WithValidMethods([]string{hs256}),
 		jwt.WithExpirationRequired(),
+		jwt.WithIssuedAt(),
 		jwt.WithLeeway(leeway),
 	)
 	// The library reports a refused algorithm as an invalid signature;
@@ -78,6 +102,8 @@ func (a *Auth) Verify(token string) (int64, error) {
 		return 0, errors.New("the token's algorithm is not accepted; only HS256 is")
 	case errors.Is(err, jwt.ErrTokenExpired):
 		return 0, errors.New("the token has expired")
+	case errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+		return 0, errors.New("the token was issued in the future (iat); check the issuer's clock")
 	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
 		return 0, errors.New("the token has no exp claim")
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
@@ -87,11 +113,31 @@ func (a *Auth) Verify(token string) (int64, error) {
 	case err != nil:
 		return 0, errors.New("the token is invalid")
 	}
+	if err := a.checkLifetime(claims); err != nil {
+		return 0, err
+	}
+	// One spelling per user: "07" or "+7" parsed as 7 would let a token
+	// name a user in a form nothing else in the service compares equal.
 	id, err := strconv.ParseInt(claims.Subject, 10, 64)
-	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("the token's sub must be a positive integer user id, got %q", claims.Subject)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != claims.Subject {
+		return 0, fmt.Errorf("the token's sub must be a positive integer user id in decimal without sign or leading zeros, got %q", claims.Subject)
 	}
 	return id, nil
+}
+
+// checkLifetime refuses a token that lives longer than the maximum: from
+// its iat to its exp, or from now when it has no iat.
+func (a *Auth) checkLifetime(claims jwt.RegisteredClaims) error {
+	if claims.IssuedAt != nil {
+		if life := claims.ExpiresAt.Sub(claims.IssuedAt.Time); life > a.maxLifetime {
+			return fmt.Errorf("the token's lifetime (iat to exp) is %s; at most %s is accepted", life, a.maxLifetime)
+		}
+		return nil
+	}
+	if left := time.Until(claims.ExpiresAt.Time); left > a.maxLifetime+leeway {
+		return fmt.Errorf("the token has no iat and expires in %s; its lifetime may be at most %s", left.Round(time.Second), a.maxLifetime)
+	}
+	return nil
 }
 
 // User is middleware that admits requests with a valid user token and

@@ -42,6 +42,15 @@ func TestVerifyNamesTheFault(t *testing.T) {
 		{"no-exp", sign(jwt.SigningMethodHS256, []byte(fuzzSecret), jwt.RegisteredClaims{Subject: "7"}), "no exp"},
 		{"malformed", "not.a.jwt", "malformed"},
 		{"bad-sub", sign(jwt.SigningMethodHS256, []byte(fuzzSecret), jwt.RegisteredClaims{Subject: "x", ExpiresAt: valid.ExpiresAt}), "sub must be"},
+		// One user, one spelling: 07 and +7 are not user 7.
+		{"sub-leading-zero", sign(jwt.SigningMethodHS256, []byte(fuzzSecret), jwt.RegisteredClaims{Subject: "07", ExpiresAt: valid.ExpiresAt}), "sub must be"},
+		{"sub-plus-sign", sign(jwt.SigningMethodHS256, []byte(fuzzSecret), jwt.RegisteredClaims{Subject: "+7", ExpiresAt: valid.ExpiresAt}), "sub must be"},
+		{"issued-in-the-future", sign(jwt.SigningMethodHS256, []byte(fuzzSecret), jwt.RegisteredClaims{Subject: "7",
+			IssuedAt: jwt.NewNumericDate(now.Add(leeway + time.Minute)), ExpiresAt: jwt.NewNumericDate(now.Add(2 * time.Hour))}), "issued in the future"},
+		{"lifetime-over-the-maximum", sign(jwt.SigningMethodHS256, []byte(fuzzSecret), jwt.RegisteredClaims{Subject: "7",
+			IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(now.Add(DefaultMaxLifetime + time.Hour))}), "lifetime"},
+		{"expiry-too-far-without-iat", sign(jwt.SigningMethodHS256, []byte(fuzzSecret), jwt.RegisteredClaims{Subject: "7",
+			ExpiresAt: jwt.NewNumericDate(now.Add(DefaultMaxLifetime + time.Hour))}), "lifetime"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := a.Verify(tc.token); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -51,5 +60,30 @@ func TestVerifyNamesTheFault(t *testing.T) {
 	}
 	if id, err := a.Verify(good); err != nil || id != 7 {
 		t.Errorf("good token: %d, %v", id, err)
+	}
+}
+
+// TestMaxLifetimeIsConfigurable: a token may live as long as the
+// configured maximum and no longer, and Token refuses to mint one that
+// Verify would refuse.
+func TestMaxLifetimeIsConfigurable(t *testing.T) {
+	a := New([]byte(fuzzSecret), "admin", MaxLifetime(2*time.Hour))
+	now := time.Now()
+	tok, err := a.Token(7, 2*time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Verify(tok); err != nil {
+		t.Errorf("a token of the maximum lifetime: %v", err)
+	}
+	if _, err := a.Token(7, 3*time.Hour, now); err == nil || !strings.Contains(err.Error(), "lifetime") {
+		t.Errorf("minting a token over the maximum lifetime: %v", err)
+	}
+	long, err := New([]byte(fuzzSecret), "admin", MaxLifetime(4*time.Hour)).Token(7, 3*time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Verify(long); err == nil || !strings.Contains(err.Error(), "lifetime") {
+		t.Errorf("a token over the maximum lifetime: %v, want refused", err)
 	}
 }

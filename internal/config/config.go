@@ -65,6 +65,12 @@ const MaxKeyPrefixLen = 128
 // DefaultHTTPAddr is SHOP_HTTP_ADDR's default.
 const DefaultHTTPAddr = ":8080"
 
+// DefaultMetricsAddr is SHOP_METRICS_ADDR's default: loopback only, so
+// that nothing but the host itself (a local Prometheus, curl) reads the
+// audit's results and the process's internals. A deployment names an
+// address its scraper reaches (compose and Kubernetes: :9100).
+const DefaultMetricsAddr = "127.0.0.1:9100"
+
 // Environments SHOP_ENV accepts.
 const (
 	// EnvDev allows the public dev secrets and logs text by default.
@@ -98,9 +104,10 @@ type Config struct {
 	// HTTPAddr is SHOP_HTTP_ADDR, the listen address (default :8080). Port 0
 	// picks a free port; the bound address is logged.
 	HTTPAddr string
-	// MetricsAddr is SHOP_METRICS_ADDR: when set, /metrics is served on this
-	// address only and not on HTTPAddr, so that the audit results and the
-	// process's internals stay off the public port.
+	// MetricsAddr is SHOP_METRICS_ADDR (default DefaultMetricsAddr): the
+	// listener of /metrics, never served on HTTPAddr, so that the audit
+	// results and the process's internals stay off the public port, unless
+	// it is HTTPAddr's own value, which asks for exactly that.
 	MetricsAddr string
 	// LockBackend is SHOP_LOCK_BACKEND, one of Backends (default redis).
 	LockBackend string
@@ -191,6 +198,9 @@ type Config struct {
 	// JWTSecret is SHOP_JWT_SECRET: the HS256 key for user tokens, at least
 	// 32 bytes. Dev default: DevJWTSecret.
 	JWTSecret string
+	// JWTMaxTTL is SHOP_JWT_MAX_TTL (default 24h, always above 0): the
+	// longest lifetime (iat to exp) of a user token that is accepted.
+	JWTMaxTTL time.Duration
 	// AdminToken is SHOP_ADMIN_TOKEN: the bearer token of /admin routes, at
 	// least 32 bytes in production. Dev default: DevAdminToken.
 	AdminToken string
@@ -248,7 +258,7 @@ func Load(getenv func(string) string) (Config, error) {
 func (p *parser) servers(c *Config) {
 	c.Env = p.oneOf("SHOP_ENV", EnvProduction, []string{EnvProduction, EnvDev})
 	c.HTTPAddr = p.addr("SHOP_HTTP_ADDR", DefaultHTTPAddr)
-	c.MetricsAddr = p.str("SHOP_METRICS_ADDR", "")
+	c.MetricsAddr = p.addr("SHOP_METRICS_ADDR", DefaultMetricsAddr)
 	c.LockBackend = p.oneOf("SHOP_LOCK_BACKEND", "redis", Backends)
 	c.RedisAddrs = p.addrs("SHOP_REDIS_ADDRS")
 	c.RedisSentinelMaster = p.str("SHOP_REDIS_SENTINEL_MASTER", "")
@@ -283,6 +293,7 @@ func (p *parser) strategies(c *Config) {
 // process reads the secrets, the logs and the limits of the process.
 func (p *parser) process(c *Config) {
 	c.JWTSecret = p.str("SHOP_JWT_SECRET", "")
+	c.JWTMaxTTL = p.positiveDuration("SHOP_JWT_MAX_TTL", 24*time.Hour)
 	c.AdminToken = p.str("SHOP_ADMIN_TOKEN", "")
 	c.LogLevel = p.level("SHOP_LOG_LEVEL")
 	c.ShutdownTimeout = p.duration("SHOP_SHUTDOWN_TIMEOUT", 15*time.Second)
@@ -306,12 +317,6 @@ func (p *parser) envDefaults(c *Config) {
 
 // crossCheck checks the settings that depend on each other, and the DSN.
 func (p *parser) crossCheck(c *Config) {
-	if c.MetricsAddr != "" {
-		c.MetricsAddr = p.addr("SHOP_METRICS_ADDR", "")
-		if c.MetricsAddr == c.HTTPAddr {
-			p.fail("SHOP_METRICS_ADDR", "is SHOP_HTTP_ADDR; leave it empty to serve /metrics there")
-		}
-	}
 	if c.MySQLDSN != "" {
 		dsn, err := normalizeDSN(c.MySQLDSN)
 		if err != nil {
@@ -339,6 +344,10 @@ func (c Config) Dev() bool {
 	return c.JWTSecret == DevJWTSecret || c.AdminToken == DevAdminToken
 }
 
+// MetricsOnHTTPAddr reports whether /metrics is served on the API
+// listener: SHOP_METRICS_ADDR names SHOP_HTTP_ADDR's own value.
+func (c Config) MetricsOnHTTPAddr() bool { return c.MetricsAddr == c.HTTPAddr }
+
 // EmbeddedRedis reports whether shop starts its own in-process Redis server.
 func (c Config) EmbeddedRedis() bool { return len(c.RedisAddrs) == 0 }
 
@@ -354,7 +363,7 @@ func (c Config) serverAttrs() []slog.Attr {
 	return []slog.Attr{
 		slog.String("env", c.Env),
 		slog.String("http_addr", c.HTTPAddr),
-		slog.String("metrics_addr", orDefault(c.MetricsAddr, "(http_addr)")),
+		slog.String("metrics_addr", c.MetricsAddr),
 		slog.String("lock_backend", c.LockBackend),
 		slog.String("redis_addrs", orDefault(strings.Join(c.RedisAddrs, ","), "(embedded)")),
 		slog.String("redis_sentinel_master", c.RedisSentinelMaster),
@@ -392,6 +401,7 @@ func (c Config) strategyAttrs() []slog.Attr {
 func (c Config) processAttrs() []slog.Attr {
 	return []slog.Attr{
 		slog.String("jwt_secret", mask(c.JWTSecret)),
+		slog.Duration("jwt_max_ttl", c.JWTMaxTTL),
 		slog.String("admin_token", mask(c.AdminToken)),
 		slog.String("log_format", c.LogFormat),
 		slog.String("log_level", c.LogLevel.String()),
@@ -479,6 +489,11 @@ func (p *parser) secrets(c *Config) {
 		p.fail("SHOP_ADMIN_TOKEN", "is the public dev token; production needs its own")
 	case c.Env == EnvProduction && len(c.AdminToken) < minSecretLen:
 		p.fail("SHOP_ADMIN_TOKEN", "is %d bytes; production needs at least %d (openssl rand -hex 32)", len(c.AdminToken), minSecretLen)
+	}
+	// One leaked value must not be both: the admin token would mint user
+	// tokens, and the signing secret would open the admin API.
+	if c.JWTSecret != "" && c.JWTSecret == c.AdminToken {
+		p.fail("SHOP_JWT_SECRET", "is SHOP_ADMIN_TOKEN; give each its own value")
 	}
 }
 

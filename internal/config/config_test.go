@@ -51,7 +51,7 @@ func TestDevRunsWithOnlyGo(t *testing.T) {
 		"Dev":             c.Dev(),
 		"AllowReset":      c.AllowReset,
 		"DrainDelay":      c.DrainDelay == 0,
-		"MetricsAddr":     c.MetricsAddr == "",
+		"MetricsAddr":     c.MetricsAddr == DefaultMetricsAddr,
 		"SlowQuery":       c.SlowQuery == 200*time.Millisecond,
 	} {
 		if !ok {
@@ -209,14 +209,25 @@ func TestStrategyNamesMatchTheDomains(t *testing.T) {
 	}
 }
 
-func TestMetricsAddr(t *testing.T) {
-	dev := map[string]string{"SHOP_ENV": "dev", "SHOP_METRICS_ADDR": "127.0.0.1:9100"}
-	if c, err := Load(env(dev)); err != nil || c.MetricsAddr != "127.0.0.1:9100" {
-		t.Errorf("SHOP_METRICS_ADDR=127.0.0.1:9100: %+v, %v", c, err)
+// TestMetricsAreOffThePublicPortUnlessAskedFor: /metrics (the audit's
+// results, the process's internals) has a loopback listener of its own
+// by default, in dev as in production; naming SHOP_HTTP_ADDR's own
+// address serves it there.
+func TestMetricsAreOffThePublicPortUnlessAskedFor(t *testing.T) {
+	for _, e := range []string{EnvDev, EnvProduction} {
+		c, err := Load(env(map[string]string{"SHOP_ENV": e,
+			"SHOP_JWT_SECRET": strings.Repeat("s", 32), "SHOP_ADMIN_TOKEN": strings.Repeat("a", 32)}))
+		if err != nil || c.MetricsAddr != DefaultMetricsAddr || c.MetricsOnHTTPAddr() {
+			t.Errorf("%s default: metrics on %q (on the API port: %t), %v; want %s only", e, c.MetricsAddr, c.MetricsOnHTTPAddr(), err, DefaultMetricsAddr)
+		}
 	}
-	dev["SHOP_METRICS_ADDR"] = ":8080"
-	if _, err := Load(env(dev)); err == nil || !strings.Contains(err.Error(), "SHOP_METRICS_ADDR") {
-		t.Errorf("metrics on the HTTP address: %v", err)
+	dev := map[string]string{"SHOP_ENV": "dev", "SHOP_METRICS_ADDR": ":9100"}
+	if c, err := Load(env(dev)); err != nil || c.MetricsAddr != ":9100" || c.MetricsOnHTTPAddr() {
+		t.Errorf("SHOP_METRICS_ADDR=:9100: %+v, %v", c, err)
+	}
+	dev["SHOP_METRICS_ADDR"] = DefaultHTTPAddr
+	if c, err := Load(env(dev)); err != nil || !c.MetricsOnHTTPAddr() {
+		t.Errorf("SHOP_METRICS_ADDR=SHOP_HTTP_ADDR: on the API port %t, %v; want asked for", c.MetricsOnHTTPAddr(), err)
 	}
 }
 
@@ -253,6 +264,36 @@ func TestKeyPrefixFitsEveryBackend(t *testing.T) {
 		c, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_KEY_PREFIX": v}))
 		if err != nil || c.KeyPrefix != v {
 			t.Errorf("SHOP_KEY_PREFIX=%q: %q, %v", v, c.KeyPrefix, err)
+		}
+	}
+}
+
+// TestJWTSecretMustDifferFromTheAdminToken: whoever reads one of them
+// (a log, an environment dump) must not hold both: the admin token would
+// mint user tokens, and a user token secret would open the admin API.
+func TestJWTSecretMustDifferFromTheAdminToken(t *testing.T) {
+	same := strings.Repeat("k", 40)
+	for _, e := range []string{EnvProduction, EnvDev} {
+		_, err := Load(env(map[string]string{"SHOP_ENV": e, "SHOP_JWT_SECRET": same, "SHOP_ADMIN_TOKEN": same}))
+		if err == nil || !strings.Contains(err.Error(), "SHOP_JWT_SECRET") || !strings.Contains(err.Error(), "SHOP_ADMIN_TOKEN") {
+			t.Errorf("%s, one value for both: %v, want refused naming both", e, err)
+		}
+	}
+}
+
+func TestJWTMaxTTL(t *testing.T) {
+	dev := map[string]string{"SHOP_ENV": "dev"}
+	if c, err := Load(env(dev)); err != nil || c.JWTMaxTTL != 24*time.Hour {
+		t.Errorf("default: %s, %v; want 24h", c.JWTMaxTTL, err)
+	}
+	dev["SHOP_JWT_MAX_TTL"] = "1h"
+	if c, err := Load(env(dev)); err != nil || c.JWTMaxTTL != time.Hour {
+		t.Errorf("SHOP_JWT_MAX_TTL=1h: %s, %v", c.JWTMaxTTL, err)
+	}
+	for _, bad := range []string{"0", "-1h", "a day"} {
+		dev["SHOP_JWT_MAX_TTL"] = bad
+		if _, err := Load(env(dev)); err == nil || !strings.Contains(err.Error(), "SHOP_JWT_MAX_TTL") {
+			t.Errorf("SHOP_JWT_MAX_TTL=%s: %v, want refused", bad, err)
 		}
 	}
 }

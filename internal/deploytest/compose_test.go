@@ -528,12 +528,16 @@ func shopInstanceAddrs(t *testing.T, p *types.Project) (api, metrics []string) {
 			t.Fatalf("%s: SHOP_HTTP_ADDR: %v", s.Name, err)
 		}
 		api = append(api, s.Name+":"+port)
-		// /metrics is served on SHOP_METRICS_ADDR when set, and only there.
-		metricsPort := port
-		if addr := envOf(s)["SHOP_METRICS_ADDR"]; addr != "" {
-			if _, metricsPort, err = net.SplitHostPort(addr); err != nil {
-				t.Fatalf("%s: SHOP_METRICS_ADDR: %v", s.Name, err)
-			}
+		// /metrics is served on SHOP_METRICS_ADDR only: unset, on the
+		// container's loopback, where Prometheus cannot scrape it.
+		addr := envOf(s)["SHOP_METRICS_ADDR"]
+		host, metricsPort, err := net.SplitHostPort(addr)
+		switch {
+		case err != nil:
+			t.Fatalf("%s: SHOP_METRICS_ADDR %q: %v (unset, shop listens on %s, which Prometheus cannot reach)",
+				s.Name, addr, err, config.DefaultMetricsAddr)
+		case metricsPort == port || loopbackHost(host):
+			t.Errorf("%s: SHOP_METRICS_ADDR %q: want a port of its own, not the public API port, on an interface Prometheus reaches", s.Name, addr)
 		}
 		metrics = append(metrics, s.Name+":"+metricsPort)
 	}
@@ -610,4 +614,14 @@ func TestComposeImagesPinned(t *testing.T) {
 			t.Errorf("%s runs %s: pin a full version (or a digest)", name, s.Image)
 		}
 	}
+}
+
+// loopbackHost reports whether a listen address's host accepts
+// connections from the machine (or container) itself only.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -157,6 +157,9 @@ func checkShopWorkload(t *testing.T, o k8sObjects, env map[string]string) {
 	if got := pod.Annotations["prometheus.io/port"]; got != strconv.Itoa(addrPort(t, cfg.MetricsAddr)) {
 		t.Errorf("prometheus.io/port = %q, shop serves /metrics on %s", got, cfg.MetricsAddr)
 	}
+	if host, _, _ := net.SplitHostPort(cfg.MetricsAddr); cfg.MetricsOnHTTPAddr() || loopbackHost(host) {
+		t.Errorf("SHOP_METRICS_ADDR %q: want a port of its own, not the public API port, on an interface Prometheus reaches", cfg.MetricsAddr)
+	}
 	for name, sel := range map[string]map[string]string{
 		"Service " + o.services[0].Name:                o.services[0].Spec.Selector,
 		"PodDisruptionBudget " + o.pdbs[0].Name:        o.pdbs[0].Spec.Selector.MatchLabels,

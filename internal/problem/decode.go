@@ -27,6 +27,57 @@ func LimitBody(n int64) gin.HandlerFunc {
 	}
 }
 
+// ReadBody reads the whole request body (within LimitBody's cap) before
+// the handlers after it run, so that they start only once the client has
+// sent it: a slow or idle client then waits alone, holding no admission
+// slot, lock or connection of the service's. A body over the cap is
+// answered 413, one the client failed to send 400. The body read stays
+// readable, and ContentLength is its length, however it was framed.
+func ReadBody() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if c.Request.Body == nil || c.Request.Body == http.NoBody {
+			c.Next()
+			return
+		}
+		b, err := io.ReadAll(c.Request.Body)
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			Write(c, decodeError(err))
+			return
+		case err != nil:
+			Write(c, BadRequest("the body could not be read: "+err.Error()))
+			return
+		}
+		c.Request.Body = io.NopCloser(bytes.NewReader(b))
+		c.Request.ContentLength = int64(len(b))
+		c.Next()
+	}
+}
+
+// EmptyBody reports whether the request has no body bytes at all,
+// however it is framed: a chunked request with no chunk has no
+// Content-Length (-1), not 0. What it reads stays readable.
+func EmptyBody(c *gin.Context) (bool, error) {
+	body := c.Request.Body
+	if body == nil || body == http.NoBody || c.Request.ContentLength == 0 {
+		return true, nil
+	}
+	var first [1]byte
+	n, err := io.ReadFull(body, first[:])
+	if n == 0 {
+		if errors.Is(err, io.EOF) {
+			return true, nil
+		}
+		return false, decodeError(err)
+	}
+	c.Request.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(first[:n]), body), body}
+	return false, nil
+}
+
 // DecodeJSON reads the request body as exactly one JSON object into dst. It
 // refuses, as a problem whose detail names the fault: a missing media type
 // or one other than JSON (415), a body over the limit (413), malformed JSON, unknown

@@ -178,3 +178,39 @@ func TestDecodeJSONRefusesRepeatedMemberOfNestedObject(t *testing.T) {
 		t.Errorf("errors %+v, want one at /m/a", pe.Fields)
 	}
 }
+
+// TestReadBodyRunsTheHandlerOnlyWithTheWholeBody: the handlers after
+// ReadBody run once the body is in memory, with its length known however
+// it was framed; a body over the cap is answered 413 before they run.
+func TestReadBodyRunsTheHandlerOnlyWithTheWholeBody(t *testing.T) {
+	gin.SetMode(gin.TestMode)
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		length     int64
+	}{
+		{"fits", `{"a":1}`, http.StatusOK, 7},
+		{"empty", "", http.StatusOK, 0},
+		{"over-the-cap", strings.Repeat("x", 65), http.StatusRequestEntityTooLarge, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := gin.New()
+			r.Use(LimitBody(64), ReadBody())
+			var length int64 = -2
+			r.POST("/", func(c *gin.Context) { length = c.Request.ContentLength; c.Status(http.StatusOK) })
+			rq := httptest.NewRequest("POST", "/", strings.NewReader(tc.body))
+			rq.ContentLength = -1 // chunked: the length is not known up front
+			rec := httptest.NewRecorder()
+			r.ServeHTTP(rec, rq)
+			if rec.Code != tc.status {
+				t.Fatalf("status %d, want %d: %s", rec.Code, tc.status, rec.Body)
+			}
+			if tc.status == http.StatusOK && length != tc.length {
+				t.Errorf("the handler saw ContentLength %d, want %d", length, tc.length)
+			}
+			if tc.status != http.StatusOK && length != -2 {
+				t.Errorf("the handler ran on a refused body")
+			}
+		})
+	}
+}

@@ -148,6 +148,12 @@ func Start(t testing.TB, bin string, env map[string]string) *Instance {
 	for k, v := range env {
 		full[k] = v
 	}
+	// /metrics on the API listener (the URL tests read it from) unless
+	// the test says otherwise: the default loopback port would be shared
+	// by every instance on the machine.
+	if _, ok := full["SHOP_METRICS_ADDR"]; !ok {
+		full["SHOP_METRICS_ADDR"] = full["SHOP_HTTP_ADDR"]
+	}
 	cmd := exec.Command(bin, "serve")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
 	for k, v := range full {

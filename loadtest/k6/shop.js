@@ -2,7 +2,8 @@
 //
 //   phase 1: seckill alone, so its throughput and latency measure the
 //            stock lock and nothing else;
-//   phase 2: balance storm, like toggles and retried orders together.
+//   phase 2: balance storm, like toggles, retried orders and bursts at the
+//            per-user limit together.
 //
 // Every scenario is an open model (a fixed arrival rate) bounded in rate,
 // VUs and time, and ends by itself. Usually started by loadtest/runner;
@@ -12,17 +13,19 @@ import * as seckill from './seckill.js';
 import * as balance from './balance.js';
 import * as likes from './likes.js';
 import * as orders from './orders.js';
+import * as limit from './limit.js';
 
 export { purchase } from './seckill.js';
 export { storm } from './balance.js';
 export { toggle } from './likes.js';
 export { order } from './orders.js';
+export { burst } from './limit.js';
 
 const rate = int('SHOP_RATE', 100);
 const seconds = int('SHOP_DURATION', 15);
 const maxVUs = int('SHOP_MAX_VUS', 400);
-const flows = (__ENV.SHOP_FLOWS || 'seckill,balance,likes,orders').split(',').map((f) => f.trim());
-const known = ['seckill', 'balance', 'likes', 'orders'];
+const flows = (__ENV.SHOP_FLOWS || 'seckill,balance,likes,orders,limit').split(',').map((f) => f.trim());
+const known = ['seckill', 'balance', 'likes', 'orders', 'limit'];
 for (const f of flows) {
   if (!known.includes(f)) {
     throw new Error(`SHOP_FLOWS has ${f}; want some of ${known.join(',')}`);
@@ -56,14 +59,21 @@ const plan = {
   likes: () => arrival('toggle', rate / 2, phase2),
   // Each order iteration is four requests (token, two racing sends, retry).
   orders: () => arrival('order', rate / 5, phase2),
+  // Each limit iteration is a burst of per_user_limit + 2 purchases.
+  limit: () => arrival('burst', rate / 10, phase2),
 };
-const modules = { seckill, balance, likes, orders };
+const modules = { seckill, balance, likes, orders, limit };
 
 const scenarios = {};
 let thresholds = {};
 for (const f of flows) {
   scenarios[f] = plan[f]();
   thresholds = Object.assign(thresholds, modules[f].thresholds());
+}
+
+// setup runs once before the scenarios; only the limit flow needs it.
+export function setup() {
+  return flows.includes('limit') ? limit.setup() : {};
 }
 
 export const options = {
@@ -92,6 +102,7 @@ export function handleSummary(data) {
     `likes: ${count('like_toggles')} toggles`,
     `orders: ${count('orders_created')} created, ${count('orders_replayed')} replayed, ` +
       `${count('orders_in_flight')} in flight, ${count('orders_duplicate_seen')} duplicates seen`,
+    `limit: ${count('limit_sold')} sold, ${count('limit_refused')} refused, ${count('limit_over_limit')} over the limit`,
     `dropped iterations: ${count('dropped_iterations')}`,
   ];
   const crossed = [];

@@ -231,6 +231,9 @@ func shopEnv(o options, e testEnv, s report.Row, sec secrets, dsn, prefix, addr 
 		// held unpaid is not what a row measures.
 		"SHOP_ORDER_MAX_UNPAID_UNITS=1000",
 		"SHOP_HTTP_ADDR="+addr,
+		// The runner reads each instance's /metrics from its API address;
+		// the default loopback port would be shared by the instances.
+		"SHOP_METRICS_ADDR="+addr,
 		"SHOP_LOCK_BACKEND="+s.Backend,
 		"SHOP_STOCK_STRATEGY="+s.Strategy,
 		"SHOP_CRITICAL_SECTION_DELAY="+o.Delay.String(),

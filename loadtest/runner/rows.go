@@ -16,7 +16,9 @@ const (
 	combineBatch   = 32
 )
 
-var allFlows = []string{"seckill", "balance", "likes", "orders"}
+// limit is the per-user limit of the fixture's limited SKU: atomic under
+// every strategy, so every row runs it and none may sell past it.
+var allFlows = []string{"seckill", "balance", "likes", "orders", "limit"}
 
 // rowSpec is what the row name means. flows limits the flows every row
 // runs (the reference rows run the seckill only, if at all).
@@ -53,12 +55,12 @@ func baseSpec(name string, instances int) report.Row {
 	case "optimistic":
 		// No lock: stock and balances are written over the version they
 		// read. Likes and orders would run under none, so they stay out.
-		return report.Row{Name: name, Backend: "none", Strategy: name, Flows: []string{"seckill", "balance"}, Expect: report.ExpectClean,
+		return report.Row{Name: name, Backend: "none", Strategy: name, Flows: []string{"seckill", "balance", "limit"}, Expect: report.ExpectClean,
 			Why: "versioned writes, retried; no lock"}
 	case "atomic-sql", "atomic-redis":
-		// Reference rows: the stock needs no lock, so only the seckill runs
+		// Reference rows: the stock needs no lock, so only the sales run
 		// and the lock backend is none (nothing else may be guarded by it).
-		return report.Row{Name: name, Backend: "none", Strategy: name, Flows: []string{"seckill"}, Expect: report.ExpectClean,
+		return report.Row{Name: name, Backend: "none", Strategy: name, Flows: []string{"seckill", "limit"}, Expect: report.ExpectClean,
 			Why: "one atomic operation decides each sale; no lock"}
 	}
 	return lock(report.ExpectClean, "a lock shared by every instance")

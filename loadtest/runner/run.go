@@ -27,6 +27,9 @@ import (
 const (
 	hotSKU   = "lt-hot"
 	orderSKU = "lt-order"
+	// limitedSKU is the loadtest fixture's SKU with a per-user limit; k6
+	// reads the limit and stock from the service.
+	limitedSKU = "lt-limited"
 )
 
 // rowEnv is one row's running world: its database, its instances, the
@@ -281,6 +284,7 @@ func k6Env(o options, s report.Row, urls []string, tokens, summary string, secs 
 		"SHOP_BUYERS="+strconv.Itoa(o.Users),
 		"SHOP_SKU="+hotSKU,
 		"SHOP_ORDER_SKU="+orderSKU,
+		"SHOP_LIMITED_SKU="+limitedSKU,
 	)
 }
 
@@ -371,6 +375,8 @@ func readSummary(path string, r *report.Result) error {
 	r.InFlightLock = int64(val("orders_409_lock", "count"))
 	r.InFlightRow = int64(val("orders_409_unique_row", "count"))
 	r.DupsSeen = int64(val("orders_duplicate_seen", "count"))
+	r.LimitSold = int64(val("limit_sold", "count"))
+	r.OverLimit = int64(val("limit_over_limit", "count"))
 	r.Fenced = int64(val("refused_fenced", "count"))
 	r.LockBusy = int64(val("refused_lock_busy", "count"))
 	r.Dropped = int64(val("dropped_iterations", "count"))

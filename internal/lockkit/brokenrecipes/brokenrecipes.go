@@ -1,4 +1,4 @@
-// Package brokenrecipes holds the Redis lock recipes that the literature warns
+// Package brokenrecipes holds the lock recipes that the literature warns
 // about, each as a lockkit.Locker, so that tests and load tests can run them
 // under the same code as the real backends and show how each one breaks:
 //
@@ -6,17 +6,32 @@
 //     a crash between the two leaves a lock that never expires.
 //   - PlainDel sets the lock atomically (SET NX PX) but releases it with a
 //     plain DEL: a holder that outlived its TTL frees its successor's lock.
+//   - GetCompareDel releases with GET, a compare in the client, then DEL:
+//     a key that expires between the two frees its next holder's lock.
 //   - GetSetTimestamp is the recipe of the old SETNX documentation: the
 //     value is an expiry timestamp, and a stale lock is recovered with
 //     GETSET. A loser's GETSET overwrites the winner's expiry, and clients
 //     whose clocks disagree recover each other's live locks.
+//   - DelSetNX is the same timestamp lock recovered with DEL, then SETNX:
+//     two waiters that read the same stale value both win.
+//   - UniqueRow is a MariaDB table whose unique key is the lock, INSERT to
+//     lock and DELETE to unlock: a holder that dies locks the key for ever.
+//
+// CountThenInsert is no lock but what a lock was guarding: a per-user
+// purchase limit that counts the user's purchases, then inserts one; two
+// purchases that count at once both pass the limit.
 //
 // Each recipe has exactly its known flaw and is otherwise written as it is
 // usually found. The tests inject the crash or the pause at the exact step
 // through hook fields, so every failure is reproduced deterministically.
 //
-// UNSAFE: use none of them to protect anything; lockkit/redislock is the
-// safe Redis lock.
+// The tests run each failure beside the recipe that survives the same
+// interleaving (the one-script release, GETSET, the lease row, one
+// conditional UPDATE), and show
+// that a row held SELECT … FOR UPDATE stops writers but not a plain SELECT.
+//
+// UNSAFE: use none of them to protect anything; lockkit/redislock and
+// lockkit/mysqllock are the safe locks.
 package brokenrecipes
 
 import (

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/testenv"
 )
 
@@ -78,42 +79,67 @@ func TestSetNXExpireCrashLeavesImmortalLock(t *testing.T) {
 
 // A holder that outlived its lease releases with a plain DEL: it frees the
 // lock of the next holder, B, and C takes the key while B still holds it.
+// The same run over redislock, whose release checks the owner in its
+// script, refuses A's release and C.
 func TestPlainDelFreesAnotherHoldersLock(t *testing.T) {
 	ctx := context.Background()
 	rdb := dial(t)
-	key := testKey(t, rdb)
-	a, b, c := NewPlainDel(rdb), NewPlainDel(rdb), NewPlainDel(rdb)
-	defer a.Close()
-	defer b.Close()
-	defer c.Close()
+	for _, tc := range []struct {
+		name         string
+		locker       func(t *testing.T) lockkit.Locker
+		wantBothHold bool
+	}{
+		{"plain-del", func(*testing.T) lockkit.Locker { return NewPlainDel(rdb) }, true},
+		{"owner-checked-delete-script", func(t *testing.T) lockkit.Locker { return safeRedisLock(t, rdb) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := testKey(t, rdb)
+			a, b, c := tc.locker(t), tc.locker(t), tc.locker(t)
+			defer a.Close()
+			defer b.Close()
+			defer c.Close()
 
-	la, err := a.TryAcquire(ctx, key, lockkit.WithTTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A's critical section is slow: it runs until Redis has expired A's key.
-	<-la.Lost()
-	waitGone(t, rdb, key)
+			la, err := a.TryAcquire(ctx, key, lockkit.WithTTL(ttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A's critical section is slow: it runs past its lease, and B
+			// takes the key once Redis has expired A's.
+			<-la.Lost()
+			lb, err := b.Acquire(ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(100*ttl))
+			if err != nil {
+				t.Fatalf("B could not take the expired key: %v", err)
+			}
+			defer lb.Release(ctx)
+			errA := la.Release(ctx)
+			lc, errC := c.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
+			if errC == nil {
+				defer lc.Release(ctx)
+			}
+			select {
+			case <-lb.Lost():
+				t.Fatal("B's lease ended; the demonstration needs B to still hold it")
+			default:
+			}
 
-	lb, err := b.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
-	if err != nil {
-		t.Fatalf("B could not take the expired key: %v", err)
+			if tc.wantBothHold {
+				if errA != nil {
+					t.Errorf("A's release: %v; the recipe cannot even tell it failed", errA)
+				}
+				if errC != nil {
+					t.Fatalf("C was refused (%v): the release was owner-checked after all", errC)
+				}
+				t.Log("B and C both hold the key: A's DEL freed B's lock")
+				return
+			}
+			if !errors.Is(errA, lockkit.ErrNotHeld) {
+				t.Errorf("A's release = %v, want ErrNotHeld: the key is B's", errA)
+			}
+			if !errors.Is(errC, lockkit.ErrNotAcquired) {
+				t.Fatalf("C's TryAcquire = %v, want ErrNotAcquired: B holds the key", errC)
+			}
+		})
 	}
-	defer lb.Release(ctx)
-	if err := la.Release(ctx); err != nil {
-		t.Fatalf("A's release: %v", err) // the recipe cannot even tell it failed
-	}
-	lc, err := c.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
-	if err != nil {
-		t.Fatalf("C was refused (%v): the release was owner-checked after all", err)
-	}
-	defer lc.Release(ctx)
-	select {
-	case <-lb.Lost():
-		t.Fatal("B's lease ended; the demonstration needs B to still hold it")
-	default:
-	}
-	t.Log("B and C both hold the key: A's DEL freed B's lock")
 }
 
 // Two clients read the same stale timestamp. The first GETSET wins; the
@@ -242,19 +268,6 @@ func (c *clock) advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-// waitGone waits until Redis itself has expired key: its lazy and active
-// expiry may lag the client's deadline by a few ms.
-func waitGone(t *testing.T, rdb redis.UniversalClient, key string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for rdb.Exists(context.Background(), key).Val() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("Redis did not expire the key")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // testKey is unique per run: the crash test leaves a key that never expires
 // if the run dies before its clean-up.
 func testKey(t *testing.T, rdb redis.UniversalClient) string {
@@ -263,9 +276,32 @@ func testKey(t *testing.T, rdb redis.UniversalClient) string {
 	return key
 }
 
+// safeRedisLock is lockkit/redislock, the safe lock the recipes are
+// measured against, under a prefix of the test's own.
+func safeRedisLock(t *testing.T, rdb redis.UniversalClient) lockkit.Locker {
+	t.Helper()
+	prefix := "brokenrecipes:" + t.Name() + ":"
+	l, err := redislock.New(rdb, redislock.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deletePrefix(rdb, prefix) })
+	return l
+}
+
+// deletePrefix deletes every key under prefix: a safe lock's fence counter
+// outlives its lease on purpose.
+func deletePrefix(rdb redis.UniversalClient, prefix string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 100).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+}
+
 func dial(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.Require(t, "SHOP_TEST_REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.Require(t, "SHOP_TEST_REDIS_ADDR"), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }

@@ -104,7 +104,7 @@ func (r Report) Failures() []string {
 // audit's damage. The verdict comes after the row name in the HTML, last
 // elsewhere.
 var Columns = []string{"row", "capacity /s", "offered /s", "sold /s", "p50", "p99",
-	"oversold units", "balance drift", "like drift", "duplicate orders",
+	"oversold units", "units over the limit", "balance drift", "like drift", "duplicate orders",
 	"paid+cancelled orders", "stock returned twice", "unreconciled order cents"}
 
 // firstDamageColumn is the index in Columns where the audit's totals start.
@@ -124,6 +124,7 @@ func (res Result) Cells() []string {
 		orDash(res.OrdersPerSec, "%.1f"),
 		ms(res.SoldLatency.P50), ms(res.SoldLatency.P99),
 		res.auditCell(CheckOversold, "seckill"),
+		res.overLimitCell(),
 		res.auditCell(CheckBalance, "balance"),
 		res.auditCell(CheckLikes, "likes"),
 		res.auditCell(CheckDuplicates, "orders"),

@@ -52,15 +52,19 @@ type Result struct {
 	SoldOutLat   Latency `json:"sold_out_latency"`
 
 	// Phase 2.
-	Balance      Latency          `json:"balance_latency"`
-	Likes        Latency          `json:"like_latency"`
-	Orders       Latency          `json:"order_latency"`
-	OrdersMade   int64            `json:"orders_created"`
-	Replays      int64            `json:"orders_replayed"`
-	InFlight     int64            `json:"orders_in_flight"`
-	InFlightLock int64            `json:"orders_409_lock"`
-	InFlightRow  int64            `json:"orders_409_unique_row"`
-	DupsSeen     int64            `json:"orders_duplicate_seen"`
+	Balance      Latency `json:"balance_latency"`
+	Likes        Latency `json:"like_latency"`
+	Orders       Latency `json:"order_latency"`
+	OrdersMade   int64   `json:"orders_created"`
+	Replays      int64   `json:"orders_replayed"`
+	InFlight     int64   `json:"orders_in_flight"`
+	InFlightLock int64   `json:"orders_409_lock"`
+	InFlightRow  int64   `json:"orders_409_unique_row"`
+	DupsSeen     int64   `json:"orders_duplicate_seen"`
+	// LimitSold and OverLimit: units of the limited SKU sold, and sold to
+	// a user past its per-user limit, counted by the clients.
+	LimitSold    int64            `json:"limit_sold"`
+	OverLimit    int64            `json:"over_limit_units"`
 	Fenced       int64            `json:"refused_fenced"`
 	LockBusy     int64            `json:"refused_lock_busy"`
 	Dropped      int64            `json:"dropped_iterations"`
@@ -95,6 +99,15 @@ func (r Result) auditCell(name, flow string) string {
 		return "n/a"
 	}
 	return strconv.FormatInt(v, 10)
+}
+
+// overLimitCell is the table cell of the units sold past the per-user
+// limit: "—" when the row did not run the limit flow.
+func (r Result) overLimitCell() string {
+	if !r.Spec.Runs("limit") {
+		return "—"
+	}
+	return strconv.FormatInt(r.OverLimit, 10)
 }
 
 // auditValue is an audit total for a chart; NaN when not measured.

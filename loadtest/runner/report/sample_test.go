@@ -5,7 +5,7 @@ import "time"
 // sample is a report shaped like a full run: every kind of row, with the
 // figures of a real one.
 func sample() Report {
-	all := []string{"seckill", "balance", "likes", "orders"}
+	all := []string{"seckill", "balance", "likes", "orders", "limit"}
 	lock := func(name string, capacity float64, rate int, sold, p50, p99 float64) Result {
 		row := Row{Name: name, Backend: name, Strategy: "lock", Flows: all, Expect: ExpectClean,
 			NoFence: name == "redlock" || name == "memcached"}
@@ -18,12 +18,12 @@ func sample() Report {
 	local.Spec.Expect, local.AuditOK, local.Audit, local.Fenced = ExpectDamage, false, audit(0, 0, 3, 0, 0, 0, 0), 41
 	reference := func(name string, sold float64) Result {
 		r := lock(name, 364, 254, sold, 12.1, 15.7)
-		r.Spec.Backend, r.Spec.Strategy, r.Spec.Flows = "none", name, []string{"seckill"}
+		r.Spec.Backend, r.Spec.Strategy, r.Spec.Flows = "none", name, []string{"seckill", "limit"}
 		r.Audit = map[string]int64{CheckOversold: 0}
 		return r
 	}
 	optimistic := lock("optimistic", 76, 53, 52.9, 13.1, 26.6)
-	optimistic.Spec.Backend, optimistic.Spec.Strategy, optimistic.Spec.Flows = "none", "optimistic", []string{"seckill", "balance"}
+	optimistic.Spec.Backend, optimistic.Spec.Strategy, optimistic.Spec.Flows = "none", "optimistic", []string{"seckill", "balance", "limit"}
 	optimistic.RetriesPerSale = 1.31
 	rep := Report{
 		Options: Options{Instances: 3, Duration: 15 * time.Second, Delay: 10 * time.Millisecond, Stock: 300, Fraction: 0.7},

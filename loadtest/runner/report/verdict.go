@@ -28,6 +28,7 @@ var checks = []check{
 	{"", k6Failed},
 	{"", noAudit},
 	{"", soldNothing},
+	{"", overLimit},
 	{ExpectClean, auditNotZero},
 	{ExpectClean, starved},
 	{ExpectClean, overlapped},
@@ -54,6 +55,8 @@ func (r *Result) Judge() {
 func verdict(r Result) string {
 	damageRow := r.Spec.Expect == ExpectDamage
 	switch {
+	case r.Spec.Runs("limit") && r.OverLimit > 0:
+		return VerdictBroken // whatever the row: see overLimit
 	case damageRow && len(r.Problems) > 0:
 		return VerdictInconclusive
 	case damageRow && r.Damage() > 0:
@@ -85,6 +88,16 @@ func noAudit(r Result) []string {
 func soldNothing(r Result) []string {
 	if r.Spec.Runs("seckill") && r.Sold == 0 {
 		return []string{"nothing sold: the row measured nothing"}
+	}
+	return nil
+}
+
+// overLimit: the per-user limit is one conditional UPDATE in the sale's
+// transaction, atomic whatever the lock, so no row may sell past it (not
+// even none's, whose damage is elsewhere).
+func overLimit(r Result) []string {
+	if r.Spec.Runs("limit") && r.OverLimit > 0 {
+		return []string{fmt.Sprintf("units sold past the per-user limit: %d; it holds under every strategy", r.OverLimit)}
 	}
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 )
 
 var (
-	lockRow    = Row{Name: "redis", Backend: "redis", Strategy: "lock", Flows: []string{"seckill", "balance", "likes", "orders"}, Expect: ExpectClean}
+	lockRow    = Row{Name: "redis", Backend: "redis", Strategy: "lock", Flows: []string{"seckill", "balance", "likes", "orders", "limit"}, Expect: ExpectClean}
 	noFenceRow = Row{Name: "redlock", Backend: "redlock", Strategy: "lock", Flows: lockRow.Flows, Expect: ExpectClean, NoFence: true}
 	unsafeRow  = Row{Name: "none", Backend: "none", Strategy: "lock", Flows: lockRow.Flows, Expect: ExpectDamage}
 )
@@ -64,6 +64,11 @@ func TestJudge(t *testing.T) {
 		{"an unfenced lock with no damage is marked unsafe when a holder pauses", ran(noFenceRow, zeros(), nil), VerdictNoFence, nil},
 		{"an unfenced lock with damage is broken", ran(noFenceRow, with(CheckBalance, 10), nil), VerdictBroken,
 			[]string{"audit balance_drift = 10, want 0", "audit ok = false"}},
+		{"a lock row that sold past the per-user limit is broken", ran(lockRow, zeros(), func(r *Result) { r.OverLimit = 2 }), VerdictBroken,
+			[]string{"units sold past the per-user limit: 2"}},
+		{"an unsafe row that sold past the per-user limit is broken too: the limit needs no lock",
+			ran(unsafeRow, with(CheckOversold, 733), func(r *Result) { r.OverLimit = 1 }), VerdictBroken,
+			[]string{"units sold past the per-user limit: 1"}},
 		{"an unsafe row with damage shows what it should", ran(unsafeRow, with(CheckOversold, 733), nil), VerdictDamage, nil},
 		{"an unsafe row caught by its fences shows what it should", ran(unsafeRow, zeros(), func(r *Result) { r.Fenced = 40 }),
 			"unsafe (expected), caught by the fences: 40 stale writes refused", nil},
