@@ -7,7 +7,7 @@ BIN := $(CURDIR)/bin
 # variables to use servers of your own instead).
 WITH_SERVERS := scripts/with-testenv.sh
 
-.PHONY: help run build image test test-unit vet fmt bench servers-up servers-down openapi-lint
+.PHONY: help run build image test test-unit vet staticcheck fmt bench events-bench servers-up servers-down openapi-lint
 
 # Variables a target's description names, shown by make help with their value.
 HELP_VARS := FUZZTIME
@@ -34,15 +34,28 @@ build: ## Build bin/shop, static, as the Docker image does, stamped with git des
 image: ## Build the Docker image lockbench/shop:local, stamped with git describe's version
 	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t lockbench/shop:local .
 
-test: openapi-lint ## Lint openapi.yaml, install and start the test servers on loopback, then go vet and go test -race ./...
-	$(WITH_SERVERS) bash -c '$(GO) vet ./... && $(GO) test -race -count=1 -timeout 15m ./...'
+test: openapi-lint staticcheck ## Lint openapi.yaml, install and start the test servers on loopback, then go vet, staticcheck and go test -race ./...
+	$(WITH_SERVERS) bash -c '$(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 -timeout 15m ./...'
 
 test-unit: ## Only the tests that need no server (the rest skip; never use this in CI)
 	$(GO) test -race -count=1 ./...
 
-vet: ## go vet and gofmt check
+vet: staticcheck ## go vet, staticcheck and gofmt check
 	$(GO) vet ./...
+	$(STATICCHECK) ./...
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
+
+# staticcheck, pinned: its releases follow Go's (0.8 checks Go 1.26 code).
+# It prints "staticcheck 2026.2.2 (0.8.2)"; the module version is the one
+# in parentheses.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(BIN)/staticcheck
+
+staticcheck: ## Build the pinned staticcheck (v0.8.2) into bin/ (only if missing or another version)
+	@if [ "$$($(STATICCHECK) -version 2>/dev/null | sed -n 's/.*(\(.*\))$$/v\1/p')" != "$(STATICCHECK_VERSION)" ]; then \
+		echo "go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) into $(BIN)"; \
+		GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+	fi
 
 fmt: ## gofmt the tree
 	gofmt -w .
@@ -98,6 +111,22 @@ bench: ## Every backend beside its peer and its server's raw round trip, interle
 		echo "## Wall clock: medians and ranges of $(BENCH_ROUNDS) interleaved rounds"; echo; \
 		echo '```'; awk -f scripts/benchtable.awk /tmp/shop-bench.txt; echo '```'; } > $(BENCH_RESULTS)
 	@echo "wrote $(BENCH_RESULTS)"
+
+# make events-bench: what the outbox adds to placing an order (statements,
+# p50/p99 against the same place without it, interleaved rounds) and the
+# relay's events per second to a real nats-server, on MariaDB and on SQLite.
+EVENTS_RESULTS := docs/results/events-$(shell date -u +%Y-%m-%d).md
+
+events-bench: ## Measure the outbox's cost per place and the relay's events per second (MariaDB and SQLite); writes docs/results/events-<date>.md
+	@mkdir -p docs/results
+	@{ echo "# make events-bench, $$(date -u '+%Y-%m-%d %H:%M') UTC"; echo; \
+		echo "- Command: \`make events-bench\`"; \
+		echo "- Machine: $$(nproc) cores, $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), shared with other work"; \
+		echo "- Commit: $(BENCH_COMMIT)"; echo; } > $(EVENTS_RESULTS)
+	$(WITH_SERVERS) bash -c 'for dsn in "$$SHOP_TEST_MYSQL_DSN" ""; do \
+		SHOP_TEST_MYSQL_DSN="$$dsn" SHOP_MEASURE_OUT=$(CURDIR)/$(EVENTS_RESULTS) $(GO) test -count=1 -p 1 -timeout 20m \
+			-run "^TestMeasure" ./internal/order/ ./internal/events/ || exit 1; done'
+	@echo "wrote $(EVENTS_RESULTS)"
 
 include loadtest.mk compose.mk
 -include faults.mk

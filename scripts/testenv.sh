@@ -22,6 +22,11 @@
 #                                election ports 12294-12296, minSessionTimeout=1000
 #   etcd cluster   12471-12473   3 members (quorum 2), peer ports 12481-12483
 #   memcached      11311
+#   nats-server    14222         JetStream, file store (monitoring on 14224)
+#   NATS cluster   14231-14233   3 JetStream nodes, routes 14241-14243,
+#                                monitoring 14251-14253
+#                  both built from the nats-server/v2 version go.mod pins
+#                  (`go build`, cached by version), never Debian's package
 #   with --with-sentinel:
 #   Redis master   17201, replica 17202 (replicaof 17201)
 #   Sentinels      17301-17303   master name "shopmaster", quorum 2,
@@ -34,6 +39,9 @@
 #   SHOP_TEST_MEMCACHED_ADDR SHOP_TEST_PROMTOOL (a path)
 #   SHOP_TEST_ZK_ENSEMBLE_ADDRS SHOP_TEST_ETCD_CLUSTER_ENDPOINTS (every member,
 #   comma-separated)
+#   SHOP_TEST_NATS_URL SHOP_TEST_NATS_CLUSTER_URLS (every node, comma-separated)
+#   SHOP_TEST_NATS_SERVER (a path: the nats-server binary, for tests that
+#   start and stop their own)
 #   and with sentinel: SHOP_TEST_SENTINEL_ADDRS SHOP_TEST_SENTINEL_MASTER
 #   SHOP_TEST_SENTINEL_MASTER_ADDR SHOP_TEST_SENTINEL_REPLICA_ADDR
 #
@@ -56,6 +64,11 @@
 #   election ports +13..+15), SHOP_TESTENV_ETCD_CLUSTER_PORT (first client port of
 #   three; peer ports +10..+12)
 #                             per-server port overrides
+#   SHOP_TESTENV_NATS_PORT (client port of the lone server; monitoring +2),
+#   SHOP_TESTENV_NATS_CLUSTER_PORT (first client port of three; routes +10..+12,
+#   monitoring +20..+22)
+#   SHOP_TESTENV_BIN_CACHE    where built server binaries are kept, one per
+#                             version (default ~/.cache/shop-testenv)
 #   SHOP_TESTENV_TIMEOUT      seconds to wait for each server (default 60)
 #   SHOP_TESTENV_RUN_FILE     if set, `up` also writes there what this very
 #                             invocation started, and `down` stops only what
@@ -90,6 +103,10 @@ ETCD_PEER_PORT=${SHOP_TESTENV_ETCD_PEER_PORT:-$((ETCD_PORT + 1))}
 MEMCACHED_PORT=${SHOP_TESTENV_MEMCACHED_PORT:-$((11311 + OFF))}
 ZKE_PORT=${SHOP_TESTENV_ZK_ENSEMBLE_PORT:-$((12281 + OFF))}
 ETCDC_PORT=${SHOP_TESTENV_ETCD_CLUSTER_PORT:-$((12471 + OFF))}
+NATS_PORT=${SHOP_TESTENV_NATS_PORT:-$((14222 + OFF))}
+NATSC_PORT=${SHOP_TESTENV_NATS_CLUSTER_PORT:-$((14231 + OFF))}
+BIN_CACHE=${SHOP_TESTENV_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shop-testenv}
+MODULE_DIR=$(cd "$(dirname "$0")/.." && pwd)
 SENTINEL_MASTER_NAME=shopmaster
 
 H=127.0.0.1
@@ -106,11 +123,13 @@ DEF_MEMCACHED_ADDR=$H:$MEMCACHED_PORT
 DEF_ZK_ENSEMBLE_ADDRS=$(list3 "$ZKE_PORT")
 DEF_ETCD_CLUSTER_ENDPOINTS=$(list3 "$ETCDC_PORT")
 DEF_SENTINEL_ADDRS=$(list3 "$SENTINEL_PORT")
+DEF_NATS_URL=nats://$H:$NATS_PORT
+DEF_NATS_CLUSTER_URLS=nats://$H:$NATSC_PORT,nats://$H:$((NATSC_PORT + 1)),nats://$H:$((NATSC_PORT + 2))
 REDIS_PKGS=redis-server:/usr/bin/redis-server,redis-tools:redis-cli,redis-sentinel:/usr/bin/redis-sentinel
 
 # The servers `up` starts, in order, one line each: the SHOP_TEST_* variable
 # the tests read, the variable holding its default, the packages it needs
-# (PACKAGE:PROBE, comma-separated) and the function that starts it or
+# (PACKAGE:PROBE, comma-separated, or - for none) and the function that starts it or
 # reuses one already answering. The server of a new lock backend is one
 # more line here (its registry entry in internal/lockkit/registry names the
 # variable; docs/backends.md). Sentinel is opt-in (--with-sentinel) and
@@ -125,6 +144,8 @@ SERVERS=(
 	"SHOP_TEST_MEMCACHED_ADDR DEF_MEMCACHED_ADDR memcached:memcached ensure_memcached"
 	"SHOP_TEST_ZK_ENSEMBLE_ADDRS DEF_ZK_ENSEMBLE_ADDRS zookeeper:/usr/share/java/zookeeper.jar ensure_zk_ensemble"
 	"SHOP_TEST_ETCD_CLUSTER_ENDPOINTS DEF_ETCD_CLUSTER_ENDPOINTS etcd-server:etcd,etcd-client:etcdctl ensure_etcd_cluster"
+	"SHOP_TEST_NATS_URL DEF_NATS_URL - ensure_nats"
+	"SHOP_TEST_NATS_CLUSTER_URLS DEF_NATS_CLUSTER_URLS - ensure_nats_cluster"
 )
 DEF_SENTINEL_MASTER_ADDR=$H:$SENT_REDIS_PORT
 DEF_SENTINEL_REPLICA_ADDR=$H:$((SENT_REDIS_PORT + 1))
@@ -667,6 +688,96 @@ ensure_memcached() {
 	record "$name" "$H:$p" "$d/memcached.pid" "$d" "-p $p"
 }
 
+# nats_server_bin: the nats-server built from the version go.mod pins (the
+# one the service embeds), built once per version into $BIN_CACHE. Debian's
+# package (2.9) predates JetStream's fixes to deduplication across leader
+# changes, so it is never used.
+NATS_BIN=
+nats_server_bin() {
+	if [[ -z $NATS_BIN ]]; then
+		command -v go >/dev/null 2>&1 || die "go is not on PATH: needed to build nats-server from go.mod's version"
+		local ver
+		ver=$(cd "$MODULE_DIR" && go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2) ||
+			die "cannot read the nats-server/v2 version from $MODULE_DIR/go.mod"
+		NATS_BIN=$BIN_CACHE/nats-server-$ver
+		if [[ ! -x $NATS_BIN ]]; then
+			mkdir -p "$BIN_CACHE"
+			log "building nats-server $ver into $NATS_BIN"
+			# build beside, then rename: a concurrent build never leaves a half-written binary
+			(cd "$MODULE_DIR" && go build -o "$NATS_BIN.tmp.$$" github.com/nats-io/nats-server/v2) >&2 ||
+				die "go build github.com/nats-io/nats-server/v2 failed"
+			mv -f "$NATS_BIN.tmp.$$" "$NATS_BIN"
+		fi
+	fi
+	echo "$NATS_BIN"
+}
+
+# /healthz answers 200 only once JetStream is ready (on a cluster: a meta
+# leader elected and this node current).
+nats_health() { timeout 3 curl -sf "http://$H:$1/healthz" >/dev/null 2>&1; }
+nats_ok() { nats_health $(($1 + 2)); }
+nats_cluster_ok() { nats_health $(($1 + 20)); }
+
+# nats_conf DIR NAME CLIENTPORT MONITORPORT [EXTRA-LINES]
+nats_conf() {
+	local d=$1 name=$2 p=$3 mp=$4
+	mkdir -p "$d/jetstream"
+	cat >"$d/nats.conf" <<-EOF
+		server_name: $name
+		listen: $H:$p
+		http: $H:$mp
+		jetstream {
+		  store_dir: "$d/jetstream"
+		  max_memory_store: 64MB
+		  max_file_store: 1GB
+		}
+		${5:-}
+	EOF
+}
+
+ensure_nats() {
+	local p=$NATS_PORT name=nats-$NATS_PORT bin
+	local d=$DIR/$name
+	if nats_ok "$p"; then
+		note_reused "$name" "$H:$p"
+		return 0
+	fi
+	port_busy "$p" && die "$H:$p is in use but is not a healthy nats-server; free the port or set SHOP_TESTENV_PORT_OFFSET"
+	port_busy $((p + 2)) && die "nats monitoring port $H:$((p + 2)) is in use; set SHOP_TESTENV_NATS_PORT"
+	bin=$(nats_server_bin)
+	rm -rf "$d"
+	nats_conf "$d" "shop-$p" "$p" $((p + 2))
+	log "$H:$p ($name): starting nats-server"
+	spawn "$d/nats.log" "$d/nats.pid" "$bin" -c "$d/nats.conf"
+	wait_for "nats-server $H:$p" "$d/nats.log" nats_ok "$p"
+	record "$name" "$H:$p" "$d/nats.pid" "$d" "$d/nats.conf"
+}
+
+ensure_nats_cluster() {
+	cluster_start nats-server "$NATSC_PORT" nats-cluster nats_cluster_ok nats_member
+}
+
+# nats_member I PORT DIR FRESH: node I of the JetStream cluster; its route
+# port is the client port + 10, its monitoring port + 20.
+nats_member() {
+	local i=$1 p=$2 d=$3 fresh=$4 j routes="" bin
+	for j in 0 1 2; do
+		routes+="${routes:+, }nats-route://$H:$((NATSC_PORT + 10 + j))"
+	done
+	port_busy $((p + 10)) && die "nats route port $H:$((p + 10)) is in use; set SHOP_TESTENV_NATS_CLUSTER_PORT"
+	port_busy $((p + 20)) && die "nats monitoring port $H:$((p + 20)) is in use; set SHOP_TESTENV_NATS_CLUSTER_PORT"
+	bin=$(nats_server_bin)
+	((fresh)) && rm -rf "$d"
+	nats_conf "$d" "shop-c$i-$p" "$p" $((p + 20)) "cluster {
+		  name: shop-testenv-$NATSC_PORT
+		  listen: $H:$((p + 10))
+		  routes: [$routes]
+		}"
+	log "$H:$p (nats-cluster-$p): starting nats-server"
+	spawn "$d/nats.log" "$d/nats.pid" "$bin" -c "$d/nats.conf"
+	PENDING+=("nats-cluster-$p"$'\t'"$H:$p"$'\t'"$d/nats.pid"$'\t'"$d"$'\t'"$d/nats.conf"$'\t'nats_cluster_ok$'\t'"$p"$'\t'"$d/nats.log")
+}
+
 ensure_sentinel_group() {
 	local mp=$SENT_REDIS_PORT sp=$SENTINEL_PORT
 	# repl-diskless-sync-delay 0: a (re)attaching replica syncs at once
@@ -719,8 +830,10 @@ cmd_up() {
 	for line in "${SERVERS[@]}"; do
 		read -r var def pkgs start <<<"$line"
 		user_set "$var" "${!def}" && continue
-		IFS=, read -ra spec <<<"$pkgs"
-		pk+=("${spec[@]}")
+		if [[ $pkgs != - ]]; then
+			IFS=, read -ra spec <<<"$pkgs"
+			pk+=("${spec[@]}")
+		fi
 		run+=("$start")
 	done
 	if ((use_sent)); then
@@ -743,6 +856,7 @@ cmd_up() {
 		done
 		printf "export SHOP_TEST_PROMTOOL='%s'\n" "${SHOP_TEST_PROMTOOL:-$(command -v promtool)}"
 		printf "export SHOP_TEST_CHROMIUM='%s'\n" "${SHOP_TEST_CHROMIUM:-$(command -v chromium)}"
+		printf "export SHOP_TEST_NATS_SERVER='%s'\n" "${SHOP_TEST_NATS_SERVER:-$(nats_server_bin)}"
 		if ((with_sentinel)) || user_set SHOP_TEST_SENTINEL_ADDRS "$DEF_SENTINEL_ADDRS"; then
 			printf "export SHOP_TEST_SENTINEL_ADDRS='%s'\n" "${SHOP_TEST_SENTINEL_ADDRS:-$DEF_SENTINEL_ADDRS}"
 			printf "export SHOP_TEST_SENTINEL_MASTER='%s'\n" "${SHOP_TEST_SENTINEL_MASTER:-$SENTINEL_MASTER_NAME}"
@@ -858,6 +972,10 @@ cmd_status() {
 	done
 	for p in "$ETCDC_PORT" $((ETCDC_PORT + 1)) $((ETCDC_PORT + 2)); do
 		status_line "etcd-cluster-$p" "$H:$p" etcd_ok "$p"
+	done
+	status_line "nats-$NATS_PORT" "$H:$NATS_PORT" nats_ok "$NATS_PORT"
+	for p in "$NATSC_PORT" $((NATSC_PORT + 1)) $((NATSC_PORT + 2)); do
+		status_line "nats-cluster-$p" "$H:$p" nats_cluster_ok "$p"
 	done
 	for p in "$SENT_REDIS_PORT" $((SENT_REDIS_PORT + 1)); do
 		status_line "sentinel-redis-$p" "$H:$p" redis_ok "$p"

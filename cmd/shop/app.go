@@ -59,9 +59,15 @@ type app struct {
 	// SHOP_METRICS_ADDR names the API's address.
 	metrics http.Handler
 	// ready are the dependency checks of /readyz.
-	ready    []readyCheck
+	ready []readyCheck
+	// degraded are dependencies /readyz names without failing: without
+	// them the instance still serves (the broker: events wait).
+	degraded []readyCheck
 	stopping atomic.Bool
 	closers  []func() error // run in reverse order
+	// records are the idempotency records: reset with the domains, pruned
+	// by one instance at a time.
+	records *idem.Idem
 	// hooks for tests in this package
 	accounts *account.Store
 }
@@ -101,15 +107,21 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 			reg.MustRegister(c.Collectors()...)
 		}
 	}
-	a.startCloser(orders, log)
+	if err := a.openEvents(ctx, cfg, db, locks, reg, orders.Store, log); err != nil {
+		return nil, err
+	}
+	a.startCloser(orders.Service, log)
+	a.startPruner(locks.locker, cfg.LockTTL, log)
+	a.records.RegisterMetrics(reg)
 	a.newHandlers(cfg, log, domains, reg)
 	return a, nil
 }
 
 // newDomains builds every domain on the stores and the locking, and
-// returns them with the order service, whose closer the app runs.
+// returns them with the order domain, whose closer and events the app
+// runs.
 func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB, rdb redis.UniversalClient,
-	locks locking) ([]domain, *order.Service, error) {
+	locks locking) ([]domain, *order.Domain, error) {
 	// Idempotency leases and answers live in Redis whatever the lock
 	// backend, each fenced by its own run number, not by a lock; the
 	// record of a keyed change commits with the change, in the database.
@@ -117,6 +129,7 @@ func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB,
 	if err != nil {
 		return nil, nil, err
 	}
+	a.records = tokens
 	accounts := newAccounts(cfg, db, locks, tokens)
 	a.accounts = accounts.Store
 	products, err := newProducts(cfg, db, rdb, locks, tokens)
@@ -132,7 +145,7 @@ func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB,
 	if err := forgetFences(ctx, cfg, domains); err != nil {
 		return nil, nil, err
 	}
-	return domains, orders.Service, nil
+	return domains, orders, nil
 }
 
 // newHandlers builds the handlers: the API and admin routes of domains, the
@@ -143,12 +156,13 @@ func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain,
 		cfg:      cfg,
 		log:      log,
 		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken, auth.MaxLifetime(cfg.JWTMaxTTL)),
-		auditor:  newAuditor(cfg, domains, reg),
+		auditor:  newAuditor(cfg, domains, reg, a.records),
 		domains:  domains,
 		problems: problems(),
 		reg:      reg,
 		metrics:  a.metrics,
 		ready:    a.readiness,
+		degraded: a.degradation,
 	})
 }
 
@@ -298,14 +312,15 @@ func forgetFences(ctx context.Context, cfg config.Config, domains []domain) erro
 }
 
 // newAuditor audits every domain's checks and resets every domain, in the
-// order of domains.
-func newAuditor(cfg config.Config, domains []domain, reg prometheus.Registerer) *audit.Auditor {
+// order of domains, then the idempotency records of their changes.
+func newAuditor(cfg config.Config, domains []domain, reg prometheus.Registerer, records *idem.Idem) *audit.Auditor {
 	var checks []audit.Check
 	var resetters []audit.Resetter
 	for _, d := range domains {
 		checks = append(checks, d.Checks()...)
 		resetters = append(resetters, d)
 	}
+	resetters = append(resetters, records)
 	auditor := audit.New(checks, resetters)
 	auditor.RegisterMetrics(reg)
 	if !cfg.AllowReset {
@@ -347,6 +362,19 @@ func (a *app) startCloser(orders *order.Service, log *slog.Logger) {
 	go func() {
 		defer close(done)
 		orders.RunCloser(ctx, log)
+	}()
+	a.closers = append(a.closers, func() error { cancel(); <-done; return nil })
+}
+
+// startPruner prunes expired idempotency records until the app closes,
+// under a leader lease from leader; like the closer, it stops before the
+// stores close.
+func (a *app) startPruner(leader lockkit.Locker, leaderTTL time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.records.RunPruner(ctx, leader, leaderTTL, log)
 	}()
 	a.closers = append(a.closers, func() error { cancel(); <-done; return nil })
 }
@@ -423,6 +451,20 @@ func (a *app) readiness(ctx context.Context) (down map[string]error) {
 		}
 	}
 	return down
+}
+
+// degradation asks the degraded checks, within readinessBudget: what
+// /readyz names while still answering 200.
+func (a *app) degradation(ctx context.Context) map[string]error {
+	ctx, cancel := context.WithTimeout(ctx, readinessBudget)
+	defer cancel()
+	out := map[string]error{}
+	for _, c := range a.degraded {
+		if err := c.ping(ctx); err != nil {
+			out[c.name] = err
+		}
+	}
+	return out
 }
 
 // close releases everything newApp opened, last opened first.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,7 +92,8 @@ func TestABatchedDuplicateOfAKeyDoesNotFailItsNeighbours(t *testing.T) {
 // persistence, a failover), and the client retries, as a 503
 // outcome-unknown tells it to. The retry must answer the order that
 // committed, not "unknown key, mint a new one", whose new order would
-// take the money a second time.
+// take the money a second time, with every header the first answer had
+// (its Location names the order).
 func TestAnOrderRetriedAfterRedisLostItsTokenReplays(t *testing.T) {
 	addr := shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")
 	prefix := shoptest.Prefix("idemorder")
@@ -122,8 +124,51 @@ func TestAnOrderRetriedAfterRedisLostItsTokenReplays(t *testing.T) {
 		t.Fatalf("the retry after Redis lost the token: %d %s; want the first answer, %d %s, replayed",
 			again.StatusCode, againBody, first.StatusCode, firstBody)
 	}
+	if first.Header.Get("Location") == "" {
+		t.Fatal("the order was answered without a Location")
+	}
+	for _, h := range []string{"Content-Type", "Location", "Cache-Control"} {
+		if got, want := again.Header.Get(h), first.Header.Get(h); got != want {
+			t.Errorf("the retry after Redis lost the token: %s %q, want the first answer's %q", h, got, want)
+		}
+	}
 	other, _ := send(t, c, srv, path, u1, tok.Token, `{"sku":"order-lost","quantity":2,"pay":true}`)
 	if other.StatusCode != http.StatusUnprocessableEntity {
 		t.Fatalf("another request with the token: %d, want 422", other.StatusCode)
+	}
+}
+
+// TestAnAdminResetDeletesTheIdempotencyRecords: a reset empties the
+// orders, so the records of their keys go too; a token whose order was
+// reset away, retried once Redis has lost it, is unknown rather than
+// answered with an order that no longer exists.
+func TestAnAdminResetDeletesTheIdempotencyRecords(t *testing.T) {
+	addr := shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")
+	prefix := shoptest.Prefix("idemreset")
+	srv, _ := newTestServer(t, map[string]string{
+		"SHOP_MYSQL_DSN": shoptest.MySQL(t), "SHOP_REDIS_ADDRS": addr, "SHOP_KEY_PREFIX": prefix,
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { rdb.Close() })
+	c := newContract(t, srv.URL)
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/products", token: testAdmin, status: 201,
+		body: `{"sku":"reset-item","name":"Reset item","stock":10,"price_cents":100}`})
+	u1 := shoptestToken(t, 1)
+	var tok struct {
+		Token string `json:"token"`
+	}
+	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "POST", path: "/api/v1/idempotency-tokens", token: u1, status: 201}), &tok)
+	const path, body = "/api/v1/orders", `{"sku":"reset-item","quantity":1}`
+	if first, b := send(t, c, srv, path, u1, tok.Token, body); first.StatusCode != http.StatusCreated {
+		t.Fatalf("the order: %d %s", first.StatusCode, b)
+	}
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
+	sum := sha256.Sum256([]byte(tok.Token))
+	rec := fmt.Sprintf("%sidem:{1}:%s", prefix, hex.EncodeToString(sum[:16]))
+	rdb.Del(context.Background(), rec, rec+":run")
+	retry, retryBody := send(t, c, srv, path, u1, tok.Token, body)
+	if retry.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(retryBody, "idempotency-key-unknown") {
+		t.Fatalf("the retry after the reset: %d %s; want 422 idempotency-key-unknown", retry.StatusCode, retryBody)
 	}
 }

@@ -26,7 +26,7 @@ func TestReadinessChecksInParallel(t *testing.T) {
 	}
 
 	r := gin.New()
-	r.GET("/readyz", readyz(readinessApp(hung).readiness))
+	r.GET("/readyz", readyz(readinessApp(hung).readiness, nil))
 	rec := httptest.NewRecorder()
 	r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "lock backend zookeeper (timed out)") {

@@ -36,6 +36,9 @@ type routerDeps struct {
 	reg      *prometheus.Registry
 	metrics  http.Handler
 	ready    func(context.Context) map[string]error
+	// degraded, if set, names dependencies that are down without making
+	// the instance unready (the events' broker).
+	degraded func(context.Context) map[string]error
 }
 
 func newRouter(d routerDeps) http.Handler {
@@ -61,7 +64,7 @@ func newRouter(d routerDeps) http.Handler {
 	r.NoMethod(problem.NoMethod)
 
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
-	r.GET("/readyz", readyz(d.ready))
+	r.GET("/readyz", readyz(d.ready, d.degraded))
 	if d.cfg.MetricsOnHTTPAddr() {
 		r.GET("/metrics", gin.WrapH(d.metrics))
 	}
@@ -91,11 +94,23 @@ func admissionOptions(cfg config.Config) admission.Options {
 	return o
 }
 
-func readyz(ready func(context.Context) map[string]error) gin.HandlerFunc {
+func readyz(ready, degraded func(context.Context) map[string]error) gin.HandlerFunc {
 	return problem.Handle(func(c *gin.Context) error {
 		down := ready(c.Request.Context())
 		if len(down) == 0 {
-			c.JSON(http.StatusOK, gin.H{"status": "ready"})
+			body := gin.H{"status": "ready"}
+			if degraded != nil {
+				if d := degraded(c.Request.Context()); len(d) > 0 {
+					// Still ready: taking the instance out of the load
+					// balancer would refuse the orders whose events wait.
+					names := map[string]string{}
+					for name, err := range d {
+						names[name] = err.Error()
+					}
+					body["degraded"] = names
+				}
+			}
+			c.JSON(http.StatusOK, body)
 			return nil
 		}
 		names := make([]string, 0, len(down))

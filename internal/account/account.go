@@ -83,6 +83,9 @@ type LedgerEntry struct {
 	// balance audit counts the current history's rows only, the order
 	// audit all.
 	History int64 `gorm:"not null;default:0"`
+	// TransferID is shared by the two legs of one transfer (kind
+	// "transfer"), so that the audit can pair them; empty otherwise.
+	TransferID string `gorm:"size:32;not null;default:'';index"`
 }
 
 // Transfer is the result of a transfer, as the sender sees it: the
@@ -239,7 +242,7 @@ func (s *service) Transfer(ctx context.Context, from, to, amount int64) (Transfe
 	}
 	out := Transfer{From: from, To: to, Amount: amount}
 	idem.Answer(ctx, http.StatusOK, &out)
-	err := s.update(ctx, "transfer", []int64{from, to}, func(ctx context.Context, accts []*Account) error {
+	err := s.update(ctx, KindTransfer, []int64{from, to}, func(ctx context.Context, accts []*Account) error {
 		src, dst := accts[0], accts[1]
 		if src.Balance < amount {
 			return fmt.Errorf("%w: balance is %d cents, transfer asks %d", ErrInsufficientFunds, src.Balance, amount)

@@ -361,3 +361,46 @@ func TestPutBetweenALockedReadAndItsWriteFencesTheWrite(t *testing.T) {
 		})
 	}
 }
+
+// TestResetBetweenALockedReadAndItsWriteFencesTheWrite: a holder (token 5)
+// reads a balance of 100 and decides a deposit; before its write lands an
+// admin reset lays down the fixture (account 1 at 100,000). The reset
+// raises the version of every row it keeps, in its own transaction, so the
+// holder's write from the pre-reset balance is refused and the fixture's
+// balance stands.
+func TestResetBetweenALockedReadAndItsWriteFencesTheWrite(t *testing.T) {
+	for dbName, open := range databases() {
+		t.Run(dbName, func(t *testing.T) {
+			ctx := context.Background()
+			db := open(t)
+			s := NewStore(db.DB)
+			if _, err := s.Put(ctx, 1, 100); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.DB.Exec("UPDATE accounts SET fence = 4").Error; err != nil {
+				t.Fatal(err)
+			}
+			g := pauseBeforeWrite(t, s)
+			var seen []int64
+			done := update{"deposit", []int64{1}, map[int64]uint64{1: 5}, []int64{10}}.start(ctx, s, &seen)
+			select {
+			case <-g.paused:
+			case err := <-done:
+				t.Fatalf("the deposit ended before its write: %v", err)
+			}
+			if err := NewStore(db.DB).Reset(ctx, "default"); err != nil {
+				t.Fatal(err)
+			}
+			g.release()
+			if err := <-done; !errors.Is(err, optimistic.ErrConflict) {
+				t.Errorf("the deposit read before the reset: %v, want optimistic.ErrConflict", err)
+			}
+			if a, err := s.Get(ctx, 1); err != nil || a.Balance != 100_000 {
+				t.Errorf("balance %d (%v), want 100000: the fixture's", a.Balance, err)
+			}
+			if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+				t.Errorf("drift %v (%v), want none", drift, err)
+			}
+		})
+	}
+}

@@ -65,7 +65,11 @@ func (d *Domain) ForgetFences(ctx context.Context) error {
 
 // Checks are the account invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
-	return []audit.Check{{Name: "balance_drift", By: "by_account", Unit: "cents", Run: d.Store.Drift}}
+	return []audit.Check{
+		{Name: "balance_drift", By: "by_account", Unit: "cents", Run: d.Store.Drift},
+		{Name: "unpaired_transfer_cents", By: "by_transfer", Unit: "cents", Run: d.Store.UnpairedTransfers},
+		{Name: "unbalanced_money_cents", By: "by_scope", Unit: "cents", Run: d.Store.UnbalancedMoney},
+	}
 }
 
 type amountRequest struct {

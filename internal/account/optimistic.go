@@ -68,6 +68,7 @@ func (s *Store) UpdateVersioned(ctx context.Context, kind string, ids []int64, f
 	// half-way would leave its outcome unknown to the client.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
+	transfer := newTransferID(kind)
 	return s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
 		for _, a := range order {
 			was := read[a.ID]
@@ -83,7 +84,7 @@ func (s *Store) UpdateVersioned(ctx context.Context, kind string, ids []int64, f
 			if res.RowsAffected == 0 {
 				return fmt.Errorf("%w: account %d", optimistic.ErrMoved, a.ID)
 			}
-			if err := insertInHistory(tx, &LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind}); err != nil {
+			if err := insertInHistory(tx, &LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind, TransferID: transfer}); err != nil {
 				return err
 			}
 		}

@@ -103,6 +103,7 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 	// directions (the none baseline) cannot deadlock in the database.
 	order := slices.Clone(accts)
 	slices.SortFunc(order, func(a, b *Account) int { return compare(a.ID, b.ID) })
+	transfer := newTransferID(kind)
 	return s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
 		for _, a := range order {
 			delta := a.Balance - before[a.ID]
@@ -112,7 +113,7 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 			if err := writeBalance(tx, a, fences[a.ID]); err != nil {
 				return err
 			}
-			entry := LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind, Fence: fences[a.ID]}
+			entry := LedgerEntry{AccountID: a.ID, Amount: delta, Kind: kind, Fence: fences[a.ID], TransferID: transfer}
 			if err := insertInHistory(tx, &entry); err != nil {
 				return err
 			}
@@ -219,7 +220,7 @@ func insertInHistory(tx *gorm.DB, e *LedgerEntry) error {
 	}
 	return tx.Model(&LedgerEntry{}).Create(map[string]any{
 		"account_id": e.AccountID, "amount": e.Amount, "kind": e.Kind, "fence": e.Fence,
-		"created_at": e.CreatedAt, "order_id": e.OrderID,
+		"created_at": e.CreatedAt, "order_id": e.OrderID, "transfer_id": e.TransferID,
 		"history": gorm.Expr("(SELECT history FROM accounts WHERE id = ?)", e.AccountID),
 	}).Error
 }
@@ -278,7 +279,11 @@ func numbered(n int, balance int64) []Account {
 }
 
 // Reset replaces every account and the whole ledger, every history's, with
-// the fixture's accounts. Fences of accounts that stay are kept.
+// the fixture's accounts. Fences of accounts that stay are kept; their
+// history is raised, and upsert raises their version, in the same
+// transaction, as Put does: a
+// holder that claimed and read an account before the reset is refused when
+// it writes (optimistic.ErrConflict), whatever its token.
 func (s *Store) Reset(ctx context.Context, fixture string) error {
 	build, ok := fixtures[fixture]
 	if !ok {
@@ -294,6 +299,9 @@ func (s *Store) Reset(ctx context.Context, fixture string) error {
 			return err
 		}
 		if err := tx.Where("id NOT IN ?", ids).Delete(&Account{}).Error; err != nil {
+			return err
+		}
+		if err := tx.Exec("UPDATE accounts SET history = history + 1").Error; err != nil {
 			return err
 		}
 		return upsert(tx, accts)

@@ -237,6 +237,8 @@ type Config struct {
 	// (default 2) and SHOP_ADMISSION_MAX_LIMIT (default 1024): the bounds of
 	// each route's limit.
 	AdmissionMinLimit, AdmissionMaxLimit int
+	// Events are the order events' settings (SHOP_NATS_*, SHOP_EVENTS_*).
+	Events Events
 }
 
 // Load reads the configuration through getenv (os.Getenv in main). It
@@ -249,6 +251,7 @@ func Load(getenv func(string) string) (Config, error) {
 	p.process(&c)
 	p.envDefaults(&c)
 	p.crossCheck(&c)
+	p.events(&c)
 	p.secrets(&c)
 	p.backendNeeds(c)
 	return c, errors.Join(p.errs...)
@@ -354,8 +357,8 @@ func (c Config) EmbeddedRedis() bool { return len(c.RedisAddrs) == 0 }
 // LogValue prints the configuration with secrets masked, so that it can be
 // logged at start: the JWT secret, the admin token and the DSN password.
 func (c Config) LogValue() slog.Value {
-	attrs := append(c.serverAttrs(), c.strategyAttrs()...)
-	return slog.GroupValue(append(attrs, c.processAttrs()...)...)
+	attrs := slices.Concat(c.serverAttrs(), c.strategyAttrs(), c.processAttrs(), c.eventAttrs())
+	return slog.GroupValue(attrs...)
 }
 
 // serverAttrs are the settings servers reads.

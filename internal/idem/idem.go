@@ -39,9 +39,9 @@
 //
 // The proof that a keyed change happened is in the database, not in Redis:
 // the store that writes a change calls Save in the change's transaction,
-// with the answer the service gave Answer, and a Record (user and key as
-// primary key, fingerprint, status, body) commits with the change or not
-// at all. A request that Redis lets run looks for that record first and
+// with the answer the service gave Answer and the headers the handler
+// gave HeaderFor, and a Record (user and key as primary key, fingerprint,
+// status, headers, body) commits with the change or not at all. A request that Redis lets run looks for that record first and
 // replays it (a commit whose reply was lost, a record Redis lost); a
 // second run of one key cannot commit, its record colliding on the key.
 //
@@ -66,8 +66,16 @@
 // while its request runs, so that a crash blocks the key for one lease at
 // most. The lease is fenced by the record's own run number, not by a lock's
 // counter: a run whose lease lapsed and whose key was claimed again cannot
-// store or free it. A user holds at most Options.MaxTokens live tokens;
-// minting more is 429 idempotency-tokens-exhausted with Retry-After.
+// store or free it. Each claim carries an id of its own, kept on the
+// record: go-redis sends a script again when its connection drops before
+// the reply, and the resend of a claim that ran finds its own id and runs
+// the request, instead of answering 409 for a lease nobody else holds.
+// Minting (the token is named before the script) and the scripts fenced
+// by the run number are idempotent as they stand. A user holds at most
+// Options.MaxTokens live tokens;
+// minting more is 429 idempotency-tokens-exhausted with Retry-After. The
+// database's records outlive Redis's by a little: RunPruner deletes those
+// older than Options.TTL, on one instance at a time.
 //
 // Redis layout (one hash slot per user, so that it works on a Cluster):
 //
@@ -90,6 +98,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
 )
@@ -188,6 +197,7 @@ type Options struct {
 type Idem struct {
 	client redis.UniversalClient
 	o      Options
+	pruned prometheus.Counter
 }
 
 // New returns an Idem keeping its records in client (a single node, a
@@ -205,7 +215,7 @@ func New(client redis.UniversalClient, o Options) (*Idem, error) {
 	if o.MaxTokens <= 0 {
 		o.MaxTokens = DefaultMaxTokens
 	}
-	return &Idem{client: client, o: o}, nil
+	return &Idem{client: client, o: o, pruned: newPrunedCounter()}, nil
 }
 
 // keys are a key's record and its lease. The key itself is hashed: it may
@@ -281,7 +291,7 @@ func (m *Idem) claim(ctx context.Context, user int64, key, fp string, required b
 		req = "1"
 	}
 	res, err := claimScript.Run(ctx, m.client, []string{recKey, leaseKey},
-		fp, m.o.Lease.Milliseconds(), m.o.TTL.Milliseconds(), req).StringSlice()
+		fp, m.o.Lease.Milliseconds(), m.o.TTL.Milliseconds(), req, rand.Text()).StringSlice()
 	if err != nil {
 		return 0, "", record{}, fmt.Errorf("idem: claim key: %w", err)
 	}

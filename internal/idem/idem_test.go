@@ -20,6 +20,7 @@ import (
 
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/problem"
+	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/testenv"
 )
 
@@ -583,4 +584,26 @@ func TestRecordExpiringMidRunKeepsKeyInUse(t *testing.T) {
 		t.Fatalf("the handler ran %d times with one key at once; the duplicate got %d %s", n, w.Code, w.Body)
 	}
 	want(t, w, http.StatusConflict, "idempotency-key-in-use")
+}
+
+// TestAClaimWhoseReplyIsLostStillRuns: the claim of a key runs, then the
+// connection drops before its reply (a failover, a cut link), and the
+// client sends it again. The resend must find its own claim, not a
+// request in flight that holds the key: the request runs once, answered
+// 201, rather than 409 with the key blocked for a lease by nobody.
+func TestAClaimWhoseReplyIsLostStillRuns(t *testing.T) {
+	ctx := context.Background()
+	direct := singleNode(t)
+	t.Cleanup(func() { direct.Close() })
+	// Loaded beforehand, so that the lost reply is the claim's, not a
+	// NOSCRIPT that go-redis answers with EVAL.
+	if err := claimScript.Load(ctx, direct).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cutter, via := shoptest.NewReplyCutter(t, testenv.Require(t, "SHOP_TEST_REDIS_ADDR"), []byte(claimScript.Hash()))
+	f := newFixtureOn(t, redis.NewClient(&redis.Options{Addr: via}), Options{})
+	want(t, f.do("POST", optional, 1, uuid(), `{"a":1}`), http.StatusCreated, `"call":1`)
+	if !cutter.Cut() {
+		t.Fatal("no reply was lost: the test proves nothing")
+	}
 }

@@ -24,6 +24,18 @@ import (
 // (Date, X-Request-Id, Retry-After) belong to the answer they were sent with.
 var storedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
 
+// storedHeaderJSON is the JSON of h's storedHeaders, as a record keeps them.
+func storedHeaderJSON(h http.Header) string {
+	kept := map[string]string{}
+	for _, name := range storedHeaders {
+		if v := h.Get(name); v != "" {
+			kept[name] = v
+		}
+	}
+	j, _ := json.Marshal(kept) // a map of strings always encodes
+	return string(j)
+}
+
 // maxStoredBody caps what is kept per key; a larger response is sent but
 // not stored, and the key is freed.
 const maxStoredBody = 1 << 20
@@ -344,13 +356,7 @@ func (m *Idem) free(ctx context.Context, recKey, leaseKey, run string) {
 // store keeps the response captured in w as the key's answer, unless a
 // later run claimed the key.
 func (m *Idem) store(ctx context.Context, w *capture, recKey, leaseKey, run, fp string) {
-	header := map[string]string{}
-	for _, name := range storedHeaders {
-		if v := w.Header().Get(name); v != "" {
-			header[name] = v
-		}
-	}
-	hj, _ := json.Marshal(header)
+	hj := storedHeaderJSON(w.Header())
 	rid := w.Header().Get(problem.RequestIDHeader)
 	status := w.Status()
 	stored, err := storeScript.Run(ctx, m.client, []string{recKey, leaseKey}, run, fp, status, hj, w.body.Bytes(), rid).Int()

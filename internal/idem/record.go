@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"net/http"
 	"time"
 
 	"gorm.io/gorm"
@@ -18,14 +20,14 @@ import (
 // Redis keeps the in-flight lease and a copy of the answer; this row is
 // what a retry finds when the commit's reply was lost or Redis forgot.
 type Record struct {
-	UserID      int64  `gorm:"primaryKey;autoIncrement:false"`
-	KeyHash     string `gorm:"primaryKey;size:32"` // the key's sha256, as Redis names it
-	Fingerprint string `gorm:"size:64;not null"`
-	Status      int    `gorm:"not null"`
-	Header      string `gorm:"size:1024;not null"` // JSON of the stored headers
-	Body        string `gorm:"type:mediumtext;not null"`
-	RequestID   string `gorm:"size:64;not null;default:''"`
-	CreatedAt   time.Time
+	UserID      int64     `gorm:"primaryKey;autoIncrement:false"`
+	KeyHash     string    `gorm:"primaryKey;size:32"` // the key's sha256, as Redis names it
+	Fingerprint string    `gorm:"size:64;not null"`
+	Status      int       `gorm:"not null"`
+	Header      string    `gorm:"size:1024;not null"` // JSON of the stored headers
+	Body        string    `gorm:"type:mediumtext;not null"`
+	RequestID   string    `gorm:"size:64;not null;default:''"`
+	CreatedAt   time.Time `gorm:"index"` // the pruner's order
 }
 
 // TableName keeps the table's name independent of the type's.
@@ -38,9 +40,9 @@ func Models() []any { return []any{&Record{}} }
 // its change first. It is also answered 409 idempotency-key-in-use.
 var ErrKeyTaken = errors.New("(the key was recorded by another run)")
 
-// jsonHeader is the Content-Type gin's c.JSON sends, which a replay of a
-// recorded answer sends again.
-const jsonHeader = `{"Content-Type":"application/json; charset=utf-8"}`
+// jsonContentType is the Content-Type gin's c.JSON sends, which a replay
+// of a recorded answer sends again.
+const jsonContentType = "application/json; charset=utf-8"
 
 // attempt is a keyed request that runs, as its context carries it to the
 // store that writes its effect.
@@ -49,6 +51,7 @@ type attempt struct {
 	key, fp, rid    string
 	status          int
 	answer          any
+	header          func(answer any) http.Header
 	recorded, taken bool
 }
 
@@ -73,10 +76,27 @@ func Answer(ctx context.Context, status int, v any) {
 	}
 }
 
+// HeaderFor tells the keyed request ctx carries, if any, the headers its
+// handler will answer with besides Content-Type, made from the answer
+// (the *T given to Answer) when Save records it: a Location naming the id
+// the insert assigned is known only then. The handler sends header(answer)
+// itself, so that the recorded answer is the one the client got.
+func HeaderFor[T any](ctx context.Context, header func(*T) http.Header) {
+	if a := attemptOf(ctx); a != nil {
+		a.header = func(answer any) http.Header {
+			if v, ok := answer.(*T); ok {
+				return header(v)
+			}
+			return nil
+		}
+	}
+}
+
 // Save inserts, in the transaction tx of the change, the record of the
-// keyed request ctx carries, with the answer given to Answer. Without a key,
-// or without an answer, it does nothing. Stores call it last in the
-// transaction that writes the change.
+// keyed request ctx carries, with the answer given to Answer and the
+// headers HeaderFor makes of it. Without a key, or without an answer, it
+// does nothing. Stores call it last in the transaction that writes the
+// change.
 //
 // If the key was recorded already (another run of the same key, whose
 // lease in Redis lapsed, committed first), Save fails with 409
@@ -92,8 +112,12 @@ func Save(ctx context.Context, tx *gorm.DB) error {
 	if err != nil {
 		return fmt.Errorf("idem: encode the answer: %w", err)
 	}
+	header := http.Header{"Content-Type": {jsonContentType}}
+	if a.header != nil {
+		maps.Copy(header, a.header(a.answer))
+	}
 	rec := Record{UserID: a.user, KeyHash: recordName(a.key), Fingerprint: a.fp, Status: a.status,
-		Header: jsonHeader, Body: string(body), RequestID: a.rid}
+		Header: storedHeaderJSON(header), Body: string(body), RequestID: a.rid}
 	err = tx.Create(&rec).Error
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
 		a.taken = true

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 
@@ -52,5 +53,34 @@ func TestASecondRunOfOneKeyCannotCommitItsChange(t *testing.T) {
 	rec, found, err := (&Idem{o: Options{DB: db.DB}}).lookup(ctx, 1, "k")
 	if err != nil || !found || rec.status != http.StatusOK || rec.body != `{"moved":250}` {
 		t.Fatalf("record %+v found %v (%v); want the first run's answer", rec, found, err)
+	}
+}
+
+// TestARecordKeepsTheHeadersItsHandlerAnswersWith: the headers a handler
+// makes of its answer (a Location naming the id the insert assigned) are
+// recorded with it, so that a replay from the database carries them.
+func TestARecordKeepsTheHeadersItsHandlerAnswersWith(t *testing.T) {
+	ctx := context.Background()
+	db, err := storage.Open(ctx, storage.Options{SQLitePath: t.TempDir() + "/idem.db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Migrate(ctx, Models()...); err != nil {
+		t.Fatal(err)
+	}
+	type placed struct{ ID int64 }
+	run := withAttempt(ctx, &attempt{user: 1, key: "k", fp: "fp"})
+	HeaderFor(run, func(p *placed) http.Header { return http.Header{"Location": {fmt.Sprintf("/orders/%d", p.ID)}} })
+	var p placed
+	Answer(run, http.StatusCreated, &p)
+	p.ID = 42 // assigned by the insert, before Save
+	if err := db.Transaction(func(tx *gorm.DB) error { return Save(run, tx) }); err != nil {
+		t.Fatal(err)
+	}
+	rec, found, err := (&Idem{o: Options{DB: db.DB}}).lookup(ctx, 1, "k")
+	want := `{"Content-Type":"application/json; charset=utf-8","Location":"/orders/42"}`
+	if err != nil || !found || rec.header != want {
+		t.Fatalf("record headers %s (found %v, %v), want %s", rec.header, found, err, want)
 	}
 }

@@ -59,6 +59,8 @@ func (d *Domain) Checks() []audit.Check {
 	checks := []audit.Check{
 		{Name: "oversold_units", By: "by_sku", Unit: "units", Run: d.Store.Oversold},
 		{Name: "stock_drift", By: "by_sku", Unit: "units", Run: d.Store.StockDrift},
+		{Name: "over_limit_units", By: "by_sku_user", Unit: "units", Run: d.Store.OverLimit},
+		{Name: "miscounted_limit_units", By: "by_sku_user", Unit: "units", Run: d.Store.MiscountedLimit},
 	}
 	if d.Store.mirror != nil {
 		checks = append(checks, audit.Check{Name: "mirror_drift", By: "by_sku", Unit: "units", Run: d.Store.MirrorDrift})

@@ -208,6 +208,7 @@ func assertNoDrift(t *testing.T, store *Store) {
 	ctx := context.Background()
 	for name, check := range map[string]func(context.Context) (map[string]int64, error){
 		"oversold": store.Oversold, "stock drift": store.StockDrift,
+		"over limit": store.OverLimit, "miscounted limit": store.MiscountedLimit,
 	} {
 		d, err := check(ctx)
 		if err != nil || len(d) != 0 {
@@ -497,4 +498,52 @@ func openBackend(t *testing.T, name string, s registry.Settings) lockkit.Locker 
 		t.Fatal(err)
 	}
 	return l
+}
+
+// TestResetBetweenALockedReadAndItsWriteFencesTheWrite: a holder (token 5)
+// reads a stock of 10 and decides a sale; before its write lands an admin
+// reset lays down the fixture (phone-x at 50). The reset raises the
+// version of every row it keeps and starts a new sale, in its own
+// transaction, so the holder's write from the pre-reset stock is refused
+// and the fixture's stock stands.
+func TestResetBetweenALockedReadAndItsWriteFencesTheWrite(t *testing.T) {
+	for dbName, newDB := range databases(t) {
+		t.Run(dbName, func(t *testing.T) {
+			ctx := context.Background()
+			db := newDB(t)
+			s := NewStore(db.DB, nil)
+			if _, err := s.Put(ctx, Product{SKU: "phone-x", Name: "phone", Stock: 10, PriceCents: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.DB.Exec("UPDATE products SET fence = 4").Error; err != nil {
+				t.Fatal(err)
+			}
+			paused, wake := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			release := func() { once.Do(func() { close(wake) }) }
+			t.Cleanup(release)
+			s.beforeWrite = func(context.Context) { close(paused); <-wake }
+			done := make(chan error, 1)
+			go func() {
+				p := Purchase{SKU: "phone-x", UserID: 1, Quantity: 1, Strategy: StrategyLock}
+				done <- s.Update(ctx, &p, 5, func(_ context.Context, prod *Product) error { prod.Stock--; return nil })
+			}()
+			select {
+			case <-paused:
+			case err := <-done:
+				t.Fatalf("the sale ended before its write: %v", err)
+			}
+			if err := NewStore(db.DB, nil).Reset(ctx, "default"); err != nil {
+				t.Fatal(err)
+			}
+			release()
+			if err := <-done; !errors.Is(err, optimistic.ErrConflict) {
+				t.Errorf("the sale read before the reset: %v, want optimistic.ErrConflict", err)
+			}
+			if p, err := s.Get(ctx, "phone-x"); err != nil || p.Stock != 50 {
+				t.Errorf("stock %d (%v), want 50: the fixture's", p.Stock, err)
+			}
+			assertNoDrift(t, s)
+		})
+	}
 }

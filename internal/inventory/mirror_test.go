@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -180,4 +181,74 @@ func stockedMirror(t *testing.T, sku string) (*Store, *Mirror) {
 		t.Fatal(err)
 	}
 	return store, m
+}
+
+// cutMirror is a mirror of sku holding stock on the real Redis, and the
+// same mirror seen through a proxy that loses the reply of the first
+// command naming sku's mirror.
+func cutMirror(t *testing.T, sku string, stock int64) (direct, cut *Mirror, cutter *shoptest.ReplyCutter) {
+	t.Helper()
+	addr := shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")
+	ctx := context.Background()
+	dc := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { dc.Close() })
+	prefix := shoptest.Prefix("inventory")
+	direct = NewMirror(dc, prefix)
+	t.Cleanup(func() { dc.Del(context.Background(), direct.keys(sku)...) })
+	if err := dc.Set(ctx, direct.key(sku), stock, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Loaded beforehand, so that the lost reply is the script's, not a
+	// NOSCRIPT that go-redis answers with EVAL.
+	for _, sc := range []*redis.Script{takeScript, giveBackScript} {
+		if err := sc.Load(ctx, dc).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cutter, via := shoptest.NewReplyCutter(t, addr, []byte(direct.key(sku)))
+	pc := redis.NewClient(&redis.Options{Addr: via, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { pc.Close() })
+	return direct, NewMirror(pc, prefix), cutter
+}
+
+func mirrorStock(t *testing.T, m *Mirror, sku string) int64 {
+	t.Helper()
+	n, err := m.client.Get(context.Background(), m.key(sku)).Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestATakeWhoseReplyIsLostTakesOnce: the mirror's decrement runs, then
+// the connection drops before its reply (a failover, a cut link); the
+// client sends it again. One sale of one unit must take one unit.
+func TestATakeWhoseReplyIsLostTakesOnce(t *testing.T) {
+	direct, cut, cutter := cutMirror(t, "cut", 10)
+	noLoad := func(context.Context, string) (Product, error) {
+		t.Error("the mirror was loaded: it holds the stock")
+		return Product{}, errors.New("no load")
+	}
+	if _, err := cut.Take(context.Background(), "cut", 1, noLoad); err != nil {
+		t.Logf("take with its reply lost: %v (an unknown outcome)", err)
+	}
+	if !cutter.Cut() {
+		t.Fatal("no reply was lost: the test proves nothing")
+	}
+	if n := mirrorStock(t, direct, "cut"); n != 9 {
+		t.Errorf("mirror holds %d, want 9: one unit taken", n)
+	}
+}
+
+// TestAGiveBackWhoseReplyIsLostGivesOnce: the same for the units given
+// back after the database refused a sale.
+func TestAGiveBackWhoseReplyIsLostGivesOnce(t *testing.T) {
+	direct, cut, cutter := cutMirror(t, "cut", 9)
+	cut.GiveBack(context.Background(), "cut", 1, 0)
+	if !cutter.Cut() {
+		t.Fatal("no reply was lost: the test proves nothing")
+	}
+	if n := mirrorStock(t, direct, "cut"); n != 10 {
+		t.Errorf("mirror holds %d, want 10: one unit given back", n)
+	}
 }

@@ -368,7 +368,11 @@ var fixtures = map[string][]Product{
 }
 
 // Reset replaces every product, purchase and per-user total with the
-// fixture's products. Fences of products that stay are kept.
+// fixture's products. Fences of products that stay are kept, and each
+// starts a new sale with a new version in the same transaction, as Put
+// does: a holder that claimed and read a product before the reset is
+// refused when it writes (optimistic.ErrConflict), whatever its token, and
+// a row written in the old sale does not count in the new one.
 func (s *Store) Reset(ctx context.Context, fixture string) error {
 	ps, ok := fixtures[fixture]
 	if !ok {
@@ -406,6 +410,9 @@ func replaceProducts(tx *gorm.DB, ps []Product, skus []string) (old []string, er
 		}
 	}
 	if err := tx.Where("sku NOT IN ?", skus).Delete(&Product{}).Error; err != nil {
+		return nil, err
+	}
+	if err := tx.Exec("UPDATE products SET sale = sale + 1, version = version + 1").Error; err != nil {
 		return nil, err
 	}
 	return old, upsert(tx, ps)

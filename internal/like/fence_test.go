@@ -90,3 +90,49 @@ func TestDriftReportsFailedSetRead(t *testing.T) {
 		t.Fatalf("Drift = %v, nil with an unreadable liker set; want an error", drift)
 	}
 }
+
+// TestResetBetweenACheckAndItsWriteFencesTheWrite: user 1 likes post 1;
+// a holder (token 5) then checks for an unlike and finds the like; before
+// it writes, an admin reset empties the set and the counter. The holder's
+// write from its pre-reset check must be refused: landing, it would take a
+// like off a counter that no longer holds it.
+func TestResetBetweenACheckAndItsWriteFencesTheWrite(t *testing.T) {
+	client := nodeClient(t)
+	s := newService(t, client, Options{Locker: lockkit.None()})
+	ctx := context.Background()
+	e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 1} // in the fixture
+	if _, err := s.Register(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	sp := s.strategy.(*spread)
+	if err := sp.setFenced(ctx, e, 1, true, 4); err != nil {
+		t.Fatal(err)
+	}
+	paused, wake := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(wake) }) }
+	t.Cleanup(release)
+	sp.beforeWrite = func(context.Context) { close(paused); <-wake }
+	done := make(chan error, 1)
+	go func() { done <- sp.setFenced(ctx, e, 1, false, 5) }()
+	select {
+	case <-paused:
+	case err := <-done:
+		t.Fatalf("the unlike ended before its write: %v", err)
+	}
+	sp.beforeWrite = nil
+	if err := s.Reset(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if err := <-done; !errors.Is(err, lockkit.ErrFenced) {
+		t.Errorf("the unlike checked before the reset: %v, want ErrFenced", err)
+	}
+	if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+		t.Errorf("drift %v (%v), want none", drift, err)
+	}
+	// The next holder's token (6 on a backend that counts by one) works.
+	if err := sp.setFenced(ctx, e, 1, true, 6); err != nil {
+		t.Errorf("the next holder after the reset: %v, want success", err)
+	}
+}

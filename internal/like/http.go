@@ -19,6 +19,11 @@ func Problems() []problem.Mapping {
 		{Target: ErrEntityNotFound, Status: http.StatusNotFound, Slug: "entity-not-found", Title: "Entity not found"},
 		{Target: ErrOwnerConflict, Status: http.StatusConflict, Slug: "owner-conflict", Title: "Entity has another owner"},
 		{Target: ErrInvalidEntity, Status: http.StatusBadRequest, Slug: "invalid-input", Title: "Invalid input"},
+		// No Retry-After, as for the database's lost commit reply: the
+		// change may have landed.
+		{Target: ErrOutcomeUnknown, Status: http.StatusServiceUnavailable, Slug: "outcome-unknown", Title: "Outcome unknown",
+			Detail: "the Redis connection broke before it confirmed this like or unlike, which may or may not have been applied; " +
+				"sending it again is safe (a like or unlike is idempotent per user), and GET /api/v1/likes/{type}/{id} shows the like as it stands"},
 	}
 }
 

@@ -45,6 +45,12 @@ var (
 	ErrOwnerConflict = errors.New("entity registered with another owner")
 	// ErrInvalidEntity: a type, id or owner id that is not well-formed.
 	ErrInvalidEntity = errors.New("invalid entity")
+	// ErrOutcomeUnknown: a write of the like or unlike was sent and no
+	// reply came, resends included: the liker set and the owner's counter
+	// may or may not show it. Sending the change again is safe (it is
+	// idempotent per user); the audit's like_drift shows whether the pair
+	// still agrees.
+	ErrOutcomeUnknown = errors.New("the like's outcome is unknown")
 )
 
 var (
@@ -56,11 +62,14 @@ var (
 	toggleLua string
 	//go:embed drift.lua
 	driftLua string
+	//go:embed count.lua
+	countLua string
 
 	checkScript  = redis.NewScript(checkLua)
 	writeScript  = redis.NewScript(writeLua)
 	toggleScript = redis.NewScript(toggleLua)
 	driftScript  = redis.NewScript(driftLua)
+	countScript  = redis.NewScript(countLua)
 )
 
 // Types and ids become parts of Redis keys: no ':' and no braces, which
@@ -176,6 +185,26 @@ type keys struct{ prefix string }
 
 // entity maps an entity to its owner's id.
 func (k keys) entity(r Ref) string { return k.prefix + "entity:" + r.String() }
+
+// fence is the lock strategy's fence of r's liker set, in the set's slot.
+// It is the one key of the domain a reset keeps (see Reset).
+func (k keys) fence(r Ref) string { return k.prefix + "{" + r.String() + "}:fence" }
+
+// isFence reports whether key is the fence of some entity: the whole key
+// spelled by fence, not a suffix, since an entity may be named "fence".
+func (k keys) isFence(key string) bool {
+	rest, ok := strings.CutPrefix(key, k.prefix+"{")
+	if !ok {
+		return false
+	}
+	ref, ok := strings.CutSuffix(rest, "}:fence")
+	if !ok {
+		return false
+	}
+	typ, id, _ := strings.Cut(ref, ":")
+	r := Ref{Type: typ, ID: id}
+	return r.Validate() == nil && k.fence(r) == key
+}
 
 // owners is the set of every owner with a registered entity: what the audit
 // walks.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/testenv"
 )
 
@@ -46,11 +47,13 @@ func testPrefix(t *testing.T) string {
 	return "like_test:" + hex.EncodeToString(b) + ":"
 }
 
-// newService builds a Service under a fresh prefix and deletes its keys
-// when the test ends.
+// newService builds a Service under o.Prefix (a fresh one if empty) and
+// deletes its keys when the test ends.
 func newService(t *testing.T, client redis.UniversalClient, o Options) *Service {
 	t.Helper()
-	o.Prefix = testPrefix(t)
+	if o.Prefix == "" {
+		o.Prefix = testPrefix(t)
+	}
 	s, err := New(client, o)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +73,7 @@ func (s *Service) clearAll(ctx context.Context) error {
 		return err
 	}
 	del := func(ctx context.Context, node redis.UniversalClient) error {
-		it := node.Scan(ctx, 0, s.k.prefix+"*", 500).Iterator()
+		it := node.Scan(ctx, 0, globEscape(s.k.prefix)+"*", 500).Iterator()
 		for it.Next(ctx) {
 			if err := node.Unlink(ctx, it.Val()).Err(); err != nil {
 				return err
@@ -374,8 +377,8 @@ func TestReset(t *testing.T) {
 	if err != nil || st.Likes != 0 || st.Liked {
 		t.Fatalf("after reset: %+v, %v; want 0 likes", st, err)
 	}
-	if after, err := client.Get(ctx, fence).Result(); err != nil || after != before {
-		t.Fatalf("fence after reset: %q, %v; want %q kept", after, err, before)
+	if after, err := client.Get(ctx, fence).Int64(); err != nil || strconv.FormatInt(after-1, 10) != before {
+		t.Fatalf("fence after reset: %d, %v; want %s raised by one", after, err, before)
 	}
 	for i := 1; i <= 5; i++ {
 		if _, err := s.Get(ctx, 1, Ref{Type: "post", ID: strconv.Itoa(i)}); err != nil {
@@ -423,5 +426,151 @@ func BenchmarkLike(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestResetRemovesExactlyItsKeys: entities whose ids are the suffixes of
+// other keys (fence, likers) are forgotten by a reset like any other,
+// under both strategies, with prefixes holding glob characters; a service
+// whose prefix those characters would match keeps its likes; only the
+// lock strategy's fence keys stay, matched by their full form.
+func TestResetRemovesExactlyItsKeys(t *testing.T) {
+	client := nodeClient(t)
+	ctx := context.Background()
+	for _, strategy := range []string{StrategyLock, StrategyHashTag} {
+		for _, glob := range []struct{ own, neighbour string }{
+			{own: "*", neighbour: "zz"},  // base*like:* would match basezzlike:…
+			{own: "[x]", neighbour: "x"}, // base[x]like:* would match basexlike:…
+		} {
+			t.Run(strategy+"/"+glob.own, func(t *testing.T) {
+				base := testPrefix(t)
+				o := Options{Strategy: strategy, Locker: redisLocker(t, client)}
+				o.Prefix = base + glob.own
+				s := newService(t, client, o)
+				o.Prefix = base + glob.neighbour
+				neighbour := newService(t, client, o)
+				odd := []Ref{{Type: "post", ID: "fence"}, {Type: "post", ID: "likers"}}
+				for _, svc := range []*Service{s, neighbour} {
+					for _, r := range odd {
+						if _, err := svc.Register(ctx, Entity{Ref: r, Owner: 1}); err != nil {
+							t.Fatal(err)
+						}
+						if _, err := svc.Like(ctx, 2, r); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				if err := s.Reset(ctx, "default"); err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range odd {
+					if _, err := s.Get(ctx, 2, r); !errors.Is(err, ErrEntityNotFound) {
+						t.Errorf("%s after the reset: %v, want ErrEntityNotFound", r, err)
+					}
+					if st, err := neighbour.Get(ctx, 2, r); err != nil || st.Likes != 1 || !st.Liked {
+						t.Errorf("the neighbour's %s after the reset: %+v, %v; want its one like", r, st, err)
+					}
+				}
+				keys, err := client.Keys(ctx, globEscape(s.k.prefix)+"*").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range keys {
+					if strings.Contains(k, "post:fence") || strings.Contains(k, "post:likers") {
+						if !s.k.isFence(k) {
+							t.Errorf("key %q survived the reset", k)
+						}
+					}
+				}
+				if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+					t.Errorf("drift %v, %v; want none", drift, err)
+				}
+			})
+		}
+	}
+}
+
+// TestALikeWhoseCounterReplyIsLostCountsOnce: the owner's counter moves,
+// then the connection drops before its reply arrives (a failover, a cut
+// link). The client sends the command again on a new connection; the like
+// must still count once, under both strategies.
+func TestALikeWhoseCounterReplyIsLostCountsOnce(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	for _, strategy := range []string{StrategyLock, StrategyHashTag} {
+		t.Run(strategy, func(t *testing.T) {
+			ctx := context.Background()
+			direct := nodeClient(t)
+			o := Options{Strategy: strategy, Locker: lockkit.None(), Prefix: testPrefix(t)}
+			s := newService(t, direct, o)
+			e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 7}
+			if _, err := s.Register(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			// Loaded beforehand, so that the lost reply is the command's,
+			// not a NOSCRIPT that go-redis answers with EVAL.
+			for _, sc := range []*redis.Script{checkScript, writeScript, toggleScript, countScript} {
+				if err := sc.Load(ctx, direct).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cutter, via := shoptest.NewReplyCutter(t, addr, []byte(s.strategy.received(e.Owner)))
+			proxied := redis.NewClient(&redis.Options{Addr: via, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { proxied.Close() })
+			ps, err := New(proxied, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ps.Like(ctx, 2, e.Ref); err != nil {
+				t.Logf("like with its reply lost: %v (an unknown outcome)", err)
+			}
+			if !cutter.Cut() {
+				t.Fatal("no reply was lost: the test proves nothing")
+			}
+			if n, err := s.Received(ctx, e.Owner); err != nil || n != 1 {
+				t.Errorf("owner's count %d (%v), want 1: one like", n, err)
+			}
+			if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+				t.Errorf("drift %v (%v), want none", drift, err)
+			}
+		})
+	}
+}
+
+// TestALikeWhoseCounterNeverAnswersIsAnUnknownOutcome: every reply of the
+// counter's command is lost, resends included. The set has changed and
+// the counter may have: the like must answer an unknown outcome, not
+// "nothing was changed", and the counter must have moved once however
+// often it was sent.
+func TestALikeWhoseCounterNeverAnswersIsAnUnknownOutcome(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	ctx := context.Background()
+	direct := nodeClient(t)
+	o := Options{Locker: lockkit.None(), Prefix: testPrefix(t)}
+	s := newService(t, direct, o)
+	e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 7}
+	if _, err := s.Register(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []*redis.Script{checkScript, writeScript, countScript} {
+		if err := sc.Load(ctx, direct).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cutter, via := shoptest.NewReplyCutter(t, addr, []byte(s.strategy.received(e.Owner)))
+	cutter.CutEvery()
+	proxied := redis.NewClient(&redis.Options{Addr: via, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { proxied.Close() })
+	ps, err := New(proxied, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ps.Like(ctx, 2, e.Ref); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Errorf("like whose count never answered: %v, want ErrOutcomeUnknown", err)
+	}
+	if n, err := s.Received(ctx, e.Owner); err != nil || n != 1 {
+		t.Errorf("owner's count %d (%v), want 1: one like, however often sent", n, err)
+	}
+	if drift, err := s.Drift(ctx); err != nil || len(drift) != 0 {
+		t.Errorf("drift %v (%v), want none", drift, err)
 	}
 }

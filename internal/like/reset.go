@@ -2,6 +2,8 @@ package like
 
 import (
 	"context"
+	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -27,9 +29,11 @@ func posts(n, owners int) []Entity {
 }
 
 // Reset deletes every like, counter and registration, then registers the
-// fixture's entities. It implements audit.Resetter. Fence keys stay: a
-// holder of a lock taken before the reset must still be refused. Run it
-// while no traffic flows: a like in flight may land in the new state.
+// fixture's entities. It implements audit.Resetter. Fence keys stay, each
+// raised by one: a holder of a lock taken before the reset must still be
+// refused, and one that checked a set before the reset must not write the
+// new one from what it saw (raise_fence.lua). Run it while no traffic
+// flows: an unfenced like in flight may land in the new state.
 func (s *Service) Reset(ctx context.Context, fixture string) error {
 	build, ok := fixtures[fixture]
 	if !ok {
@@ -46,10 +50,44 @@ func (s *Service) Reset(ctx context.Context, fixture string) error {
 	return nil
 }
 
+//go:embed raise_fence.lua
+var raiseFenceLua string
+
+var raiseFenceScript = redis.NewScript(raiseFenceLua)
+
+// raiseFence raises the fence key by one (raise_fence.lua).
+func raiseFence(ctx context.Context, node redis.UniversalClient, key string) error {
+	v, err := node.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return fmt.Errorf("fence %s holds %q: %w", key, v, err)
+	}
+	return raiseFenceScript.Run(ctx, node, []string{key}, v, strconv.FormatUint(n+1, 10)).Err()
+}
+
+// globEscape quotes the characters SCAN's MATCH pattern would read as a
+// glob, so that a prefix holding them matches only itself.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`\*?[]`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // clear deletes the domain's keys on every master: SCAN sees one node only.
 func (s *Service) clear(ctx context.Context) error {
 	scan := func(ctx context.Context, node redis.UniversalClient) error {
-		it := node.Scan(ctx, 0, s.k.prefix+"*", 500).Iterator()
+		it := node.Scan(ctx, 0, globEscape(s.k.prefix)+"*", 500).Iterator()
 		var batch []string
 		flush := func() error {
 			if len(batch) == 0 {
@@ -66,8 +104,10 @@ func (s *Service) clear(ctx context.Context) error {
 			batch = batch[:0]
 			return err
 		}
+		var fences []string
 		for it.Next(ctx) {
-			if strings.HasSuffix(it.Val(), ":fence") {
+			if s.k.isFence(it.Val()) {
+				fences = append(fences, it.Val())
 				continue
 			}
 			batch = append(batch, it.Val())
@@ -80,7 +120,15 @@ func (s *Service) clear(ctx context.Context) error {
 		if err := it.Err(); err != nil {
 			return err
 		}
-		return flush()
+		if err := flush(); err != nil {
+			return err
+		}
+		for _, f := range fences {
+			if err := raiseFence(ctx, node, f); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	if cluster, ok := s.client.(*redis.ClusterClient); ok {
 		return cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {

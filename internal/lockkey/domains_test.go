@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
 	"github.com/lockbench/shop/internal/lockkey"
@@ -26,6 +27,7 @@ func TestDomainKeysAreByteIdentical(t *testing.T) {
 		{like.Key(like.Ref{Type: "post", ID: "7"}), "lock:like:post:7", lockkey.Like},
 		{order.Key(9), "lock:order:9", lockkey.Order},
 		{order.LeaderKey, "lock:order-closer", lockkey.OrderCloser},
+		{idem.PrunerKey, "lock:idem-pruner", lockkey.IdemPruner},
 	} {
 		if got := tc.key.String(); got != tc.want {
 			t.Errorf("key %q, want %q", got, tc.want)

@@ -32,6 +32,11 @@ const (
 	Order Class = "order"
 	// OrderCloser is the order closer's leader lease: lock:order-closer.
 	OrderCloser Class = "order-closer"
+	// EventRelay is the outbox relay's leader lease: lock:event-relay.
+	EventRelay Class = "event-relay"
+	// IdemPruner is the idempotency record pruner's leader lease:
+	// lock:idem-pruner.
+	IdemPruner Class = "idem-pruner"
 )
 
 // Key is one lock key with its class. The zero Key is no key.

@@ -21,6 +21,8 @@ func TestKeysAreByteIdentical(t *testing.T) {
 		{lockkey.Like.Key("post", "7"), "lock:like:post:7", "like"},
 		{lockkey.Order.Key("9"), "lock:order:9", "order"},
 		{lockkey.OrderCloser.Key(), "lock:order-closer", "order-closer"},
+		{lockkey.EventRelay.Key(), "lock:event-relay", "event-relay"},
+		{lockkey.IdemPruner.Key(), "lock:idem-pruner", "idem-pruner"},
 	} {
 		if got := tc.key.String(); got != tc.want {
 			t.Errorf("key %q, want %q", got, tc.want)

@@ -19,8 +19,8 @@ func TestClosersWhoseLocksDoNotExcludeEachOtherStillMoveEachOrderOnce(t *testing
 	a, b := local.New(), local.New()
 	defer a.Close()
 	defer b.Close()
-	services := append(s.instances(1, a, 100*time.Millisecond), s.instances(1, b, 100*time.Millisecond)...)
-	services = append(services, s.instances(1, s.locker, 100*time.Millisecond)...)
+	services := append(s.raceInstances(1, a), s.raceInstances(1, b)...)
+	services = append(services, s.raceInstances(1, s.locker)...)
 	s.raceCloseAndPay(services, 6)
 	s.auditOK()
 }

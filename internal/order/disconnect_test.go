@@ -99,7 +99,7 @@ func TestClientHangUpAtEachStepOfPlace(t *testing.T) {
 			if err != nil || o.Status != StatusPaid || existing != st.committed {
 				t.Fatalf("retry: %+v existing %v, %v", o, existing, err)
 			}
-			want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2}
+			want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2, events: 2}
 			if got := s.state(); got != want {
 				t.Fatalf("after the retry: %+v; want %+v", got, want)
 			}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,6 +26,7 @@ func Problems() []problem.Mapping {
 		{Target: ErrCancelled, Status: http.StatusConflict, Slug: "order-cancelled", Title: "Order cancelled"},
 		{Target: ErrTooLarge, Status: http.StatusUnprocessableEntity, Slug: "order-too-large", Title: "Order amount too large"},
 		{Target: ErrUnpaidLimit, Status: http.StatusConflict, Slug: "unpaid-limit", Title: "Too many units awaiting payment"},
+		{Target: ErrPaymentTooLate, Status: http.StatusConflict, Slug: "payment-too-late", Title: "Payment too late"},
 	}
 }
 
@@ -70,8 +73,8 @@ func (d *Domain) Collectors() []prometheus.Collector {
 
 // Checks are the order invariants for the audit.
 func (d *Domain) Checks() []audit.Check {
-	return append([]audit.Check{{Name: "duplicate_orders", By: "by_key", Run: d.Store.Duplicates}},
-		d.Store.checks(d.Service.stuckAfter())...)
+	return slices.Concat([]audit.Check{{Name: "duplicate_orders", By: "by_key", Run: d.Store.Duplicates}},
+		d.Store.checks(d.Service.stuckAfter()), d.Store.eventChecks(d.Service.o.UnpublishedAfter))
 }
 
 type placeRequest struct {
@@ -89,13 +92,20 @@ func (d *Domain) place(c *gin.Context) error {
 	if req.SKU == nil || req.Quantity == nil {
 		return problem.BadRequest("sku and quantity are required")
 	}
+	idem.HeaderFor(c.Request.Context(), placedHeader)
 	o, _, err := d.Service.Place(c.Request.Context(), auth.UserID(c), idem.Key(c), *req.SKU, *req.Quantity, req.Pay)
 	if err != nil {
 		return err
 	}
-	c.Header("Location", "/api/v1/orders/"+strconv.FormatInt(o.ID, 10))
+	maps.Copy(c.Writer.Header(), placedHeader(&o))
 	c.JSON(http.StatusCreated, o)
 	return nil
+}
+
+// placedHeader is what a placed order's answer carries besides its body,
+// in the answer and in its idempotency record alike.
+func placedHeader(o *Order) http.Header {
+	return http.Header{"Location": {"/api/v1/orders/" + strconv.FormatInt(o.ID, 10)}}
 }
 
 func (d *Domain) pay(c *gin.Context) error {

@@ -41,6 +41,10 @@ var (
 	// ErrUnpaidLimit: the order would leave its user holding more units
 	// awaiting payment than one user may.
 	ErrUnpaidLimit = errors.New("too many units awaiting payment")
+	// ErrPaymentTooLate: the pay came at or after the order's pay
+	// deadline; the order is cancelled instead, whether or not the closer
+	// had run.
+	ErrPaymentTooLate = errors.New("payment too late")
 )
 
 // Statuses of an order. awaiting_payment is the only one that changes:

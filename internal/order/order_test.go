@@ -25,6 +25,7 @@ import (
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/events"
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
@@ -216,6 +217,7 @@ func (s *shop) token(as int64) string {
 type state struct {
 	orders, debits, reservations, returns int64
 	balance, stock                        int64
+	events                                int64 // outbox rows
 }
 
 func (s *shop) state() state {
@@ -231,6 +233,7 @@ func (s *shop) state() state {
 	must(db.Model(&account.LedgerEntry{}).Where("account_id = ? AND kind = ?", user, account.KindOrder).Count(&st.debits).Error)
 	must(db.Model(&inventory.Purchase{}).Where("quantity > 0").Count(&st.reservations).Error)
 	must(db.Model(&inventory.Purchase{}).Where("quantity < 0").Count(&st.returns).Error)
+	must(db.Model(&events.OutboxRow{}).Count(&st.events).Error)
 	a, err := s.accounts.Get(ctx, user)
 	must(err)
 	p, err := s.products.Get(ctx, "widget")
@@ -257,7 +260,7 @@ func (s *shop) auditOK() {
 	}
 	for _, name := range []string{"duplicate_orders", "unreconciled_order_cents", "unreconciled_order_units",
 		"miscounted_order_records", "paid_and_cancelled_orders", "stock_returned_twice", "stuck_orders",
-		"misattributed_order_records"} {
+		"misattributed_order_records", "unpublished_order_events"} {
 		if _, ok := r.Drifts[name]; !ok {
 			s.t.Fatalf("the audit has no %s check", name)
 		}
@@ -295,7 +298,7 @@ func TestFiftyDuplicatesPlaceOneOrder(t *testing.T) {
 	wg.Wait()
 
 	first := oneCreatedTheRestReplayed(t, res)
-	want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2}
+	want := state{orders: 1, debits: 1, reservations: 1, balance: opening - 2*price, stock: stock - 2, events: 2}
 	if got := s.state(); got != want {
 		t.Fatalf("stores hold %+v; want %+v", got, want)
 	}
@@ -595,34 +598,54 @@ func (s *shop) instances(n int, locker lockkit.Locker, timeout time.Duration) []
 	return out
 }
 
-// raceCloseAndPay places orders, lets them expire, then runs a closer round
-// on every instance and a pay of every order, all at once.
+// raceTimeout and raceWork time raceCloseAndPay: pays start well before
+// the deadline, and are still in their critical section when closers start
+// just after it, so that nothing but the locks and the fences keeps them
+// apart. The margins are wide (a second and more) so that a loaded machine
+// keeps the same order of events.
+const (
+	raceTimeout = 2 * time.Second
+	raceWork    = 2 * time.Second
+)
+
+// raceInstances are instances timed for raceCloseAndPay.
+func (s *shop) raceInstances(n int, locker lockkit.Locker) []*Service {
+	out := s.instances(n, locker, raceTimeout)
+	for i := range out {
+		out[i].o.CriticalSectionDelay = raceWork
+	}
+	return out
+}
+
+// raceCloseAndPay places orders, pays each a quarter of the pay timeout
+// after it was placed, and runs a closer round on every instance just
+// after the deadline, while the pays are still deciding and writing.
 func (s *shop) raceCloseAndPay(services []*Service, orders int) {
 	ctx := context.Background()
 	ids := make([]int64, orders)
+	var first, last time.Time
 	for i := range ids {
-		o, _, err := services[0].Place(ctx, user, "k"+random(), "widget", 1, false)
+		// Placed without the race's critical section: in quick succession.
+		o, _, err := s.service.Place(ctx, user, "k"+random(), "widget", 1, false)
 		if err != nil {
 			s.t.Fatal(err)
 		}
 		ids[i] = o.ID
+		if i == 0 {
+			first = o.CreatedAt
+		}
+		last = o.CreatedAt
 	}
-	time.Sleep(services[0].o.PayTimeout + 10*time.Millisecond)
-	start := make(chan struct{})
+	timeout := services[0].o.PayTimeout
 	var wg sync.WaitGroup
-	for _, svc := range services {
-		wg.Go(func() {
-			<-start
-			_, _ = svc.CloseExpired(ctx, slog.Default())
-		})
-	}
+	time.Sleep(time.Until(first.Add(timeout / 4)))
 	for _, id := range ids {
-		wg.Go(func() {
-			<-start
-			_, _ = services[0].Pay(ctx, user, id)
-		})
+		wg.Go(func() { _, _ = services[0].Pay(ctx, user, id) })
 	}
-	close(start)
+	time.Sleep(time.Until(last.Add(timeout + 50*time.Millisecond)))
+	for _, svc := range services {
+		wg.Go(func() { _, _ = svc.CloseExpired(ctx, slog.Default()) })
+	}
 	wg.Wait()
 }
 
@@ -630,7 +653,7 @@ func (s *shop) raceCloseAndPay(services []*Service, orders int) {
 // order either paid or cancelled, each effect once.
 func TestCloseAndPayRaceWithLock(t *testing.T) {
 	s := newShop(t, Options{})
-	s.raceCloseAndPay(s.instances(3, s.locker, 100*time.Millisecond), 4)
+	s.raceCloseAndPay(s.raceInstances(3, s.locker), 4)
 	s.auditOK()
 }
 
@@ -638,7 +661,7 @@ func TestCloseAndPayRaceWithLock(t *testing.T) {
 // audit names: orders both paid and cancelled, stock returned twice.
 func TestCloseAndPayRaceWithoutLockIsCaught(t *testing.T) {
 	s := newShop(t, Options{Locker: lockkit.None()})
-	s.raceCloseAndPay(s.instances(3, lockkit.None(), 100*time.Millisecond), 4)
+	s.raceCloseAndPay(s.raceInstances(3, lockkit.None()), 4)
 	r := s.audit()
 	b, _ := json.Marshal(r)
 	t.Logf("audit: %s", b)

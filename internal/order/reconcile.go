@@ -207,3 +207,12 @@ func (s *Store) checks(stuckAfter time.Duration) []audit.Check {
 		{Name: "misattributed_order_records", By: "by_order", Run: pick(func(r Reconciliation) map[string]int64 { return r.Misattributed })},
 	}
 }
+
+// eventChecks are the audit's checks of the order events: those never
+// published, once the ones younger than unpublishedAfter are left aside.
+func (s *Store) eventChecks(unpublishedAfter time.Duration) []audit.Check {
+	return []audit.Check{{Name: "unpublished_order_events", By: "by_type",
+		Run: func(ctx context.Context) (map[string]int64, error) {
+			return s.UnpublishedEvents(ctx, time.Now().UTC().Add(-unpublishedAfter))
+		}}}
+}

@@ -2,6 +2,7 @@ package order
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -40,6 +41,10 @@ type Options struct {
 	// MaxUnpaidUnits is how many units one user may hold in orders
 	// awaiting payment (default DefaultMaxUnpaidUnits).
 	MaxUnpaidUnits int64
+	// UnpublishedAfter is how long an order event may wait in the outbox
+	// before the audit counts it as unpublished (default
+	// DefaultUnpublishedAfter).
+	UnpublishedAfter time.Duration
 }
 
 // Service places, pays, reads and closes orders. It is safe for concurrent
@@ -62,6 +67,9 @@ func NewService(store *Store, o Options) *Service {
 	}
 	if o.LeaderTTL <= 0 {
 		o.LeaderTTL = lockkit.DefaultLeaseTTL
+	}
+	if o.UnpublishedAfter <= 0 {
+		o.UnpublishedAfter = DefaultUnpublishedAfter
 	}
 	if o.Locker == nil {
 		o.Locker = lockkit.None()
@@ -157,6 +165,9 @@ func soldOut(left, asked int64) error {
 // Pay debits order id of user once. Paying a paid order returns it
 // unchanged; paying a cancelled one returns ErrCancelled; a balance below
 // the amount returns account.ErrInsufficientFunds and changes nothing.
+// The pay deadline is the contract: a pay at or after it returns
+// ErrPaymentTooLate and cancels the order as the closer would, whether or
+// not the closer has run, so that exactly one of pay and cancel wins.
 func (s *Service) Pay(ctx context.Context, user, id int64) (Order, error) {
 	o, err := s.Get(ctx, user, id)
 	if err != nil {
@@ -167,6 +178,9 @@ func (s *Service) Pay(ctx context.Context, user, id int64) (Order, error) {
 		// Neither needs a lock: both are final.
 		return o, o.pay(time.Time{})
 	}
+	if s.late(o, now()) {
+		return s.refuseLate(ctx, o)
+	}
 	ord, acct := Key(id), account.Key(user)
 	keys := []lockkey.Key{ord}
 	if o.AmountCents > 0 {
@@ -174,14 +188,43 @@ func (s *Service) Pay(ctx context.Context, user, id int64) (Order, error) {
 	}
 	err = s.guard.Do(ctx, keys, func(ctx context.Context, f guard.Fences) error {
 		o, err = s.store.Update(ctx, id, Fences{Order: f.Of(ord), Account: f.Of(acct)}, func(ctx context.Context, o *Order) error {
-			if err := o.pay(now()); err != nil {
+			at := now()
+			if o.Status == StatusAwaitingPayment && s.late(*o, at) {
+				// The deadline passed while this pay waited for its locks.
+				return ErrPaymentTooLate
+			}
+			if err := o.pay(at); err != nil {
 				return err
 			}
 			return guard.Work(ctx, s.o.CriticalSectionDelay)
 		})
 		return err
 	})
+	if errors.Is(err, ErrPaymentTooLate) {
+		return s.refuseLate(ctx, o)
+	}
 	return o, err
+}
+
+// late reports whether at is at or past o's pay deadline, the instant
+// from which the closer may cancel it.
+func (s *Service) late(o Order, at time.Time) bool {
+	return !at.Before(o.CreatedAt.Add(s.o.PayTimeout))
+}
+
+// refuseLate cancels o, past its deadline, as the closer would (under
+// its order's and its stock's locks: the stock comes back) and returns
+// ErrPaymentTooLate with the order as it now stands.
+func (s *Service) refuseLate(ctx context.Context, o Order) (Order, error) {
+	if _, err := s.closeOne(ctx, o.ID); err != nil {
+		return o, err
+	}
+	cur, err := s.store.Get(ctx, o.ID)
+	if err != nil {
+		return o, err
+	}
+	return cur, fmt.Errorf("%w: order %d had to be paid by %s and was cancelled", ErrPaymentTooLate, o.ID,
+		o.CreatedAt.Add(s.o.PayTimeout).Format(time.RFC3339))
 }
 
 // closeOne cancels order id if it is still awaiting payment past the pay

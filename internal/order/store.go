@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/account"
+	"github.com/lockbench/shop/internal/events"
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
@@ -39,6 +40,13 @@ type Store struct {
 	// transaction: the window a paused process sits in when its lease runs
 	// out, or a SIGTERM or SIGKILL arrives.
 	beforeWrite func(ctx context.Context)
+	// committed, when set, is told the ids of the events a change
+	// committed: the relay is woken, or (direct delivery) they are
+	// published.
+	committed func(ctx context.Context, ids ...string)
+	// withoutEvents, set by the outbox's cost measurement, places orders
+	// without their outbox rows: the baseline the outbox is compared to.
+	withoutEvents bool
 }
 
 // NewStore returns a Store on db, which must translate driver errors
@@ -49,8 +57,26 @@ func NewStore(db *gorm.DB, products *inventory.Store, accounts *account.Store) *
 	return &Store{db: db, products: products, accounts: accounts}
 }
 
-// Models are the tables of this package, for migrations.
-func Models() []any { return []any{&Order{}} }
+// Models are the tables of this package, for migrations: the orders and
+// the outbox their changes write their events into.
+func Models() []any { return append([]any{&Order{}}, events.Models()...) }
+
+// OnCommit sets what the store tells, after a change's transaction
+// committed, the ids of the events it wrote. Call it before the store
+// serves.
+func (s *Store) OnCommit(fn func(ctx context.Context, ids ...string)) { s.committed = fn }
+
+// notify tells OnCommit's function about o's events of types.
+func (s *Store) notify(ctx context.Context, o Order, types ...string) {
+	if s.committed == nil {
+		return
+	}
+	ids := make([]string, len(types))
+	for i, t := range types {
+		ids[i] = events.ID(o.ID, t)
+	}
+	s.committed(ctx, ids...)
+}
 
 // Get reads one order.
 func (s *Store) Get(ctx context.Context, id int64) (Order, error) {
@@ -112,7 +138,7 @@ func (s *Store) Create(ctx context.Context, o *Order, f Fences,
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	err = s.db.WithContext(wctx).Transaction(func(tx *gorm.DB) error {
-		return writeNew(ctx, tx, o, f)
+		return s.writeNew(ctx, tx, o, f)
 	})
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
 		// Another run of the same request committed first.
@@ -120,6 +146,9 @@ func (s *Store) Create(ctx context.Context, o *Order, f Fences,
 	}
 	// Also after an error: a COMMIT whose reply was lost may have reserved.
 	s.products.StockChanged(wctx, o.SKU)
+	if err == nil {
+		s.notify(wctx, *o, newEventTypes(*o)...)
+	}
 	return false, err
 }
 
@@ -144,8 +173,9 @@ func (s *Store) decideNew(ctx context.Context, o *Order, f Fences,
 }
 
 // writeNew writes, in tx, the order row, its reservation, its debit if it
-// is paid, and the record of the request that placed it (ctx's).
-func writeNew(ctx context.Context, tx *gorm.DB, o *Order, f Fences) error {
+// is paid, its events, and the record of the request that placed it
+// (ctx's).
+func (s *Store) writeNew(ctx context.Context, tx *gorm.DB, o *Order, f Fences) error {
 	if err := tx.Create(o).Error; err != nil {
 		return err
 	}
@@ -155,6 +185,14 @@ func writeNew(ctx context.Context, tx *gorm.DB, o *Order, f Fences) error {
 	}
 	if o.Status == StatusPaid && o.AmountCents > 0 {
 		if err := account.Debit(tx, o.UserID, o.AmountCents, f.Account, o.ID); err != nil {
+			return err
+		}
+	}
+	for _, t := range newEventTypes(*o) {
+		if s.withoutEvents {
+			break
+		}
+		if err := events.Append(ctx, tx, eventOf(*o, t)); err != nil {
 			return err
 		}
 	}
@@ -237,12 +275,18 @@ func (s *Store) writeChange(ctx context.Context, o Order, f Fences) error {
 		if err := writeStatus(tx, o, f.Order); err != nil {
 			return err
 		}
-		return writeMoves(tx, o, f)
+		if err := writeMoves(tx, o, f); err != nil {
+			return err
+		}
+		return events.Append(ctx, tx, eventOf(o, statusEventType(o.Status)))
 	})
 	if o.Status == StatusCancelled {
 		// Also after an error: a COMMIT whose reply was lost may have
 		// returned the units.
 		s.products.StockChanged(wctx, o.SKU)
+	}
+	if err == nil {
+		s.notify(wctx, o, statusEventType(o.Status))
 	}
 	return err
 }
@@ -322,10 +366,13 @@ func writeStatus(tx *gorm.DB, o Order, fence uint64) error {
 	return nil
 }
 
-// Reset deletes every order: no fixture has any. It implements the order
-// half of audit.Resetter.
+// Reset deletes every order and the outbox of their events: no fixture
+// has any. It implements the order half of audit.Resetter.
 func (s *Store) Reset(ctx context.Context, _ string) error {
-	return s.db.WithContext(ctx).Where("1 = 1").Delete(&Order{}).Error
+	if err := s.db.WithContext(ctx).Where("1 = 1").Delete(&Order{}).Error; err != nil {
+		return err
+	}
+	return events.NewOutbox(s.db).Reset(ctx)
 }
 
 // ForgetFences sets every order's fence to 0, for the embedded Redis whose

@@ -40,3 +40,13 @@ func TestRequire(t *testing.T) {
 		})
 	}
 }
+
+func TestNATSProcessRestartsOnItsPort(t *testing.T) {
+	p := StartNATS(t)
+	url := p.URL()
+	p.Stop()
+	p.Start()
+	if p.URL() != url {
+		t.Fatalf("URL changed across a restart: %s, then %s", url, p.URL())
+	}
+}

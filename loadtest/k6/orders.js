@@ -39,7 +39,8 @@ const latency = new Trend('orders_latency', true);
 const paidAtOnce = new Counter('orders_paid_at_creation');
 const paidLater = new Counter('orders_paid_later');
 const leftUnpaid = new Counter('orders_left_unpaid');
-// A pay answered 409 order-cancelled: the closer was first.
+// A pay answered 409 order-cancelled (the closer was first) or
+// payment-too-late (the deadline passed, and the pay cancelled it).
 const payTooLate = new Counter('orders_pay_cancelled');
 // Two racing pays of one order answered different orders: a pay is not
 // idempotent (safety, like orders_duplicate_seen).
@@ -167,7 +168,7 @@ function pay(u, id) {
     count503(res);
     if (res.status === 200) {
       paid.push(res.body);
-    } else if (res.status === 409 && problemType(res).endsWith('order-cancelled')) {
+    } else if (res.status === 409 && /(order-cancelled|payment-too-late)$/.test(problemType(res))) {
       payTooLate.add(1);
     }
   }

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -250,10 +251,20 @@ func rerender(path, recordDir string) int {
 	return 0
 }
 
-// command is how to repeat this run, for the report.
+// command is how to repeat this run, for the report: from the repository,
+// where `go run ./loadtest/runner` runs, so a path inside it (the
+// Makefile passes $(BIN)/shop, absolute) is written relative to it and
+// the record names no directory of the machine it ran on.
 func command(args []string) string {
 	parts := []string{"go run ./loadtest/runner"}
+	var inRepo *regexp.Regexp // a path that starts an argument, a value or a word
+	if wd, err := os.Getwd(); err == nil && wd != "/" {
+		inRepo = regexp.MustCompile(`(^|[ =])` + regexp.QuoteMeta(wd+string(filepath.Separator)))
+	}
 	for _, a := range args {
+		if inRepo != nil {
+			a = inRepo.ReplaceAllString(a, "$1")
+		}
 		if a == "" || strings.ContainsAny(a, " \t'\"$") {
 			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 		}

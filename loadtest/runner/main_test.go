@@ -40,3 +40,17 @@ func TestOptionsOutOfBoundsAreAllNamed(t *testing.T) {
 		t.Errorf("valid options refused: %v", err)
 	}
 }
+
+// The recorded command names the binaries relative to the repository, as
+// the Makefile's absolute $(BIN) would otherwise name the machine it ran
+// on; arguments outside the repository are kept as given.
+func TestTheRecordedCommandNamesPathsInsideTheRepositoryRelatively(t *testing.T) {
+	repo := t.TempDir()
+	t.Chdir(repo)
+	got := command([]string{"-shop", filepath.Join(repo, "bin", "shop"), "-ceiling", filepath.Join(repo, "bin", "ceiling") + " -rounds 3",
+		"-k6=" + filepath.Join(repo, "bin", "k6"), "-out", "/var/tmp" + repo + "/report", "-record", "docs/results"})
+	want := "go run ./loadtest/runner -shop bin/shop -ceiling 'bin/ceiling -rounds 3' -k6=bin/k6 -out /var/tmp" + repo + "/report -record docs/results"
+	if got != want {
+		t.Errorf("command:\n %s\nwant\n %s", got, want)
+	}
+}

@@ -10,11 +10,24 @@
 -- uncontended release touches one key and sends nothing; a waiter calls
 -- again when the lease runs out (a crashed holder sends no message), and
 -- that call marks the next holder.
+-- A value of our own owner, marked or not, is this very grant run again:
+-- go-redis resends a command whose reply a dropped connection lost, and
+-- the owner value is fresh per acquisition, so only its own grant wrote
+-- it. That grant is answered again with its TTL as the first run set it
+-- (the caller counts its lease from before the first send, so its lease
+-- still ends first) and a fresh token: the key stayed ours since the
+-- first run, so no other grant of it drew a token in between; the lost
+-- token reached nobody, no store saw it; fence.lua gives one above it
+-- (above the counter, which holds at least the lost one), and every later
+-- grant draws above that in turn.
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if ARGV[3] and string.sub(redis.call('GET', KEYS[1]), -1) ~= '!' then
-    redis.call('APPEND', KEYS[1], '!')
+  local held = redis.call('GET', KEYS[1])
+  if held ~= ARGV[1] and held ~= ARGV[1] .. '!' then
+    if ARGV[3] and string.sub(held, -1) ~= '!' then
+      redis.call('APPEND', KEYS[1], '!')
+    end
+    return -1 - math.max(redis.call('PTTL', KEYS[1]), 0)
   end
-  return -1 - math.max(redis.call('PTTL', KEYS[1]), 0)
 end
 if not KEYS[2] then
   return 0

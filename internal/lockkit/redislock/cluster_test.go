@@ -2,6 +2,9 @@ package redislock_test
 
 import (
 	"context"
+	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -101,18 +104,20 @@ func shardReplica(t *testing.T, c *redis.ClusterClient, key string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slots, err := c.ClusterSlots(ctx).Result()
+	shards, err := c.ClusterShards(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range slots {
-		if int64(s.Start) <= slot && slot <= int64(s.End) {
-			if len(s.Nodes) < 2 {
-				testenv.Missing(t, "slot %d's shard (%s) has no replica; the test cluster needs one per master (scripts/testenv.sh up adds them)",
-					slot, s.Nodes[0].Addr)
-			}
-			return s.Nodes[1].Addr
+	for _, s := range shards {
+		if !slices.ContainsFunc(s.Slots, func(r redis.SlotRange) bool { return r.Start <= slot && slot <= r.End }) {
+			continue
 		}
+		for _, n := range s.Nodes {
+			if n.Role == "replica" && n.Health == "online" {
+				return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+			}
+		}
+		testenv.Missing(t, "slot %d's shard has no replica online; the test cluster needs one per master (scripts/testenv.sh up adds them)", slot)
 	}
 	t.Fatalf("no shard serves slot %d", slot)
 	return ""

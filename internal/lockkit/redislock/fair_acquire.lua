@@ -27,34 +27,41 @@ while head do
   head = redis.call('LINDEX', KEYS[3], 0)
 end
 
-local free = redis.call('EXISTS', KEYS[1]) == 0
-if not free or (head and head ~= owner) then
-  if timeout > 0 then
-    if not redis.call('ZSCORE', KEYS[4], owner) then
-      redis.call('RPUSH', KEYS[3], owner)
+-- Our own owner's value, marked or not, means this grant ran already and
+-- go-redis resent it after its reply was lost: it is answered as a grant
+-- again, as acquire.lua answers it: its TTL as set, a fresh token (see
+-- there why that is safe). Its first run took it off the queue already.
+local held = redis.call('GET', KEYS[1])
+if held ~= owner and held ~= owner .. '!' then
+  local free = not held
+  if not free or (head and head ~= owner) then
+    if timeout > 0 then
+      if not redis.call('ZSCORE', KEYS[4], owner) then
+        redis.call('RPUSH', KEYS[3], owner)
+      end
+      redis.call('ZADD', KEYS[4], now + timeout, owner)
+      -- The queue disappears by itself once every waiter has gone silent.
+      redis.call('PEXPIRE', KEYS[3], 2 * timeout)
+      redis.call('PEXPIRE', KEYS[4], 2 * timeout)
+      -- Held: ask its release for a message, as a plain waiter does
+      -- (acquire.lua); a plain holder's release sends none otherwise.
+      if not free and string.sub(held, -1) ~= '!' then
+        redis.call('APPEND', KEYS[1], '!')
+      end
     end
-    redis.call('ZADD', KEYS[4], now + timeout, owner)
-    -- The queue disappears by itself once every waiter has gone silent.
-    redis.call('PEXPIRE', KEYS[3], 2 * timeout)
-    redis.call('PEXPIRE', KEYS[4], 2 * timeout)
-    -- Held: ask its release for a message, as a plain waiter does
-    -- (acquire.lua); a plain holder's release sends none otherwise.
-    if not free and string.sub(redis.call('GET', KEYS[1]), -1) ~= '!' then
-      redis.call('APPEND', KEYS[1], '!')
+    if free then
+      return -1 - (head_deadline - now)
     end
+    return -1 - math.max(redis.call('PTTL', KEYS[1]), 0)
   end
-  if free then
-    return -1 - (head_deadline - now)
-  end
-  return -1 - math.max(redis.call('PTTL', KEYS[1]), 0)
-end
 
-if head then
-  redis.call('LPOP', KEYS[3])
-  redis.call('ZREM', KEYS[4], owner)
+  if head then
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], owner)
+  end
+  local mark = ''
+  if redis.call('DEL', KEYS[5]) == 1 then
+    mark = '!'
+  end
+  redis.call('SET', KEYS[1], owner .. mark, 'PX', ttl)
 end
-local mark = ''
-if redis.call('DEL', KEYS[5]) == 1 then
-  mark = '!'
-end
-redis.call('SET', KEYS[1], owner .. mark, 'PX', ttl)

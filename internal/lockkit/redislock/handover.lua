@@ -10,17 +10,24 @@
 -- while others wait.
 -- Returns the fence on a hand-over, -1 if freed, 0 if not ours.
 local held, mark = redis.call('GET', KEYS[1]), ''
-if held ~= ARGV[1] then
-  if held ~= ARGV[1] .. '!' then
-    return 0
+-- The new owner's value, marked or not, is this hand-over run already and
+-- resent by go-redis after its reply was lost (the new owner is fresh, so
+-- nothing else wrote it): answered again with its TTL as set and a fresh
+-- token, as acquire.lua answers its own resent grant (see there why that
+-- is safe).
+if held ~= ARGV[2] and held ~= ARGV[2] .. '!' then
+  if held ~= ARGV[1] then
+    if held ~= ARGV[1] .. '!' then
+      return 0
+    end
+    if ARGV[4] ~= '1' then
+      redis.call('DEL', KEYS[1])
+      redis.call('PUBLISH', KEYS[1] .. ':released', '')
+      return -1
+    end
+    mark = '!'
   end
-  if ARGV[4] ~= '1' then
-    redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', KEYS[1] .. ':released', '')
-    return -1
-  end
-  mark = '!'
+  -- Ours: no NX. The new owner is fresh, so a clean-up of a hand-over
+  -- whose reply was lost cannot free a grant made otherwise.
+  redis.call('SET', KEYS[1], ARGV[2] .. mark, 'PX', ARGV[3])
 end
--- Ours: no NX. The new owner is fresh, so a clean-up of a hand-over whose
--- reply was lost cannot free a grant made otherwise.
-redis.call('SET', KEYS[1], ARGV[2] .. mark, 'PX', ARGV[3])

@@ -2,7 +2,11 @@ package redislock_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +18,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/shoptest"
 )
 
 // unmark takes the waiters' mark (a trailing '!', acquire.lua) off the
@@ -343,4 +348,66 @@ func TestCloseNotHeldUpByHandOverAgainstBlackhole(t *testing.T) {
 	<-waiter
 	p.blackhole(false)
 	<-released
+}
+
+// A hand-over whose reply was lost after it ran is resent by go-redis and
+// finds the key already handed to the waiter's fresh owner: it must answer
+// that hand-over again, not report the releaser's lease gone and leave the
+// key held for the waiter's TTL by an owner nobody has.
+func TestResentHandOverIsOurs(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	src := readScripts(t, "handover.lua", "fence.lua")
+	if err := admin.ScriptLoad(ctx, src).Err(); err != nil {
+		t.Fatal(err) // the cut reply must be the hand-over's, not a NOSCRIPT
+	}
+	sum := sha1.Sum([]byte(src))
+	cutter, via := shoptest.NewReplyCutter(t, addr, []byte(hex.EncodeToString(sum[:])))
+	l := newLocker(t, newClient(t, via))
+	key := uniqueKey(t)
+	lock := "{" + testPrefix + key + "}"
+
+	lease := hold(t, l, key, lockkit.WithTTL(30*time.Second))
+	waiter := acquireAsync(l, ctx, key, lockkit.WithTTL(30*time.Second))
+	// It subscribes once in line: the release then hands the key to it.
+	for admin.PubSubNumSub(ctx, lock+":released").Val()[lock+":released"] == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the waiter never subscribed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("release handing over with its reply lost: %v", err)
+	}
+	if !cutter.Cut() {
+		t.Fatal("no reply was lost; the test did not set up what it means to")
+	}
+	got := <-waiter
+	if got.err != nil {
+		t.Fatalf("waiter handed the key with the reply lost: %v", got.err)
+	}
+	if got.lease.Fence() <= lease.Fence() {
+		t.Fatalf("handed-over fence %d after the releaser's %d", got.lease.Fence(), lease.Fence())
+	}
+	if err := got.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := hold(t, newLocker(t, admin), key)
+	_ = next.Release(ctx)
+}
+
+// readScripts returns the named scripts of this package joined, as the
+// package joins them into one script.
+func readScripts(t *testing.T, names ...string) string {
+	var src strings.Builder
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Write(b)
+	}
+	return src.String()
 }

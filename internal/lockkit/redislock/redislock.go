@@ -282,10 +282,19 @@ func (l *Locker) grant(ctx context.Context, a acquisition, st stage) (int64, err
 		keys := []string{a.ks.lock(), a.ks.fence(), a.ks.queue(), a.ks.deadlines(), a.ks.wanted()}
 		return fairAcquireScript.Run(ctx, l.client, keys, a.owner, ttl, timeout).Int64()
 	case a.o.Unfenced && st != waiting:
-		if ok, err := l.client.SetNX(ctx, a.ks.lock(), a.owner, a.o.TTL).Result(); !ok {
+		// GET answers the value that refused us: our own owner's, marked
+		// or not, when go-redis resent this SET after its reply was lost,
+		// which is the grant itself, its TTL as set (acquire.lua).
+		held, err := l.client.SetArgs(ctx, a.ks.lock(), a.owner, redis.SetArgs{Mode: "NX", TTL: a.o.TTL, Get: true}).Result()
+		switch {
+		case err == redis.Nil:
+			return 0, nil
+		case err != nil:
 			return -1, err
+		case held == a.owner || held == a.owner+"!":
+			return 0, nil
 		}
-		return 0, nil
+		return -1, nil
 	}
 	keys := []string{a.ks.lock(), a.ks.fence()}
 	if a.o.Unfenced {

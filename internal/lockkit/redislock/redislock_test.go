@@ -2,8 +2,12 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +16,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/testenv"
 )
 
@@ -105,4 +110,108 @@ func renewing() bool {
 		}
 	}
 	return false
+}
+
+// A grant whose reply was lost after it ran is resent by go-redis (its
+// default retries); the resend finds the key held by its own owner value
+// and must answer it as the grant it is, with a token above every earlier
+// one, rather than refuse it and leave the caller waiting for its own
+// lease or the key locked for the TTL.
+func TestResentGrantIsOurs(t *testing.T) {
+	cases := []struct {
+		name string
+		opts []lockkit.Option
+		try  bool
+	}{
+		{"Acquire", nil, false},
+		{"TryAcquire", nil, true},
+		{"FairAcquire", []lockkit.Option{lockkit.WithFair()}, false},
+		{"FairTryAcquire", []lockkit.Option{lockkit.WithFair()}, true},
+		{"UnfencedAcquire", []lockkit.Option{lockkit.WithoutFence()}, false},
+		{"UnfencedTryAcquire", []lockkit.Option{lockkit.WithoutFence()}, true},
+	}
+	servers := []struct {
+		name string
+		// dial returns a client that reaches the key's server through
+		// the cutter of trigger, and one that reaches it directly.
+		dial func(t *testing.T, trigger []byte) (cut, direct redis.UniversalClient, replyLost func() bool)
+	}{
+		{"SingleNode", func(t *testing.T, trigger []byte) (redis.UniversalClient, redis.UniversalClient, func() bool) {
+			addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+			cutter, via := shoptest.NewReplyCutter(t, addr, trigger)
+			return newClient(t, via), newClient(t, addr), cutter.Cut
+		}},
+		{"Cluster", func(t *testing.T, trigger []byte) (redis.UniversalClient, redis.UniversalClient, func() bool) {
+			addrs := serverAddrs(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
+			// Every node the client dials, masters after a failover
+			// included, is reached through a cutter of its own.
+			var mu sync.Mutex
+			via := make(map[string]string)
+			var cutters []*shoptest.ReplyCutter
+			var d net.Dialer
+			cut := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true,
+				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					mu.Lock()
+					if _, ok := via[addr]; !ok {
+						c, v := shoptest.NewReplyCutter(t, addr, trigger)
+						via[addr], cutters = v, append(cutters, c)
+					}
+					addr = via[addr]
+					mu.Unlock()
+					return d.DialContext(ctx, network, addr)
+				}})
+			direct := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { cut.Close(); direct.Close() })
+			return cut, direct, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return slices.ContainsFunc(cutters, (*shoptest.ReplyCutter).Cut)
+			}
+		}},
+	}
+	for _, s := range servers {
+		for _, c := range cases {
+			t.Run(s.name+"/"+c.name, func(t *testing.T) {
+				key := uniqueKey(t)
+				cutClient, directClient, replyLost := s.dial(t, []byte("{"+testPrefix+key+"}"))
+				direct := newLocker(t, directClient)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				// A first grant loads the scripts and the key's counter, so
+				// that the cut reply is the grant's, not a NOSCRIPT.
+				opts := append([]lockkit.Option{lockkit.WithTTL(30 * time.Second)}, c.opts...)
+				first := hold(t, direct, key, opts...)
+				if err := first.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+
+				l := newLocker(t, cutClient)
+				acquire := l.Acquire
+				if c.try {
+					acquire = l.TryAcquire
+				}
+				lease, err := acquire(ctx, key, opts...)
+				if err != nil {
+					t.Fatalf("grant whose reply was lost: %v", err)
+				}
+				if !replyLost() {
+					t.Fatal("no reply was lost; the test did not set up what it means to")
+				}
+				if lease.Fence() != 0 && lease.Fence() <= first.Fence() {
+					t.Fatalf("fence %d after an earlier grant's %d", lease.Fence(), first.Fence())
+				}
+				if _, err := direct.TryAcquire(ctx, key, c.opts...); !errors.Is(err, lockkit.ErrNotAcquired) {
+					t.Fatalf("TryAcquire of the resent grant's key = %v, want ErrNotAcquired", err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatalf("release of the resent grant: %v", err)
+				}
+				next := hold(t, direct, key, c.opts...)
+				defer next.Release(context.Background())
+				if next.Fence() != 0 && next.Fence() <= lease.Fence() {
+					t.Fatalf("fence %d after the resent grant's %d", next.Fence(), lease.Fence())
+				}
+			})
+		}
+	}
 }

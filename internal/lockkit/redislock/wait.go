@@ -121,6 +121,11 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, p *backend.Pla
 				down, wait = 0, pttl
 			case down+1 < outage && errors.Is(err, lockkit.ErrUnavailable) && !ended(waitCtx):
 				down, wait = down+1, 0
+				// The failed attempt's grant, if it landed, is being
+				// freed under its owner in the background; a retry under
+				// that owner would be taken for it (acquire.lua) and freed
+				// under us.
+				a.owner = l.newOwner()
 			default:
 				return nil, err
 			}

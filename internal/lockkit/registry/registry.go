@@ -89,18 +89,15 @@ type Settings struct {
 	MemcachedAddrs []string
 }
 
-// keyShape is how a prefix reaches a backend's server.
+// keyShape is how a prefix reaches a backend's server. The zero shape is
+// flat keys: the server stores the key string, and lockkit.WithKeyPrefix
+// puts the prefix in front of it.
 type keyShape int
 
-const (
-	// flatKeys: the server stores the key string; lockkit.WithKeyPrefix
-	// puts the prefix in front of it.
-	flatKeys keyShape = iota
-	// pathKeys: the backend escapes each key into one path segment under
-	// a root, so a prefixed key would be a different path ('/' escaped);
-	// the prefix extends the root instead: root = PathRoot + prefix.
-	pathKeys
-)
+// pathKeys: the backend escapes each key into one path segment under a
+// root, so a prefixed key would be a different path ('/' escaped); the
+// prefix extends the root instead: root = PathRoot + prefix.
+const pathKeys keyShape = 1
 
 // PathRoot is the root of the backends whose keys are paths (ZooKeeper,
 // etcd); the key prefix extends it.

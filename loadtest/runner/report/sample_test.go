@@ -28,7 +28,7 @@ func sample() Report {
 	rep := Report{
 		Options: Options{Instances: 3, Duration: 15 * time.Second, Delay: 10 * time.Millisecond, Stock: 300, Fraction: 0.7},
 		Machine: Machine{CPUs: 2, CPU: "AMD EPYC 7B13", Memory: "23.5 GiB", OS: "Debian GNU/Linux 12 (bookworm)", Go: "go1.26.8", K6: "k6 v1.8.1"},
-		Command: "go run ./loadtest/runner -shop /work/shop/bin/shop -k6 /work/shop/bin/k6 -instances 3 -rate 0 -fraction 0.7 -delay 10ms " +
+		Command: "go run ./loadtest/runner -shop bin/shop -k6 bin/k6 -instances 3 -rate 0 -fraction 0.7 -delay 10ms " +
 			"-stock 300 -step 2s -max-rate 400 -record docs/results -backends all -duration 15s",
 		Commit: "93ddb7d5e1c2-dirty",
 		At:     time.Date(2026, 11, 23, 2, 33, 0, 0, time.UTC),
