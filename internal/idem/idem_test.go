@@ -304,7 +304,7 @@ func TestRefusals(t *testing.T) {
 		{"256-400", optional, 1, strings.Repeat("k", MaxKeyLength+1), 400, "256 characters"},
 		{"inner-space-400", optional, 1, "not a token", 400, "' ' at byte 3"},
 		{"list-400", optional, 1, token + ",other", 400, "','"},
-		{"non-ascii-400", optional, 1, "clé", 400, "at byte 2"},
+		{"non-ascii-400", optional, 1, "clé", 400, "the non-ASCII byte 0xc3 at byte 2"},
 		{"unclosed-quote-400", optional, 1, `"abc`, 400, "Structured Field string"},
 		{"bad-escape-400", optional, 1, `"a\b"`, 400, "Structured Field string"},
 		{"after-quote-400", optional, 1, `"a"b`, 400, "Structured Field string"},
