@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/audit"
@@ -123,7 +124,7 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 	if err := a.consumeInServe(cfg, db, locks, reg, log); err != nil {
 		return nil, err
 	}
-	a.newHandlers(cfg, log, domains, reg)
+	a.newHandlers(cfg, log, domains, reg, db)
 	return a, nil
 }
 
@@ -178,13 +179,13 @@ func (a *app) newDomains(ctx context.Context, cfg config.Config, db *storage.DB,
 
 // newHandlers builds the handlers: the API and admin routes of domains, the
 // probes, and /metrics from reg.
-func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain, reg *prometheus.Registry) {
+func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain, reg *prometheus.Registry, db *storage.DB) {
 	a.metrics = a.metricsHandler(reg)
 	a.handler = newRouter(routerDeps{
 		cfg:      cfg,
 		log:      log,
 		auth:     auth.New([]byte(cfg.JWTSecret), cfg.AdminToken, auth.MaxLifetime(cfg.JWTMaxTTL)),
-		auditor:  newAuditor(cfg, domains, reg, a.records),
+		auditor:  newAuditor(cfg, domains, reg, a.records, db),
 		domains:  domains,
 		problems: problems(),
 		reg:      reg,
@@ -340,8 +341,9 @@ func forgetFences(ctx context.Context, cfg config.Config, domains []domain) erro
 }
 
 // newAuditor audits every domain's checks and resets every domain, in the
-// order of domains, then the idempotency records of their changes.
-func newAuditor(cfg config.Config, domains []domain, reg prometheus.Registerer, records *idem.Idem) *audit.Auditor {
+// order of domains, then the idempotency records of their changes, all in
+// one database transaction.
+func newAuditor(cfg config.Config, domains []domain, reg prometheus.Registerer, records *idem.Idem, db *storage.DB) *audit.Auditor {
 	var checks []audit.Check
 	var resetters []audit.Resetter
 	for _, d := range domains {
@@ -350,6 +352,9 @@ func newAuditor(cfg config.Config, domains []domain, reg prometheus.Registerer, 
 	}
 	resetters = append(resetters, records)
 	auditor := audit.New(checks, resetters)
+	auditor.ResetAtomically(func(ctx context.Context, fn func(context.Context) error) error {
+		return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return fn(storage.InTx(ctx, tx)) })
+	})
 	auditor.RegisterMetrics(reg)
 	if !cfg.AllowReset {
 		auditor.DisableReset()

@@ -84,6 +84,8 @@ func dependencyProblems() []problem.Mapping {
 			Detail: "the database connection broke before it confirmed this request's change, which may or may not have been applied. " +
 				"Sent with an Idempotency-Key: send it again with the same key; the retry answers the first outcome and applies nothing twice. " +
 				"Sent without one: read the resource first (GET the account, product or order) and send it again only if the change is not there"},
+		{Match: rolledBack, Status: unavailable, Slug: "conflict", Title: "Write conflict", RetryAfter: 1,
+			Detail: "the database rolled back this request's transaction (a deadlock or a lock wait with another transaction); nothing was changed; retry it"},
 		{Match: unreachable, Status: unavailable, Slug: "unavailable", Title: "Dependency unavailable", RetryAfter: 1,
 			Detail: "a server this request needs is unreachable; nothing was changed"},
 		{Target: context.DeadlineExceeded, Status: unavailable, Slug: "timeout", Title: "Timed out", RetryAfter: 1,
@@ -93,6 +95,17 @@ func dependencyProblems() []problem.Mapping {
 		{Target: context.Canceled, Status: unavailable, Slug: "cancelled", Title: "Cancelled",
 			Detail: "the request was cancelled before it finished"},
 	}
+}
+
+// rolledBack reports the InnoDB errors after which the transaction did not
+// commit: 1213, the deadlock victim, is rolled back whole by the server;
+// 1205, a lock wait timeout, fails its statement, and the store's
+// transaction then rolls back. Both are transient (a concurrent reset
+// provokes them), so a retry is the answer, not a 500 that an
+// Idempotency-Key would keep for good.
+func rolledBack(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
 }
 
 // unreachable reports a connection-level failure to a backing server: the

@@ -48,6 +48,11 @@ func TestProblems(t *testing.T) {
 		// have committed, so it is neither unavailable (nothing changed)
 		// nor internal; and no Retry-After.
 		{"mysql-reply-lost", fmt.Errorf("deposit: %w", mysql.ErrInvalidConn), 503, "outcome-unknown", "may or may not have been applied", ""},
+		// InnoDB rolled the transaction back (deadlock victim) or the
+		// statement waited out innodb_lock_wait_timeout and the store
+		// rolled back: nothing landed, and the retry most likely runs.
+		{"mysql-deadlock-victim", fmt.Errorf("reset race: %w", &mysql.MySQLError{Number: 1213, Message: "Deadlock found when trying to get lock; try restarting transaction"}), 503, "conflict", "rolled back", "1"},
+		{"mysql-lock-wait-timeout", &mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded; try restarting transaction"}, 503, "conflict", "rolled back", "1"},
 		{"mysql-statement-error", &mysql.MySQLError{Number: 1146, Message: "Table 'secret' doesn't exist"}, 500, "internal", "request id", ""},
 		{"timeout", fmt.Errorf("read: %w", context.DeadlineExceeded), 503, "timeout", "ran out of time", "1"},
 		{"cancelled", context.Canceled, 503, "cancelled", "cancelled before it finished", ""},

@@ -14,6 +14,7 @@ import (
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/optimistic"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // writeTimeout bounds the write transaction, which runs detached from the
@@ -294,7 +295,7 @@ func (s *Store) Reset(ctx context.Context, fixture string) error {
 	for i, a := range accts {
 		ids[i] = a.ID
 	}
-	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	return storage.Conn(ctx, s.db).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Where("1 = 1").Delete(&LedgerEntry{}).Error; err != nil {
 			return err
 		}

@@ -103,6 +103,15 @@ type Auditor struct {
 	resetters     []Resetter
 	metrics       *metrics // nil until RegisterMetrics
 	resetDisabled bool
+	atomically    func(ctx context.Context, fn func(context.Context) error) error
+}
+
+// ResetAtomically runs every reset inside atomically, which runs fn in one
+// database transaction and commits it only if fn returns nil. Domain by
+// domain, a change committed between two domains' resets keeps its rows in
+// one and loses them in the other: a paid order deleted, its debit kept.
+func (a *Auditor) ResetAtomically(atomically func(ctx context.Context, fn func(context.Context) error) error) {
+	a.atomically = atomically
 }
 
 // DisableReset makes POST /reset answer 403 and change nothing: in
@@ -201,12 +210,34 @@ func (a *Auditor) Audit(ctx context.Context) (Report, error) {
 
 // Reset resets every domain to fixture.
 func (a *Auditor) Reset(ctx context.Context, fixture string) error {
+	resetAll := func(ctx context.Context) error {
+		for _, r := range a.resetters {
+			if err := r.Reset(ctx, fixture); err != nil {
+				return fmt.Errorf("reset to %s: %w", fixture, err)
+			}
+		}
+		return nil
+	}
+	if a.atomically == nil {
+		return resetAll(ctx)
+	}
+	if err := a.atomically(ctx, resetAll); err != nil {
+		return err
+	}
 	for _, r := range a.resetters {
-		if err := r.Reset(ctx, fixture); err != nil {
-			return fmt.Errorf("reset to %s: %w", fixture, err)
+		if c, ok := r.(CommitListener); ok {
+			c.ResetCommitted(ctx, fixture)
 		}
 	}
 	return nil
+}
+
+// CommitListener is a Resetter with a cache outside the database (the
+// Redis stock mirror) to drop once the reset's transaction committed: one
+// dropped before, inside the transaction, may be loaded again from the
+// rows the reset is about to replace.
+type CommitListener interface {
+	ResetCommitted(ctx context.Context, fixture string)
 }
 
 func abs(v int64) int64 {

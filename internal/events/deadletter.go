@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // Reasons a message is dead-lettered. They label metrics and the audit:
@@ -111,7 +113,7 @@ func (s *ConsumerStore) ListDeadLetters(ctx context.Context, limit int) ([]DeadL
 // still be refused. Order ids may start over after the orders' reset, and
 // so may event ids: an inbox kept would swallow the new events.
 func (s *ConsumerStore) Reset(ctx context.Context) error {
-	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	return storage.Conn(ctx, s.db).Transaction(func(tx *gorm.DB) error {
 		return errors.Join(
 			tx.Where("1 = 1").Delete(&InboxEntry{}).Error,
 			tx.Where("1 = 1").Delete(&DeadLetter{}).Error,

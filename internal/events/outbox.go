@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // OutboxRow is one event as the outbox keeps it, written in the
@@ -185,7 +186,7 @@ func parseDBTime(s string) (time.Time, error) {
 // The relay's fence stays: a relay granted before the reset is still
 // refused once a newer one claimed.
 func (o *Outbox) Reset(ctx context.Context) error {
-	return o.db.WithContext(ctx).Where("1 = 1").Delete(&OutboxRow{}).Error
+	return storage.Conn(ctx, o.db).Where("1 = 1").Delete(&OutboxRow{}).Error
 }
 
 // ErrNotRecorded is returned for an event id the outbox does not hold.

@@ -24,7 +24,11 @@ func parseKey(raw string) (string, error) {
 		}
 	} else {
 		for i := 0; i < len(key); i++ {
-			if c := key[i]; c <= ' ' || c > '~' || c == '"' || c == ',' {
+			switch c := key[i]; {
+			case c > '~':
+				// %q of one byte of a UTF-8 sequence prints another character.
+				return "", fmt.Errorf("the Idempotency-Key has the non-ASCII byte %#x at byte %d; send visible ASCII without '\"' or ',', or quote it as a Structured Field string", c, i)
+			case c <= ' ' || c == '"' || c == ',':
 				return "", fmt.Errorf("the Idempotency-Key has %q at byte %d; send visible ASCII without '\"' or ',', or quote it as a Structured Field string", c, i)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // PrunerKey is the pruner's leader lease: every instance runs the pruner
@@ -85,7 +86,7 @@ func (m *Idem) Reset(ctx context.Context, _ string) error {
 	if m.o.DB == nil {
 		return nil
 	}
-	return m.o.DB.WithContext(ctx).Where("1 = 1").Delete(&Record{}).Error
+	return storage.Conn(ctx, m.o.DB).Where("1 = 1").Delete(&Record{}).Error
 }
 
 // RunPruner runs the pruner loop until ctx ends: every interval it tries

@@ -47,6 +47,18 @@ func (d *Domain) Register(api, admin *gin.RouterGroup) {
 // Reset implements audit.Resetter.
 func (d *Domain) Reset(ctx context.Context, fixture string) error { return d.Store.Reset(ctx, fixture) }
 
+// ResetCommitted implements audit.CommitListener: it drops the mirrors of
+// the fixture's products again, which a sale may have loaded from the rows
+// the reset replaced before its transaction committed.
+func (d *Domain) ResetCommitted(ctx context.Context, fixture string) {
+	if d.Store.mirror == nil {
+		return
+	}
+	for _, p := range fixtures[fixture] {
+		d.Store.mirror.Forget(ctx, p.SKU)
+	}
+}
+
 // ForgetFences sets every product's fence to 0. Only for a lock store that
 // restarted empty and that nobody else can reach (the embedded Redis):
 // its tokens start over at 1, and the old fences would refuse every write.

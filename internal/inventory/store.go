@@ -13,6 +13,7 @@ import (
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/optimistic"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // writeTimeout bounds the write transaction, which runs detached from the
@@ -385,7 +386,7 @@ func (s *Store) Reset(ctx context.Context, fixture string) error {
 		skus[i] = ps[i].SKU
 	}
 	var old []string
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) (err error) {
+	err := storage.Conn(ctx, s.db).Transaction(func(tx *gorm.DB) (err error) {
 		old, err = replaceProducts(tx, ps, skus)
 		return err
 	})

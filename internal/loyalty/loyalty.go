@@ -25,6 +25,7 @@ import (
 
 	"github.com/lockbench/shop/internal/events"
 	"github.com/lockbench/shop/internal/order"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // ConsumerName is the durable JetStream consumer and the inbox's consumer.
@@ -192,7 +193,7 @@ func (s *Store) Missing(ctx context.Context) (map[string]int64, error) {
 
 // Reset deletes every balance and credit: no fixture has any.
 func (s *Store) Reset(ctx context.Context) error {
-	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	return storage.Conn(ctx, s.db).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Where("1 = 1").Delete(&Entry{}).Error; err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // writeTimeout bounds a write transaction, which runs detached from the
@@ -369,10 +370,12 @@ func writeStatus(tx *gorm.DB, o Order, fence uint64) error {
 // Reset deletes every order and the outbox of their events: no fixture
 // has any. It implements the order half of audit.Resetter.
 func (s *Store) Reset(ctx context.Context, _ string) error {
-	if err := s.db.WithContext(ctx).Where("1 = 1").Delete(&Order{}).Error; err != nil {
-		return err
-	}
-	return events.NewOutbox(s.db).Reset(ctx)
+	return storage.Conn(ctx, s.db).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Where("1 = 1").Delete(&Order{}).Error; err != nil {
+			return err
+		}
+		return events.NewOutbox(tx).Reset(ctx)
+	})
 }
 
 // ForgetFences sets every order's fence to 0, for the embedded Redis whose

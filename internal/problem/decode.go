@@ -9,7 +9,9 @@ import (
 	"mime"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/gin-gonic/gin"
 )
@@ -97,7 +99,11 @@ func DecodeJSON(c *gin.Context, dst any) error {
 				fmt.Sprintf("Content-Type is %q; send application/json", ct))
 		}
 	}
-	dec := json.NewDecoder(c.Request.Body)
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		return decodeError(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return decodeError(err)
@@ -111,7 +117,99 @@ func DecodeJSON(c *gin.Context, dst any) error {
 		}
 		return BadRequest("the body has data after the JSON object; send exactly one object")
 	}
-	return nil
+	return refuseRepeatedMember(body)
+}
+
+// refuseRepeatedMember refuses an object that names a member twice, also
+// when the two spellings differ only by case or escapes: encoding/json
+// matches names case-insensitively and keeps the last value, while a proxy,
+// a log reader or the client's own parser may keep the first, so the body
+// would mean two things. body is one valid JSON value.
+func refuseRepeatedMember(body []byte) error {
+	type object struct {
+		path    string
+		seen    map[string]bool
+		inObj   bool
+		wantKey bool
+		key     string
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var stack []*object
+	valueDone := func() {
+		if n := len(stack); n > 0 && stack[n-1].inObj {
+			stack[n-1].wantKey = true
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // io.EOF: the value ended; nothing else can fail on valid JSON
+		}
+		var top *object
+		if n := len(stack); n > 0 {
+			top = stack[n-1]
+		}
+		if top != nil && top.inObj && top.wantKey {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:len(stack)-1]
+				valueDone()
+				continue
+			}
+			name := tok.(string)
+			folded := foldName(name)
+			if top.seen[folded] {
+				where := top.path
+				if where == "" {
+					where = "the body"
+				}
+				var f Fields
+				f.Add(top.path+"/"+escapePointer(name),
+					fmt.Sprintf("member %q appears twice in %s; send each member once", name, where))
+				return f.Err()
+			}
+			top.seen[folded] = true
+			top.key, top.wantKey = name, false
+			continue
+		}
+		path := ""
+		if top != nil {
+			path = top.path + "/" + escapePointer(top.key)
+			if !top.inObj {
+				path = top.path + "/" + strconv.Itoa(len(top.seen))
+				top.seen[path] = true
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &object{path: path, seen: map[string]bool{}, inObj: true, wantKey: true})
+		case json.Delim('['):
+			stack = append(stack, &object{path: path, seen: map[string]bool{}})
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			valueDone()
+		default:
+			valueDone()
+		}
+	}
+}
+
+// foldName maps every spelling encoding/json takes for one field name (it
+// compares with Unicode case folding) to one string.
+func foldName(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
+}
+
+func escapePointer(name string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(name)
 }
 
 func decodeError(err error) error {

@@ -129,6 +129,9 @@ func TestDecodeJSON(t *testing.T) {
 		{`{"n":1e400}`, "application/json", 400, "got 1e400"},
 		{`{"m":1}`, "application/json", 400, `unknown field "m"`},
 		{`{"n":1}x`, "application/json", 400, "data after the JSON object"},
+		{`{"n":1,"n":5}`, "application/json", 400, `member "n" appears twice`},
+		{`{"n":1,"N":5}`, "application/json", 400, `member "N" appears twice`},
+		{`{"n":1,"\u006e":5}`, "application/json", 400, `member "n" appears twice`},
 		{`{"n":`, "application/json", 400, "ends in the middle"},
 		{``, "application/json", 400, "body is empty"},
 		{`{"n":1,"pad":"` + strings.Repeat("x", 100) + `"}`, "application/json", 413, "larger than 64 bytes"},
@@ -153,6 +156,26 @@ func TestDecodeJSON(t *testing.T) {
 		if !errors.As(got, &pe) || pe.Status != tc.status || !strings.Contains(pe.Detail, tc.detail) {
 			t.Errorf("%q: %v, want %d %q", tc.body, got, tc.status, tc.detail)
 		}
+	}
+}
+
+func TestDecodeJSONRefusesRepeatedMemberOfNestedObject(t *testing.T) {
+	type req struct {
+		M map[string]any `json:"m"`
+	}
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	var got error
+	r.POST("/", func(c *gin.Context) { var v req; got = DecodeJSON(c, &v) })
+	rq := httptest.NewRequest("POST", "/", strings.NewReader(`{"m":{"a":1,"b":[{"a":1}],"a":2}}`))
+	rq.Header.Set("Content-Type", "application/json")
+	r.ServeHTTP(httptest.NewRecorder(), rq)
+	var pe *Error
+	if !errors.As(got, &pe) || pe.Status != 400 || !strings.Contains(pe.Detail, `member "a" appears twice in /m`) {
+		t.Fatalf("got %v, want 400 naming the repeated member and its object", got)
+	}
+	if len(pe.Fields) != 1 || pe.Fields[0].Pointer != "/m/a" {
+		t.Errorf("errors %+v, want one at /m/a", pe.Fields)
 	}
 }
 

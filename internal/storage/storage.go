@@ -239,3 +239,22 @@ func convertToBinary(tx *gorm.DB, models []any) error {
 	}
 	return nil
 }
+
+type txKey struct{}
+
+// InTx returns ctx carrying tx. A store that takes its handle through Conn
+// then joins tx instead of committing on its own, so that the writes of
+// several stores commit together or not at all (the admin reset: a change
+// committed between two domains' resets would keep its rows in one and lose
+// them in the other).
+func InTx(ctx context.Context, tx *gorm.DB) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// Conn returns the transaction ctx carries (InTx), or else db bound to ctx.
+func Conn(ctx context.Context, db *gorm.DB) *gorm.DB {
+	if tx, ok := ctx.Value(txKey{}).(*gorm.DB); ok {
+		return tx.WithContext(ctx)
+	}
+	return db.WithContext(ctx)
+}
