@@ -109,7 +109,7 @@ func probesOnly(cfg config.Config, a *app) http.Handler {
 	r.NoRoute(problem.NoRoute)
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", readyz(a.readiness, a.degradation))
-	if cfg.MetricsAddr == "" {
+	if cfg.MetricsOnHTTPAddr() {
 		r.GET("/metrics", gin.WrapH(a.metrics))
 	}
 	return r

@@ -434,6 +434,11 @@ func TestConsumerPausedPastAckWaitWhileAnotherRuns(t *testing.T) {
 			trap, trapped := newSQLTrap(t, r.dsn)
 			first := r.start(trapped)
 			frozen, resume := make(chan struct{}), make(chan struct{})
+			var resumed sync.Once
+			resumeFirst := func() { resumed.Do(func() { _ = first.Signal(syscall.SIGCONT); close(resume) }) }
+			// Run before the database's cleanup: a first left frozen inside
+			// its transaction would hold that cleanup's DROP for ever.
+			t.Cleanup(resumeFirst)
 			trap.stopAt("INSERT INTO `loyalty_entries`", func() {
 				_ = first.Signal(syscall.SIGSTOP)
 				close(frozen)
@@ -458,8 +463,7 @@ func TestConsumerPausedPastAckWaitWhileAnotherRuns(t *testing.T) {
 					return metric(t, second, "shop_consumer_applied_total") >= 1
 				})
 			}
-			_ = first.Signal(syscall.SIGCONT)
-			close(resume)
+			resumeFirst()
 			r.settled(1)
 			// The first's late write, if any, lands within its transaction:
 			// wait until it has handled its message.

@@ -20,7 +20,6 @@ import (
 
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/problem"
-	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/testenv"
 )
 
@@ -601,7 +600,7 @@ func TestAClaimWhoseReplyIsLostStillRuns(t *testing.T) {
 	if err := claimScript.Load(ctx, direct).Err(); err != nil {
 		t.Fatal(err)
 	}
-	cutter, via := shoptest.NewReplyCutter(t, testenv.Require(t, "SHOP_TEST_REDIS_ADDR"), []byte(claimScript.Hash()))
+	cutter, via := testenv.NewReplyCutter(t, testenv.Require(t, "SHOP_TEST_REDIS_ADDR"), []byte(claimScript.Hash()))
 	f := newFixtureOn(t, redis.NewClient(&redis.Options{Addr: via}), Options{})
 	want(t, f.do("POST", optional, 1, uuid(), `{"a":1}`), http.StatusCreated, `"call":1`)
 	if !cutter.Cut() {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/storage"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 // TestAMirrorLoadCannotOverwriteANewerStock: a buyer finds no mirror and
@@ -186,7 +187,7 @@ func stockedMirror(t *testing.T, sku string) (*Store, *Mirror) {
 // cutMirror is a mirror of sku holding stock on the real Redis, and the
 // same mirror seen through a proxy that loses the reply of the first
 // command naming sku's mirror.
-func cutMirror(t *testing.T, sku string, stock int64) (direct, cut *Mirror, cutter *shoptest.ReplyCutter) {
+func cutMirror(t *testing.T, sku string, stock int64) (direct, cut *Mirror, cutter *testenv.ReplyCutter) {
 	t.Helper()
 	addr := shoptest.Env(t, "SHOP_TEST_REDIS_ADDR")
 	ctx := context.Background()
@@ -205,7 +206,7 @@ func cutMirror(t *testing.T, sku string, stock int64) (direct, cut *Mirror, cutt
 			t.Fatal(err)
 		}
 	}
-	cutter, via := shoptest.NewReplyCutter(t, addr, []byte(direct.key(sku)))
+	cutter, via := testenv.NewReplyCutter(t, addr, []byte(direct.key(sku)))
 	pc := redis.NewClient(&redis.Options{Addr: via, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { pc.Close() })
 	return direct, NewMirror(pc, prefix), cutter

@@ -17,7 +17,6 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
-	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/testenv"
 )
 
@@ -513,7 +512,7 @@ func TestALikeWhoseCounterReplyIsLostCountsOnce(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			cutter, via := shoptest.NewReplyCutter(t, addr, []byte(s.strategy.received(e.Owner)))
+			cutter, via := testenv.NewReplyCutter(t, addr, []byte(s.strategy.received(e.Owner)))
 			proxied := redis.NewClient(&redis.Options{Addr: via, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { proxied.Close() })
 			ps, err := New(proxied, o)
@@ -556,7 +555,7 @@ func TestALikeWhoseCounterNeverAnswersIsAnUnknownOutcome(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cutter, via := shoptest.NewReplyCutter(t, addr, []byte(s.strategy.received(e.Owner)))
+	cutter, via := testenv.NewReplyCutter(t, addr, []byte(s.strategy.received(e.Owner)))
 	cutter.CutEvery()
 	proxied := redis.NewClient(&redis.Options{Addr: via, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { proxied.Close() })

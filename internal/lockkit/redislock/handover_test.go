@@ -18,7 +18,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
-	"github.com/lockbench/shop/internal/shoptest"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 // unmark takes the waiters' mark (a trailing '!', acquire.lua) off the
@@ -364,7 +364,7 @@ func TestResentHandOverIsOurs(t *testing.T) {
 		t.Fatal(err) // the cut reply must be the hand-over's, not a NOSCRIPT
 	}
 	sum := sha1.Sum([]byte(src))
-	cutter, via := shoptest.NewReplyCutter(t, addr, []byte(hex.EncodeToString(sum[:])))
+	cutter, via := testenv.NewReplyCutter(t, addr, []byte(hex.EncodeToString(sum[:])))
 	l := newLocker(t, newClient(t, via))
 	key := uniqueKey(t)
 	lock := "{" + testPrefix + key + "}"

@@ -16,7 +16,6 @@ import (
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
-	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/testenv"
 )
 
@@ -138,7 +137,7 @@ func TestResentGrantIsOurs(t *testing.T) {
 	}{
 		{"SingleNode", func(t *testing.T, trigger []byte) (redis.UniversalClient, redis.UniversalClient, func() bool) {
 			addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
-			cutter, via := shoptest.NewReplyCutter(t, addr, trigger)
+			cutter, via := testenv.NewReplyCutter(t, addr, trigger)
 			return newClient(t, via), newClient(t, addr), cutter.Cut
 		}},
 		{"Cluster", func(t *testing.T, trigger []byte) (redis.UniversalClient, redis.UniversalClient, func() bool) {
@@ -147,13 +146,13 @@ func TestResentGrantIsOurs(t *testing.T) {
 			// included, is reached through a cutter of its own.
 			var mu sync.Mutex
 			via := make(map[string]string)
-			var cutters []*shoptest.ReplyCutter
+			var cutters []*testenv.ReplyCutter
 			var d net.Dialer
 			cut := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true,
 				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 					mu.Lock()
 					if _, ok := via[addr]; !ok {
-						c, v := shoptest.NewReplyCutter(t, addr, trigger)
+						c, v := testenv.NewReplyCutter(t, addr, trigger)
 						via[addr], cutters = v, append(cutters, c)
 					}
 					addr = via[addr]
@@ -165,7 +164,7 @@ func TestResentGrantIsOurs(t *testing.T) {
 			return cut, direct, func() bool {
 				mu.Lock()
 				defer mu.Unlock()
-				return slices.ContainsFunc(cutters, (*shoptest.ReplyCutter).Cut)
+				return slices.ContainsFunc(cutters, (*testenv.ReplyCutter).Cut)
 			}
 		}},
 	}

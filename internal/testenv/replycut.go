@@ -1,4 +1,4 @@
-package shoptest
+package testenv
 
 import (
 	"bytes"
