@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,6 +106,7 @@ func (c *commitCutter) forward(client net.Conn, addr string) {
 		}
 	}()
 	defer closeBoth()
+	wroteBusinessRow := false
 	for { // client to server, packet by packet: 3 bytes of length, 1 of sequence
 		var head [4]byte
 		if _, err := io.ReadFull(client, head[:]); err != nil {
@@ -114,14 +116,36 @@ func (c *commitCutter) forward(client net.Conn, addr string) {
 		if _, err := io.ReadFull(client, payload); err != nil {
 			return
 		}
-		// COM_QUERY (0x03) "COMMIT": the driver's Commit.
-		if len(payload) > 1 && payload[0] == 0x03 && strings.EqualFold(string(payload[1:]), "COMMIT") && c.cutThis() {
-			cut.Store(true)
+		// COM_QUERY (0x03) "COMMIT": the driver's Commit. Only the COMMIT
+		// of a transaction that wrote a business row counts: the
+		// service's background loops (the event relay's claim, the
+		// pruners) commit their own transactions at any moment.
+		switch {
+		case isCommit(payload):
+			if wroteBusinessRow && c.cutThis() {
+				cut.Store(true)
+			}
+			wroteBusinessRow = false
+		case writesBusinessRow(payload):
+			wroteBusinessRow = true
 		}
 		if _, err := server.Write(append(head[:], payload...)); err != nil {
 			return
 		}
 	}
+}
+
+func isCommit(payload []byte) bool {
+	return len(payload) > 1 && payload[0] == 0x03 && strings.EqualFold(string(payload[1:]), "COMMIT")
+}
+
+// businessTables are the tables a money-moving request writes.
+var businessTables = regexp.MustCompile("(?i)^(INSERT INTO|UPDATE) `?(accounts|ledger_entries|products|purchases|purchase_limits|orders)`? ")
+
+// writesBusinessRow reports whether a query (COM_QUERY 0x03) or a
+// statement being prepared (COM_STMT_PREPARE 0x16) writes one of them.
+func writesBusinessRow(payload []byte) bool {
+	return len(payload) > 1 && (payload[0] == 0x03 || payload[0] == 0x16) && businessTables.Match(payload[1:])
 }
 
 // commitRig is a shop process on a database behind a commitCutter, and
