@@ -121,10 +121,14 @@ func (c *commitCutter) forward(client net.Conn, addr string) {
 		// service's background loops (the event relay's claim, the
 		// pruners) commit their own transactions at any moment.
 		switch {
-		case isCommit(payload):
+		case isQuery(payload, "COMMIT"):
 			if wroteBusinessRow && c.cutThis() {
 				cut.Store(true)
 			}
+			wroteBusinessRow = false
+		case isQuery(payload, "START TRANSACTION"), isQuery(payload, "ROLLBACK"):
+			// A write outside this transaction (autocommitted, or rolled
+			// back) says nothing of the COMMIT that ends it.
 			wroteBusinessRow = false
 		case writesBusinessRow(payload):
 			wroteBusinessRow = true
@@ -135,8 +139,9 @@ func (c *commitCutter) forward(client net.Conn, addr string) {
 	}
 }
 
-func isCommit(payload []byte) bool {
-	return len(payload) > 1 && payload[0] == 0x03 && strings.EqualFold(string(payload[1:]), "COMMIT")
+// isQuery reports whether payload is the query (COM_QUERY, 0x03) q.
+func isQuery(payload []byte, q string) bool {
+	return len(payload) > 1 && payload[0] == 0x03 && strings.EqualFold(string(payload[1:]), q)
 }
 
 // businessTables are the tables a money-moving request writes.
