@@ -18,10 +18,7 @@ import (
 // rounds, and appends events per second (median and range) to
 // SHOP_MEASURE_OUT (make events-bench).
 func TestMeasureRelayThroughput(t *testing.T) {
-	path := os.Getenv("SHOP_MEASURE_OUT")
-	if path == "" {
-		t.Skip("a measurement: make events-bench runs it (SHOP_MEASURE_OUT)")
-	}
+	path := testenv.MeasureOut(t)
 	const rounds, perRound = 5, 5000
 	b := connect(t, testenv.Require(t, testenv.NATSURLVar))
 	b.stream.DuplicateWindow = 10 * time.Minute

@@ -6,6 +6,7 @@ package testenv
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -37,4 +38,19 @@ func Missing(t testing.TB, format string, args ...any) {
 func RequireList(t testing.TB, name string) []string {
 	t.Helper()
 	return strings.Split(Require(t, name), ",")
+}
+
+// MeasureOut is the file a measurement appends its table to,
+// SHOP_MEASURE_OUT (make events-bench). Without it the measurement skips
+// on a developer's machine; in CI it runs all the same, into a file of
+// its own that nobody reads, so that its code is checked on every run.
+func MeasureOut(t testing.TB) string {
+	t.Helper()
+	if path := os.Getenv("SHOP_MEASURE_OUT"); path != "" {
+		return path
+	}
+	if os.Getenv("CI") != "true" {
+		t.Skip("a measurement: make events-bench runs it (SHOP_MEASURE_OUT)")
+	}
+	return filepath.Join(t.TempDir(), "measure.md")
 }
