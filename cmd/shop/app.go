@@ -324,10 +324,11 @@ func newOrders(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem,
 	return &order.Domain{Service: orders, Store: store, Idem: tokens}
 }
 
-// forgetFences: the embedded Redis starts empty, fence counters included,
-// so its tokens start over at 1 and the fences an earlier run left in a
-// kept SQLite file would refuse every write. No other process can hold a
-// lock on an in-process server, so forgetting them is safe.
+// forgetFences: the embedded Redis starts empty, fence counters included;
+// only the clock floor keeps its tokens above the fences an earlier run
+// left in a kept SQLite file, and a clock stepped back would have them
+// refuse every write. No other process can hold a lock on an in-process
+// server, so forgetting them is safe.
 func forgetFences(ctx context.Context, cfg config.Config, domains []domain) error {
 	if !cfg.EmbeddedRedis() || cfg.LockBackend != "redis" {
 		return nil
