@@ -13,6 +13,7 @@ FROM golang:${GO_VERSION}-bookworm AS build
 WORKDIR /src
 # Modules first, in their own layer: a code change then reuses the download.
 COPY go.mod go.sum ./
+COPY third_party/ third_party/
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 # The build context has no .git (.dockerignore), so the version comes in

@@ -165,3 +165,5 @@ require (
 // proxy here refuses; nothing of ours builds it, but go mod tidy resolves
 // every test import of every dependency. v1.0.69 is the newest it serves.
 replace github.com/redis/rueidis/rueidiscompat => github.com/redis/rueidis/rueidiscompat v1.0.69
+
+replace github.com/go-zookeeper/zk => ./third_party/go-zookeeper-zk

@@ -375,9 +375,8 @@ func (r *clusterRow) verdict(f clusterFault, faultAt time.Time, h holdResult) (f
 // lease is lost or released.) On etcd it is one client, opened before the
 // fault (a new client, whose session is granted during the election, took
 // 5-12 s more). On ZooKeeper it opens a new client for each try on the
-// members the fault spared: a client that reconnects with a watch set and
-// a request in flight trips go-zookeeper's data race on its last zxid
-// (an open go-zookeeper bug), which fails this -race test process.
+// members the fault spared, so that the probe measures the ensemble, not
+// one client's reconnect schedule.
 func (r *clusterRow) probe(l lockkit.Locker, faultAt time.Time) time.Time {
 	key := fmt.Sprintf("usable-probe-%d", r.id)
 	for time.Since(faultAt) < 90*time.Second {

@@ -54,11 +54,6 @@ const (
 	// maxCuts is how many of a waiter's reads in a row may be cut off by a
 	// dropped connection before it gives up with ErrUnavailable.
 	maxCuts = 3
-	// reconnectSettle is how long after its session is back a cut-off
-	// waiter waits before it asks again (see cutOff): a guard against a
-	// data race in the client on reconnecting, not a speed-up; it is
-	// paid only after a dropped connection.
-	reconnectSettle = 20 * time.Millisecond
 )
 
 // errVanished means our node is gone while we queued: the session expired,
@@ -399,18 +394,7 @@ func (l *Locker) cutOff(waitCtx context.Context, err error, cuts *int) bool {
 	defer reconnect.Stop()
 	select {
 	case <-up:
-		// go-zookeeper (v1.0.4) reads its last zxid for the SetWatches it
-		// sends on reconnecting while its receive loop may already write it
-		// from a reply (an open go-zookeeper data race). A
-		// request sent the instant the session is back races it; asked a
-		// moment later, its reply comes after that read.
-		reconnect.Reset(reconnectSettle)
-		select {
-		case <-reconnect.C:
-			return true
-		case <-waitCtx.Done():
-		case <-l.background.Done():
-		}
+		return true
 	case <-waitCtx.Done():
 	case <-reconnect.C:
 	case <-l.background.Done():

@@ -20,8 +20,7 @@ const (
 	// The server's minSessionTimeout is 1 s, but it checks expiries once a
 	// tickTime (2 s): a dead client's nodes may live up to about 6 s. Not
 	// shorter: on a loaded machine a 2 s session (1.3 s read timeout) makes
-	// clients reconnect, and go-zookeeper v1.0.4 has a data race on
-	// reconnect with watches set (an open upstream bug) that fails -race runs.
+	// clients reconnect in tests that mean to test something else.
 	sessionTimeout = 4 * time.Second
 	testRoot       = "/shop/test/zklock"
 )
