@@ -78,15 +78,30 @@ func redisCluster(t *testing.T) []*server {
 	ctx = context.Background()
 	for _, s := range nodes {
 		c := redis.NewClient(&redis.Options{Addr: s.addr})
-		waitUntil(t, s.addr+": cluster_state:ok, and a replica's link up", func() bool {
+		// cluster_state:ok needs every slot served, not the replicas: a
+		// node may learn a replica's role by gossip later, so wait until
+		// every node knows all three.
+		waitUntil(t, s.addr+": cluster_state:ok, 3 replicas known, a replica's link up", func() bool {
 			state, _ := c.ClusterInfo(ctx).Result()
+			nodes, _ := c.ClusterNodes(ctx).Result()
 			repl, _ := c.Info(ctx, "replication").Result()
-			return strings.Contains(state, "cluster_state:ok") &&
+			return strings.Contains(state, "cluster_state:ok") && replicasKnown(nodes) == 3 &&
 				(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up"))
 		})
 		c.Close()
 	}
 	return nodes
+}
+
+// replicasKnown counts the replicas in a CLUSTER NODES reply.
+func replicasKnown(nodes string) int {
+	n := 0
+	for _, line := range strings.Split(nodes, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && strings.Contains(f[2], "slave") {
+			n++
+		}
+	}
+	return n
 }
 
 // shardOf returns the primary serving key's slot and its replica.
