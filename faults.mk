@@ -68,10 +68,11 @@ faults-grants: ## a lock server forgets a live grant: Redlock's master restarted
 	  [ $$st -eq 0 ] || { echo "grant faults failed; full output in $(GRANTS_REPORT).log"; exit $$st; }; \
 	  cat $(GRANTS_REPORT)'
 	@mkdir -p $(RECORD)
-	@out=$(RECORD)/faults-grants-$$(date -u +%F).md; { \
+	@rev=$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded); \
+	out=$(RECORD)/faults-grants-$$(date -u +%F).md; { \
 	  printf '# shop fault suite: a lock server forgets a live grant, %s\n\n' "$$(date -u '+%F %H:%M UTC')"; \
 	  printf 'Machine: %s CPUs (%s).\n\n' "$$(nproc)" "$$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"; \
 	  printf 'Command: `make faults-grants`\n\n'; \
-	  printf 'Commit: %s\n\n' "$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded)"; \
+	  printf 'Commit: %s\n\n' "$$rev"; \
 	  printf '```\n'; cat $(GRANTS_REPORT); printf '```\n'; \
 	} > $$out && echo "record: $$out"
