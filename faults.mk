@@ -55,3 +55,24 @@ faults-consumer: ## the order-event consumer's fault rows alone (SIGKILL between
 	  printf 'Commit: %s\n\n' "$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded)"; \
 	  printf '```\n'; cat $(CONSUMER_REPORT); printf '```\n'; \
 	} > $$out && echo "record: $$out"
+
+# Where the rows of a lock server forgetting a live grant are written.
+GRANTS_REPORT ?= /tmp/shop-faults-grants-report.txt
+GRANTS_TESTS := ^(TestHolderMasterFaults|TestRedisFailover|TestRedisClusterFailover)$$
+
+.PHONY: faults-grants
+faults-grants: ## a lock server forgets a live grant: Redlock's master restarted empty or its clock jumped (faults 10, 11) beside the fenced Redis lock, the Sentinel and Cluster failovers (4), -race; keeps them in docs/results/faults-grants-<date>.md
+	$(WITH_SERVERS) sh -c '\
+	  SHOP_FAULTS=full SHOP_FAULTS_REPORT=$(GRANTS_REPORT) $(GO) test -race -count=1 -timeout 10m -run "$(GRANTS_TESTS)" ./internal/faults/ >$(GRANTS_REPORT).log 2>&1; st=$$?; \
+	  grep -E "^(---|ok|FAIL|PASS)|^    --- FAIL|_test.go:[0-9]+:" $(GRANTS_REPORT).log | grep -v "^    --- PASS" || true; \
+	  [ $$st -eq 0 ] || { echo "grant faults failed; full output in $(GRANTS_REPORT).log"; exit $$st; }; \
+	  cat $(GRANTS_REPORT)'
+	@mkdir -p $(RECORD)
+	@rev=$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded); \
+	out=$(RECORD)/faults-grants-$$(date -u +%F).md; { \
+	  printf '# shop fault suite: a lock server forgets a live grant, %s\n\n' "$$(date -u '+%F %H:%M UTC')"; \
+	  printf 'Machine: %s CPUs (%s).\n\n' "$$(nproc)" "$$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"; \
+	  printf 'Command: `make faults-grants`\n\n'; \
+	  printf 'Commit: %s\n\n' "$$rev"; \
+	  printf '```\n'; cat $(GRANTS_REPORT); printf '```\n'; \
+	} > $$out && echo "record: $$out"

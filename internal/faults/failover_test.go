@@ -88,10 +88,22 @@ func sentinelSet(t *testing.T) (master, replica *server, sentinels []string) {
 func TestRedisFailover(t *testing.T) {
 	needFull(t)
 	t.Parallel()
-	ctx := context.Background()
 	master, replica, sentinels := sentinelSet(t)
 	f := newFailoverAccount(t, sentinels)
+	fo := failOver(t, f, master, func(killed time.Time) { awaitPromotion(t, replica, killed) })
+	res := fo.row("4 failover (Sentinel)")
+	report(res)
+	t.Logf("%+v (failover took %v)", res, fo.promoted.Round(time.Millisecond))
+	fo.check(t)
+}
 
+// failOver is the row on f's lock: a grant replicated, replication cut,
+// g1 granted and written, master killed; once promoted has returned (the
+// lock's client reaches the promoted replica), g2 is granted and both
+// holders write.
+func failOver(t *testing.T, f *failoverAccount, master *server, promoted func(killed time.Time)) failover {
+	t.Helper()
+	ctx := context.Background()
 	// A first grant, replicated: the replica knows the key's counter.
 	g0 := f.grant(t)
 	if err := f.deposit(g0.Fence(), 1); err != nil {
@@ -117,11 +129,11 @@ func TestRedisFailover(t *testing.T) {
 
 	killed := time.Now()
 	master.stop(syscall.SIGKILL)
-	awaitPromotion(t, replica, killed)
-	promoted := time.Now()
+	promoted(killed)
+	fo.promoted = time.Since(killed)
 
 	fo.g2 = f.grant(t)
-	granted := time.Now()
+	fo.recovery = time.Since(killed)
 	fo.overlap = !backend.IsClosed(fo.g1.Lost())
 	fo.g2Write = f.deposit(fo.g2.Fence(), 100)
 	fo.g1Again = f.deposit(fo.g1.Fence(), 1000) // the stale holder writes once more
@@ -133,27 +145,33 @@ func TestRedisFailover(t *testing.T) {
 	if fo.drift, err = f.store.Drift(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res := fo.row(granted.Sub(killed))
-	report(res)
-	t.Logf("%+v (failover took %v)", res, promoted.Sub(killed).Round(time.Millisecond))
-	fo.check(t)
+	return fo
 }
 
 // failoverAccount is account 1 in the shop's MariaDB, under the lock of a
-// Redis found through Sentinel.
+// Redis with a replica (found through Sentinel, or a Cluster's shard).
 type failoverAccount struct {
 	locker lockkit.Locker
+	prefix string // the Locker's key prefix
 	store  *account.Store
 	id     int64
 }
 
 func newFailoverAccount(t *testing.T, sentinels []string) *failoverAccount {
 	t.Helper()
-	ctx := context.Background()
 	client := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: sentinels,
 		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
-	locker, err := redislock.New(client, redislock.WithPrefix(shoptest.Prefix("faults")))
+	return newLockedAccount(t, client)
+}
+
+// newLockedAccount is account 1 in a private database, under the Redis
+// lock on client.
+func newLockedAccount(t *testing.T, client redis.UniversalClient) *failoverAccount {
+	t.Helper()
+	ctx := context.Background()
+	prefix := shoptest.Prefix("faults")
+	locker, err := redislock.New(client, redislock.WithPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +185,7 @@ func newFailoverAccount(t *testing.T, sentinels []string) *failoverAccount {
 	if err := db.Migrate(ctx, account.Models()...); err != nil {
 		t.Fatal(err)
 	}
-	f := &failoverAccount{locker: locker, store: account.NewStore(db.DB), id: 1}
+	f := &failoverAccount{locker: locker, prefix: prefix, store: account.NewStore(db.DB), id: 1}
 	if _, err := f.store.Put(ctx, f.id, opening); err != nil {
 		t.Fatal(err)
 	}
@@ -245,17 +263,20 @@ type failover struct {
 	g1Write, g2Write, g1Again, g3Write error
 	extra                              int // grants after g2 until a write was accepted
 	drift                              map[string]int64
+	// promoted and recovery are how long after the kill the replica was
+	// promoted and g2 was granted.
+	promoted, recovery time.Duration
 }
 
-func (fo failover) row(recovery time.Duration) row {
+func (fo failover) row(fault string) row {
 	fenced := 0
 	for _, e := range []error{fo.g1Write, fo.g2Write, fo.g1Again} {
 		if errors.Is(e, lockkit.ErrFenced) {
 			fenced++
 		}
 	}
-	res := row{Fault: "4 failover (Sentinel)", Backend: "redis", Fenced: fenced, LostCents: fo.drift["1"],
-		Recovery: recovery,
+	res := row{Fault: fault, Backend: "redis", Fenced: fenced, LostCents: fo.drift["1"],
+		Recovery: fo.recovery,
 		Stale: fmt.Sprintf("tokens g1=%d g2=%d; g1 write %s, g2 write %s, g1 again %s; writes accepted again after %d more grants",
 			fo.g1.Fence(), fo.g2.Fence(), errText(fo.g1Write), errText(fo.g2Write), errText(fo.g1Again), fo.extra)}
 	if fo.overlap {

@@ -137,13 +137,14 @@ func printTable(w io.Writer) {
 	tw.Flush()
 }
 
+// faultRank is the number a fault's name starts with (99 for none).
 func faultRank(f string) int {
-	for i, p := range []string{"1 pause", "2 crash", "3 restart", "4 failover", "5 partition", "6 no lock"} {
-		if strings.HasPrefix(f, p) {
-			return i
-		}
+	num, _, _ := strings.Cut(f, " ")
+	n, err := strconv.Atoi(num)
+	if err != nil {
+		return 99
 	}
-	return 99
+	return n
 }
 
 func orDash(s string) string {
