@@ -316,3 +316,36 @@ func (s *logSink) lines(substr string) []string {
 	}
 	return out
 }
+
+// On a Cluster every master is read, and each warning names its node:
+// the test environment's cluster keeps no append-only file.
+func TestLockRedisSettingsOfEveryClusterMaster(t *testing.T) {
+	addrs := testenv.RequireList(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer cluster.Close()
+	var mu sync.Mutex // ForEachMaster calls in parallel
+	var masters []string
+	err := cluster.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
+		if v, err := node.ConfigGet(ctx, "appendonly").Result(); err != nil || v["appendonly"] != "no" {
+			return fmt.Errorf("master %s: appendonly %v, %v; this test needs the test environment's cluster", node.Options().Addr, v, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		masters = append(masters, node.Options().Addr)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs logSink
+	checkLockRedis(context.Background(), cluster, strings.Join(addrs, ","), slog.New(slog.NewTextHandler(&logs, nil)))
+	warnings := logs.lines("appendonly=no")
+	if len(warnings) != len(masters) {
+		t.Fatalf("%d warnings for %d masters:\n%s", len(warnings), len(masters), logs.String())
+	}
+	for _, m := range masters {
+		if len(logs.lines("node="+m)) != 1 {
+			t.Errorf("master %s not named once:\n%s", m, logs.String())
+		}
+	}
+}
