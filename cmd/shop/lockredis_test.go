@@ -65,9 +65,24 @@ func TestLockKeysLiveOnTheLockRedis(t *testing.T) {
 	}
 }
 
+// The lock Redis may be a Cluster, as the main one may: the lock keys and
+// the fence counter share a hash slot.
+func TestLockRedisMayBeACluster(t *testing.T) {
+	addrs := testenv.Require(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
+	prefix := shoptest.Prefix("lockredis")
+	srv, a := newTestServer(t, map[string]string{"SHOP_LOCK_REDIS_ADDRS": addrs, "SHOP_KEY_PREFIX": prefix})
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+	defer cluster.Close()
+	mustPost(t, srv.URL+"/admin/v1/reset", testAdmin, `{"fixture":"default"}`)
+	mustPost(t, srv.URL+"/api/v1/accounts/1/deposit", shoptestToken(t, 1), `{"amount_cents":100}`)
+	counter := "{" + prefix + "lock:account:1}:fence"
+	fenceOf(t, a, counter, cluster)
+	cluster.Del(context.Background(), counter)
+}
+
 // fenceOf returns account 1's fence, after checking that it is the token
 // the lock Redis's counter last gave.
-func fenceOf(t *testing.T, a *app, counter string, locks *redis.Client) uint64 {
+func fenceOf(t *testing.T, a *app, counter string, locks redis.Cmdable) uint64 {
 	t.Helper()
 	acct, err := a.accounts.Get(context.Background(), 1)
 	if err != nil {
