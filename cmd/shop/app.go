@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
 
@@ -76,6 +75,9 @@ type app struct {
 	// broker is the connection openEvents made, which the consumer in
 	// serve shares.
 	broker jetstream.JetStream
+	// lockRedis is the Redis of SHOP_LOCK_REDIS_ADDRS, nil when the locks
+	// share the main Redis.
+	lockRedis redis.UniversalClient
 	// hooks for tests in this package
 	accounts *account.Store
 }
@@ -195,7 +197,7 @@ func (a *app) newHandlers(cfg config.Config, log *slog.Logger, domains []domain,
 	})
 }
 
-// openStores opens the database, migrated, and Redis.
+// openStores opens the database, migrated, Redis, and the lock Redis.
 func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logger) (*storage.DB, redis.UniversalClient, error) {
 	db, err := storage.Open(ctx, storage.Options{MySQLDSN: cfg.MySQLDSN, SQLitePath: cfg.SQLitePath, MaxConns: cfg.DBMaxConns,
 		SlowQuery: cfg.SlowQuery, Log: log})
@@ -218,6 +220,9 @@ func (a *app) openStores(ctx context.Context, cfg config.Config, log *slog.Logge
 		return nil, nil, err
 	}
 	a.ready = append(a.ready, readyCheck{"redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }})
+	if err := a.openLockRedis(ctx, cfg, rdb, log); err != nil {
+		return nil, nil, err
+	}
 	return db, rdb, nil
 }
 
@@ -252,7 +257,7 @@ type locking struct {
 // domain uses it.
 func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB, rdb redis.UniversalClient,
 	reg prometheus.Registerer) (locking, error) {
-	backend, err := openLocker(ctx, cfg, deps{redis: rdb, db: db})
+	backend, err := openLocker(ctx, cfg, deps{redis: rdb, lockRedis: a.lockRedis, db: db})
 	if err != nil {
 		return locking{}, err
 	}
@@ -328,9 +333,10 @@ func newOrders(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem,
 // only the clock floor keeps its tokens above the fences an earlier run
 // left in a kept SQLite file, and a clock stepped back would have them
 // refuse every write. No other process can hold a lock on an in-process
-// server, so forgetting them is safe.
+// server, so forgetting them is safe; it is not when the locks live on a
+// lock Redis of their own.
 func forgetFences(ctx context.Context, cfg config.Config, domains []domain) error {
-	if !cfg.EmbeddedRedis() || cfg.LockBackend != "redis" {
+	if !cfg.LocksOnEmbeddedRedis() {
 		return nil
 	}
 	for _, d := range domains {
@@ -428,14 +434,7 @@ func openRedis(cfg config.Config, a *app, log *slog.Logger) (redis.UniversalClie
 		log.Info("embedded Redis-protocol server started (in-process, data lost at exit)", "addr", m.Addr())
 		opts.Addrs = []string{m.Addr()}
 	}
-	rdb := redis.NewUniversalClient(opts)
-	a.closers = append(a.closers, rdb.Close)
-	// A span per command (and per pipeline), without the command's
-	// arguments: keys name users, values hold stored answers.
-	if err := redisotel.InstrumentTracing(rdb, redisotel.WithDBStatement(false)); err != nil {
-		return nil, fmt.Errorf("redis tracing: %w", err)
-	}
-	return rdb, nil
+	return a.dialRedis(opts)
 }
 
 // readinessBudget bounds a whole /readyz answer: under the 2 s of the

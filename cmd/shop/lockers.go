@@ -15,7 +15,10 @@ import (
 // own for the stores nothing else uses.
 type deps struct {
 	redis redis.UniversalClient // shop's Redis: likes and idempotency tokens live there whatever the backend
-	db    *storage.DB
+	// lockRedis is the Redis of SHOP_LOCK_REDIS_ADDRS; nil: backend redis
+	// locks on redis.
+	lockRedis redis.UniversalClient
+	db        *storage.DB
 }
 
 // openLocker returns the bare backend cfg.LockBackend names, its keys under
@@ -29,6 +32,9 @@ func openLocker(ctx context.Context, cfg config.Config, d deps) (lockkit.Locker,
 		ZKAddrs:        cfg.ZKAddrs,
 		EtcdEndpoints:  cfg.EtcdEndpoints,
 		MemcachedAddrs: cfg.MemcachedAddrs,
+	}
+	if d.lockRedis != nil {
+		s.Redis = d.lockRedis
 	}
 	if d.db != nil {
 		s.DB = d.db.DB

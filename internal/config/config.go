@@ -119,6 +119,15 @@ type Config struct {
 	// RedisSentinelMaster is SHOP_REDIS_SENTINEL_MASTER: the master name;
 	// when set, RedisAddrs are Sentinel addresses.
 	RedisSentinelMaster string
+	// LockRedisAddrs is SHOP_LOCK_REDIS_ADDRS: the Redis that backend
+	// redis keeps its lock keys and fence counters on, in the shapes of
+	// RedisAddrs. Empty (default) is the main Redis. Locks should not
+	// share a server with caches: an eviction policy or a flush meant for
+	// them frees held locks (docs/operations.md).
+	LockRedisAddrs []string
+	// LockRedisSentinelMaster is SHOP_LOCK_REDIS_SENTINEL_MASTER: the
+	// master name; when set, LockRedisAddrs are Sentinel addresses.
+	LockRedisSentinelMaster string
 	// KeyPrefix is SHOP_KEY_PREFIX (default empty): prepended to every key
 	// shop writes to shared stores (lock keys of every backend, the Redis
 	// stock mirror), so that several shops or test runs can share one
@@ -274,6 +283,8 @@ func (p *parser) servers(c *Config) {
 	c.LockBackend = p.oneOf("SHOP_LOCK_BACKEND", "redis", Backends)
 	c.RedisAddrs = p.addrs("SHOP_REDIS_ADDRS")
 	c.RedisSentinelMaster = p.str("SHOP_REDIS_SENTINEL_MASTER", "")
+	c.LockRedisAddrs = p.addrs("SHOP_LOCK_REDIS_ADDRS")
+	c.LockRedisSentinelMaster = p.str("SHOP_LOCK_REDIS_SENTINEL_MASTER", "")
 	c.KeyPrefix = p.keyPrefix("SHOP_KEY_PREFIX")
 	c.RedlockAddrs = p.addrs("SHOP_REDLOCK_ADDRS")
 	c.MySQLDSN = p.str("SHOP_MYSQL_DSN", "")
@@ -350,6 +361,9 @@ func (p *parser) crossCheck(c *Config) {
 	if c.RedisSentinelMaster != "" && len(c.RedisAddrs) == 0 {
 		p.fail("SHOP_REDIS_SENTINEL_MASTER", "needs the Sentinel addresses in SHOP_REDIS_ADDRS")
 	}
+	if c.LockRedisSentinelMaster != "" && len(c.LockRedisAddrs) == 0 {
+		p.fail("SHOP_LOCK_REDIS_SENTINEL_MASTER", "needs the Sentinel addresses in SHOP_LOCK_REDIS_ADDRS")
+	}
 }
 
 func pick[T any](cond bool, yes, no T) T {
@@ -371,6 +385,14 @@ func (c Config) MetricsOnHTTPAddr() bool { return c.MetricsAddr == c.HTTPAddr }
 // EmbeddedRedis reports whether shop starts its own in-process Redis server.
 func (c Config) EmbeddedRedis() bool { return len(c.RedisAddrs) == 0 }
 
+// LocksOnEmbeddedRedis reports whether the lock keys and fence counters
+// live on the embedded Redis: backend redis with neither
+// SHOP_LOCK_REDIS_ADDRS nor SHOP_REDIS_ADDRS set. Nothing outside this
+// process can then hold a lock or remember a token.
+func (c Config) LocksOnEmbeddedRedis() bool {
+	return c.LockBackend == "redis" && len(c.LockRedisAddrs) == 0 && c.EmbeddedRedis()
+}
+
 // LogValue prints the configuration with secrets masked, so that it can be
 // logged at start: the JWT secret, the admin token and the DSN password.
 func (c Config) LogValue() slog.Value {
@@ -387,6 +409,8 @@ func (c Config) serverAttrs() []slog.Attr {
 		slog.String("lock_backend", c.LockBackend),
 		slog.String("redis_addrs", orDefault(strings.Join(c.RedisAddrs, ","), "(embedded)")),
 		slog.String("redis_sentinel_master", c.RedisSentinelMaster),
+		slog.String("lock_redis_addrs", orDefault(strings.Join(c.LockRedisAddrs, ","), "(the main redis)")),
+		slog.String("lock_redis_sentinel_master", c.LockRedisSentinelMaster),
 		slog.String("key_prefix", c.KeyPrefix),
 		slog.String("redlock_addrs", strings.Join(c.RedlockAddrs, ",")),
 		slog.String("mysql_dsn", maskDSN(c.MySQLDSN)),

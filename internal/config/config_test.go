@@ -316,3 +316,43 @@ func TestEventsConsumerSettings(t *testing.T) {
 		}
 	}
 }
+
+// The lock Redis takes the main Redis's shapes (one server, a Cluster,
+// Sentinels) and is refused at start, naming its variable, when an address
+// has no port or a Sentinel master name comes without Sentinels.
+func TestLockRedis(t *testing.T) {
+	c, err := Load(env(map[string]string{"SHOP_ENV": "dev"}))
+	if err != nil || len(c.LockRedisAddrs) != 0 || !c.LocksOnEmbeddedRedis() {
+		t.Fatalf("unset: %v %v, on the embedded Redis %t; want the main Redis's", c.LockRedisAddrs, err, c.LocksOnEmbeddedRedis())
+	}
+	for v, want := range map[string]int{"locks:6379": 1, "l1:7000, l2:7000,l3:7000": 3} {
+		c, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_LOCK_REDIS_ADDRS": v}))
+		if err != nil || len(c.LockRedisAddrs) != want || c.LocksOnEmbeddedRedis() {
+			t.Errorf("SHOP_LOCK_REDIS_ADDRS=%q: %q, %v; want %d addresses off the embedded Redis", v, c.LockRedisAddrs, err, want)
+		}
+	}
+	c, err = Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_LOCK_REDIS_ADDRS": "s1:26379,s2:26379",
+		"SHOP_LOCK_REDIS_SENTINEL_MASTER": "locks"}))
+	if err != nil || c.LockRedisSentinelMaster != "locks" {
+		t.Errorf("Sentinels: %+v, %v", c, err)
+	}
+	for name, vars := range map[string]map[string]string{
+		"SHOP_LOCK_REDIS_ADDRS":           {"SHOP_LOCK_REDIS_ADDRS": "locks"},
+		"SHOP_LOCK_REDIS_SENTINEL_MASTER": {"SHOP_LOCK_REDIS_SENTINEL_MASTER": "locks"},
+	} {
+		vars["SHOP_ENV"] = "dev"
+		if _, err := Load(env(vars)); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%v: %v, want refused naming %s", vars, err, name)
+		}
+	}
+}
+
+// Only backend redis keeps its locks in the main Redis: with another
+// backend nothing locks on the embedded server, whose fences it could
+// forget.
+func TestLocksOnEmbeddedRedisOnlyForBackendRedis(t *testing.T) {
+	c, err := Load(env(map[string]string{"SHOP_ENV": "dev", "SHOP_LOCK_BACKEND": "local"}))
+	if err != nil || c.LocksOnEmbeddedRedis() {
+		t.Errorf("backend local: %t, %v", c.LocksOnEmbeddedRedis(), err)
+	}
+}

@@ -266,6 +266,37 @@ func TestComposeRedisCluster(t *testing.T) {
 	}
 }
 
+// TestComposeLockRedisKeepsLocks: backend redis's locks live on a Redis
+// of their own that neither evicts a key nor forgets a write at a restart
+// (docs/operations.md).
+func TestComposeLockRedisKeepsLocks(t *testing.T) {
+	p := loadCompose(t, nil)
+	for _, s := range shopServices(p) {
+		env := envOf(s)
+		cfg, err := config.Load(func(name string) string { return env[name] })
+		if err != nil {
+			t.Fatalf("%s: %v", s.Name, err)
+		}
+		reached := checkAddresses(t, p, s, cfg)
+		if len(reached["SHOP_LOCK_REDIS_ADDRS"]) == 0 {
+			t.Fatalf("%s: SHOP_LOCK_REDIS_ADDRS reaches no Redis: the locks share the main one", s.Name)
+		}
+		for _, target := range reached["SHOP_LOCK_REDIS_ADDRS"] {
+			for _, main := range reached["SHOP_REDIS_ADDRS"] {
+				if main.Name == target.Name {
+					t.Errorf("%s: the lock Redis %s is the main Redis", s.Name, target.Name)
+				}
+			}
+			if policy := orDefault(flagValue(target.Command, "--maxmemory-policy"), "noeviction"); policy != "noeviction" {
+				t.Errorf("%s: maxmemory-policy %s may evict held locks; want noeviction", target.Name, policy)
+			}
+			if flagValue(target.Command, "--appendonly") != "yes" {
+				t.Errorf("%s: no append-only file: a restart would free every held lock", target.Name)
+			}
+		}
+	}
+}
+
 // checkAddresses follows each address of cfg to a service of p that runs
 // the right server on that port and that s waits for. It returns the
 // services each variable reaches.
@@ -278,6 +309,7 @@ func checkAddresses(t *testing.T, p *types.Project, s types.ServiceConfig, cfg c
 	vars := []addressVar{
 		{"SHOP_MYSQL_DSN", "mariadb", []string{dsn.Addr}},
 		{"SHOP_REDIS_ADDRS", "redis", cfg.RedisAddrs},
+		{"SHOP_LOCK_REDIS_ADDRS", "redis", cfg.LockRedisAddrs},
 		{"SHOP_REDLOCK_ADDRS", "redis", cfg.RedlockAddrs},
 		{"SHOP_ZK_ADDRS", "zookeeper", cfg.ZKAddrs},
 		{"SHOP_ETCD_ENDPOINTS", "etcd", cfg.EtcdEndpoints},
@@ -346,7 +378,7 @@ func checkAddress(t *testing.T, p *types.Project, s types.ServiceConfig, v addre
 func checkRedlockMastersIndependent(t *testing.T, s types.ServiceConfig, reached map[string][]types.ServiceConfig) {
 	t.Helper()
 	seen := map[string]bool{}
-	for _, target := range reached["SHOP_REDIS_ADDRS"] {
+	for _, target := range slices.Concat(reached["SHOP_REDIS_ADDRS"], reached["SHOP_LOCK_REDIS_ADDRS"]) {
 		seen[target.Name] = true
 	}
 	for _, target := range reached["SHOP_REDLOCK_ADDRS"] {

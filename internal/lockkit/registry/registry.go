@@ -79,7 +79,8 @@ type Settings struct {
 	// KeyPrefix is SHOP_KEY_PREFIX: every key a backend writes on its
 	// server starts with it (Open applies it, the same way for all).
 	KeyPrefix string
-	// Redis is shop's main Redis client.
+	// Redis is the client backend redis locks on: the lock Redis
+	// (SHOP_LOCK_REDIS_ADDRS) when shop has one, else its main Redis.
 	Redis redis.UniversalClient
 	// DB is shop's SQL database; the mysql backends refuse SQLite.
 	DB             *gorm.DB
