@@ -1,0 +1,281 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lockbench/shop/internal/events"
+	"github.com/lockbench/shop/internal/shoptest"
+	"github.com/lockbench/shop/internal/testenv"
+)
+
+// natsCluster is a 3-node JetStream cluster of the test's own (the shared
+// one serves other packages' tests): nodes can be killed, restarted with
+// their stores, and frozen.
+type natsCluster struct {
+	t     *testing.T
+	bin   string
+	nodes []*natsNode
+}
+
+type natsNode struct {
+	name, conf string
+	port       int
+	cmd        *exec.Cmd
+	done       chan struct{}
+}
+
+func startNATSCluster(t *testing.T) *natsCluster {
+	t.Helper()
+	c := &natsCluster{t: t, bin: testenv.Require(t, testenv.NATSServerVar)}
+	dir := t.TempDir()
+	var routes []string
+	routePorts := make([]int, 3)
+	for i := range routePorts {
+		routePorts[i] = freeLoopbackPort(t)
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[i]))
+	}
+	for i := range 3 {
+		n := &natsNode{name: fmt.Sprintf("n%d", i), port: freeLoopbackPort(t), conf: filepath.Join(dir, fmt.Sprintf("n%d.conf", i))}
+		body := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream { store_dir: %q }\n"+
+			"cluster { name: shop-faults, listen: 127.0.0.1:%d, routes: [%s] }\n",
+			n.name, n.port, filepath.Join(dir, n.name), routePorts[i], strings.Join(routes, ", "))
+		if err := os.WriteFile(n.conf, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c.nodes = append(c.nodes, n)
+	}
+	for i := range c.nodes {
+		c.start(i)
+	}
+	t.Cleanup(func() {
+		for i := range c.nodes {
+			c.kill(i)
+		}
+	})
+	return c
+}
+
+func freeLoopbackPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (c *natsCluster) url(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", c.nodes[i].port) }
+
+func (c *natsCluster) urls() string {
+	var u []string
+	for i := range c.nodes {
+		u = append(u, c.url(i))
+	}
+	return strings.Join(u, ",")
+}
+
+// start starts node i (again, with its store) and waits until it accepts
+// connections.
+func (c *natsCluster) start(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	n.cmd = exec.Command(c.bin, "-c", n.conf)
+	if err := n.cmd.Start(); err != nil {
+		c.t.Fatalf("start nats-server %s: %v", n.name, err)
+	}
+	n.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(n.cmd, n.done)
+	waitUntil(c.t, "nats-server "+n.name+" accepts connections", func() bool {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n.port), time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+}
+
+// kill SIGKILLs node i (continued first, should it be frozen) and waits
+// until it is gone.
+func (c *natsCluster) kill(i int) {
+	n := c.nodes[i]
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Signal(syscall.SIGCONT)
+	_ = n.cmd.Process.Kill()
+	<-n.done
+	n.cmd = nil
+}
+
+func (c *natsCluster) signal(i int, sig syscall.Signal) {
+	c.t.Helper()
+	if err := c.nodes[i].cmd.Process.Signal(sig); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// streamLeader returns the node that leads the events stream.
+func (c *natsCluster) streamLeader(js jetstream.JetStream) int {
+	c.t.Helper()
+	leader := -1
+	waitUntil(c.t, "the stream has a leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, events.Stream)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		if err != nil || info.Cluster == nil {
+			return false
+		}
+		for i, n := range c.nodes {
+			if n.name == info.Cluster.Leader {
+				leader = i
+			}
+		}
+		return leader >= 0
+	})
+	return leader
+}
+
+// publishWatch samples an instance's acknowledged publishes and keeps the
+// times the count went up.
+type publishWatch struct {
+	mu    sync.Mutex
+	ups   []time.Time
+	stop  chan struct{}
+	ended chan struct{}
+}
+
+func watchPublishes(r *eventsRig, in *shoptest.Instance) *publishWatch {
+	w := &publishWatch{stop: make(chan struct{}), ended: make(chan struct{})}
+	go func() {
+		defer close(w.ended)
+		last := -1.0
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			v, err := r.metric(in.URL, "shop_events_published_total")
+			if err == nil && v > last {
+				if last >= 0 {
+					w.mu.Lock()
+					w.ups = append(w.ups, time.Now())
+					w.mu.Unlock()
+				}
+				last = v
+			}
+		}
+	}()
+	return w
+}
+
+// stalled stops the watch and returns the longest time without an
+// acknowledged publish from the fault on, up to the last one seen.
+func (w *publishWatch) stalled(from time.Time) time.Duration {
+	close(w.stop)
+	<-w.ended
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	longest, prev := time.Duration(0), from
+	for _, up := range w.ups {
+		if up.Before(from) {
+			continue
+		}
+		longest = max(longest, up.Sub(prev))
+		prev = up
+	}
+	return longest
+}
+
+// streamFault is a fault of the cluster, given the stream's leader and
+// the follower shop is connected to; it returns what undoes it.
+type streamFault struct {
+	name   string
+	inject func(c *natsCluster, leader, shopNode int) (restore func())
+}
+
+// TestEventStreamClusterFaults runs orders against a 3-node JetStream
+// cluster with the stream at 3 replicas, and takes the stream's leader
+// away under them: SIGKILLed and restarted; frozen with SIGSTOP (alive to
+// the kernel, its sockets open, silent to its peers: a node cut off) and
+// continued; two of three nodes killed (the quorum lost) and restarted.
+// shop is connected to a follower that stays up, so the row measures the
+// cluster's recovery, not the client's reconnection. Every order is
+// answered 201, every event reaches the stream once, the audit is clean;
+// how long publishing stalled is measured and reported, not asserted.
+func TestEventStreamClusterFaults(t *testing.T) {
+	needFull(t)
+	const outage = 5 * time.Second
+	for _, f := range []streamFault{
+		{"stream leader SIGKILLed", func(c *natsCluster, leader, _ int) func() {
+			c.kill(leader)
+			return func() { c.start(leader) }
+		}},
+		{"stream leader frozen (SIGSTOP)", func(c *natsCluster, leader, _ int) func() {
+			c.signal(leader, syscall.SIGSTOP)
+			return func() { c.signal(leader, syscall.SIGCONT) }
+		}},
+		{"quorum lost (2 of 3 SIGKILLed)", func(c *natsCluster, leader, shopNode int) func() {
+			other := 3 - leader - shopNode
+			c.kill(leader)
+			c.kill(other)
+			return func() { c.start(leader); c.start(other) }
+		}},
+	} {
+		t.Run(f.name, func(t *testing.T) {
+			c := startNATSCluster(t)
+			r := newEventsRig(t, c.urls(), map[string]string{"SHOP_EVENTS_REPLICAS": "3"})
+			waitUntil(t, "the cluster creates the stream at 3 replicas", func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				return events.EnsureStream(ctx, r.js, events.StreamOptions{Replicas: 3,
+					DuplicateWindow: events.DefaultDuplicateWindow, MaxAge: events.DefaultMaxAge}) == nil
+			})
+			leader := c.streamLeader(r.js)
+			shopNode := (leader + 1) % 3
+			r.env["SHOP_NATS_URL"] = c.url(shopNode) // the others are learnt from it
+			a := r.serve(r.env["SHOP_MYSQL_DSN"])
+			r.consume()
+			r.stock(a.URL)
+			r.mustPlace(a.URL, 3)
+			r.drained()
+
+			watch := watchPublishes(r, a)
+			stop := r.traffic(a.URL)
+			time.Sleep(2 * time.Second)
+			faultAt := time.Now()
+			restore := f.inject(c, leader, shopNode)
+			time.Sleep(outage)
+			restore()
+			time.Sleep(2 * time.Second)
+			placed, err := stop()
+			if err != nil {
+				t.Fatalf("an order under the fault: %v", err)
+			}
+			r.drained()
+			stall := watch.stalled(faultAt)
+			r.settled(uint64(2 * (placed + 3)))
+			row := r.conclude(a.URL, f.name, "3 nodes, R3, outbox, inbox", fmt.Sprintf(
+				"%s fault; %d orders under traffic, all 201; publishing stalled %s (sampled every 100ms)",
+				outage, placed, stall.Round(100*time.Millisecond)))
+			mustBeExact(t, row)
+		})
+	}
+}
