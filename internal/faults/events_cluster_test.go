@@ -169,39 +169,45 @@ func (r *eventsRig) stalled(since time.Time) time.Duration {
 }
 
 // streamFault is a fault of the cluster, given the stream's leader and
-// the follower shop is connected to; it returns what undoes it.
+// the node shop is connected to; it returns what undoes it.
 type streamFault struct {
-	name   string
-	inject func(c *natsCluster, leader, shopNode int) (restore func())
+	name string
+	// onLeader connects shop to the stream's leader rather than to a
+	// follower that stays up.
+	onLeader bool
+	inject   func(c *natsCluster, leader, shopNode int) (restore func())
 }
 
 // TestEventStreamClusterFaults runs orders against a 3-node JetStream
 // cluster with the stream at 3 replicas, and takes the stream's leader
 // away under them: SIGKILLed and restarted; frozen with SIGSTOP (alive to
-// the kernel, its sockets open, silent to its peers: a node cut off) and
-// continued; two of three nodes killed (the quorum lost) and restarted.
-// shop is connected to a follower that stays up, so the row measures the
-// cluster's recovery, not the client's reconnection. Every order is
-// answered 201, every event reaches the stream once, the audit is clean;
-// how long publishing stalled is measured and reported, not asserted.
+// the kernel, its sockets open, silent to its peers and clients: a node
+// cut off) and continued; two of three nodes killed (the quorum lost) and
+// restarted. shop is connected to a follower that stays up, so these rows
+// measure the cluster's recovery; a last row freezes the leader shop is
+// connected to, which measures the client's. Every order is answered 201,
+// every event reaches the stream once, the audit is clean; how long
+// publishing stalled is measured and reported, not asserted.
 func TestEventStreamClusterFaults(t *testing.T) {
 	needFull(t)
 	const outage = 12 * time.Second // longer than a JetStream election, so a failover shows
+	freeze := func(c *natsCluster, leader, _ int) func() {
+		c.signal(leader, syscall.SIGSTOP)
+		return func() { c.signal(leader, syscall.SIGCONT) }
+	}
 	for _, f := range []streamFault{
-		{"stream leader SIGKILLed", func(c *natsCluster, leader, _ int) func() {
+		{"stream leader SIGKILLed", false, func(c *natsCluster, leader, _ int) func() {
 			c.kill(leader)
 			return func() { c.start(leader) }
 		}},
-		{"stream leader frozen (SIGSTOP)", func(c *natsCluster, leader, _ int) func() {
-			c.signal(leader, syscall.SIGSTOP)
-			return func() { c.signal(leader, syscall.SIGCONT) }
-		}},
-		{"quorum lost (2 of 3 SIGKILLed)", func(c *natsCluster, leader, shopNode int) func() {
+		{"stream leader frozen (SIGSTOP)", false, freeze},
+		{"quorum lost (2 of 3 SIGKILLed)", false, func(c *natsCluster, leader, shopNode int) func() {
 			other := 3 - leader - shopNode
 			c.kill(leader)
 			c.kill(other)
 			return func() { c.start(leader); c.start(other) }
 		}},
+		{"stream leader, shop's node, frozen (SIGSTOP)", true, freeze},
 	} {
 		t.Run(f.name, func(t *testing.T) {
 			c := startNATSCluster(t)
@@ -214,6 +220,9 @@ func TestEventStreamClusterFaults(t *testing.T) {
 			})
 			leader := c.streamLeader(r.js)
 			shopNode := (leader + 1) % 3
+			if f.onLeader {
+				shopNode = leader
+			}
 			r.env["SHOP_NATS_URL"] = c.url(shopNode) // the others are learnt from it
 			a := r.serve(r.env["SHOP_MYSQL_DSN"])
 			r.consume()
