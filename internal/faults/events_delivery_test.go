@@ -58,6 +58,9 @@ func TestEventRelayKilledAfterAckBeforeMark(t *testing.T) {
 			map[string]string{"SHOP_EVENTS_DUPLICATE_WINDOW": window.String()}, window + 4*time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.before > 0 {
+				needFull(t)
+			}
 			broker := testenv.StartNATS(t)
 			r := newEventsRig(t, broker.URL(), tc.env)
 			trap, trapped := newSQLTrap(t, r.env["SHOP_MYSQL_DSN"])
@@ -104,6 +107,7 @@ func TestEventRelayKilledAfterAckBeforeMark(t *testing.T) {
 // and once the broker is back the backlog drains with nothing lost or
 // stored twice.
 func TestEventBrokerStoppedWhileOrdersArePlaced(t *testing.T) {
+	needFull(t)
 	broker := testenv.StartNATS(t)
 	r := newEventsRig(t, broker.URL(), nil)
 	a, b := r.serve(r.env["SHOP_MYSQL_DSN"]), r.serve(r.env["SHOP_MYSQL_DSN"])
