@@ -20,12 +20,12 @@ const markNeedle = "UPDATE event_relay SET marks"
 // killAt returns a trap callback that SIGKILLs in and waits until it is
 // gone, so that the statement the trap holds reaches the server only on a
 // dead connection's open transaction, which the server rolls back.
-func killAt(in **shoptest.Instance, killed chan struct{}) func() {
+func killAt(in *shoptest.Instance, killed chan struct{}) func() {
 	return func() {
-		_ = (*in).Signal(syscall.SIGKILL)
+		_ = in.Signal(syscall.SIGKILL)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_ = (*in).Wait(ctx)
+		_ = in.Wait(ctx)
 		close(killed)
 	}
 }
@@ -64,12 +64,11 @@ func TestEventRelayKilledAfterAckBeforeMark(t *testing.T) {
 			broker := testenv.StartNATS(t)
 			r := newEventsRig(t, broker.URL(), tc.env)
 			trap, trapped := newSQLTrap(t, r.env["SHOP_MYSQL_DSN"])
-			var a *shoptest.Instance
+			a := r.serve(trapped)
 			killed := make(chan struct{})
 			// Order 1's first batch is its order.placed (a batch takes one
 			// event per order); its second, the one killed, its order.paid.
-			trap.stopAt(markNeedle, func() { trap.stopAt(markNeedle, killAt(&a, killed)) })
-			a = r.serve(trapped)
+			trap.stopAt(markNeedle, func() { trap.stopAt(markNeedle, killAt(a, killed)) })
 			consumer := r.consume()
 			r.stock(a.URL)
 			_ = r.place(context.Background(), a.URL) // committed; its answer may not outlive the kill
@@ -154,13 +153,12 @@ func TestEventServiceKilledBetweenCommitAndPublish(t *testing.T) {
 			broker := testenv.StartNATS(t)
 			r := newEventsRig(t, broker.URL(), map[string]string{"SHOP_EVENTS_DELIVERY": tc.delivery})
 			trap, trapped := newSQLTrap(t, r.env["SHOP_MYSQL_DSN"])
-			var a *shoptest.Instance
+			a := r.serve(trapped)
 			killed := make(chan struct{})
-			a = r.serve(trapped)
 			r.consume()
 			r.stock(a.URL)
 			r.mustPlace(a.URL, 2)
-			trap.killAtCommitAfter("INSERT INTO `event_outbox`", killAt(&a, killed))
+			trap.killAtCommitAfter("INSERT INTO `event_outbox`", killAt(a, killed))
 			if err := r.place(context.Background(), a.URL); err == nil {
 				t.Fatal("the order whose COMMIT answer was dropped was answered 201")
 			}
