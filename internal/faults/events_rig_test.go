@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"text/tabwriter"
@@ -60,14 +62,27 @@ func printDeliveryTable(w io.Writer) {
 	if len(deliveryTable.rows) == 0 {
 		return
 	}
+	rows := append([]deliveryRow(nil), deliveryTable.rows...)
+	sort.SliceStable(rows, func(i, j int) bool { return deliveryRank(rows[i].Fault) < deliveryRank(rows[j].Fault) })
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT DELIVERY FAULT\tCONFIG\tEVENTS\tLOST\tSTORED TWICE\tPOINTS DOUBLED\tPOINTS MISSING\tUNPUBLISHED\tWHAT IT SHOWED")
-	for _, r := range deliveryTable.rows {
+	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Fault, r.Config, r.Events, r.Lost, r.StoredTwice,
 			r.PointsDoubled, r.PointsMissing, r.Unpublished, r.Note)
 	}
 	tw.Flush()
+}
+
+// deliveryRank orders the table along an event's way out: the relay, the
+// broker, the cluster behind it, and the service before them all.
+func deliveryRank(fault string) int {
+	for i, p := range []string{"relay", "broker", "stream leader", "quorum", "service"} {
+		if strings.HasPrefix(fault, p) {
+			return i
+		}
+	}
+	return 99
 }
 
 const (
