@@ -15,7 +15,7 @@ RECORD ?= docs/results
 # go test -fuzz takes one target of one package at a time.
 FUZZ_TARGETS := ./internal/problem:FuzzDecodeJSON ./internal/auth:FuzzVerify ./internal/idem:FuzzMiddleware
 
-.PHONY: faults faults-record faults-consumer
+.PHONY: faults faults-record faults-events
 faults: ## fault suite, long form (pause, crash, restart, failover, partition, under -race) + $(FUZZTIME) of fuzzing per target; prints the fault × backend table and keeps it in docs/results/faults-<date>.md
 	$(WITH_SERVERS) sh -c '\
 	  SHOP_FAULTS=full SHOP_FAULTS_REPORT=$(FAULTS_REPORT) $(GO) test -race -count=1 -timeout 30m ./internal/faults/ >$(FAULTS_REPORT).log 2>&1; st=$$?; \
@@ -38,22 +38,22 @@ faults-record:
 	  printf '```\n'; cat $(FAULTS_REPORT); printf '```\n'; \
 	} > $$out && echo "record: $$out"
 
-# Where the consumer's rows are written, besides the test output.
-CONSUMER_REPORT ?= /tmp/shop-faults-consumer-report.txt
+# Where the order-event rows are written, besides the test output.
+EVENTS_REPORT ?= /tmp/shop-faults-events-report.txt
 
-faults-consumer: ## the order-event consumer's fault rows alone (SIGKILL between commit and ack, SIGSTOP past AckWait) under inbox, lock and none, -race; keeps them in docs/results/faults-consumer-<date>.md
+faults-events: ## the order-event fault rows alone (consumer, relay, broker, a 3-node JetStream cluster, direct delivery), long form, -race; keeps them in docs/results/faults-events-<date>.md
 	$(WITH_SERVERS) sh -c '\
-	  SHOP_FAULTS_REPORT=$(CONSUMER_REPORT) $(GO) test -race -count=1 -timeout 20m -run "^TestConsumer" ./internal/faults/ >$(CONSUMER_REPORT).log 2>&1; st=$$?; \
-	  grep -E "^(---|ok|FAIL|PASS)|^    --- FAIL|_test.go:[0-9]+:" $(CONSUMER_REPORT).log | grep -v "^    --- PASS" || true; \
-	  [ $$st -eq 0 ] || { echo "consumer faults failed; full output in $(CONSUMER_REPORT).log"; exit $$st; }; \
-	  cat $(CONSUMER_REPORT)'
+	  SHOP_FAULTS=full SHOP_FAULTS_REPORT=$(EVENTS_REPORT) $(GO) test -race -count=1 -timeout 20m -run "^Test(Consumer|Event)" ./internal/faults/ >$(EVENTS_REPORT).log 2>&1; st=$$?; \
+	  grep -E "^(---|ok|FAIL|PASS)|^    --- FAIL|_test.go:[0-9]+:" $(EVENTS_REPORT).log | grep -v "^    --- PASS" || true; \
+	  [ $$st -eq 0 ] || { echo "event faults failed; full output in $(EVENTS_REPORT).log"; exit $$st; }; \
+	  cat $(EVENTS_REPORT)'
 	@mkdir -p $(RECORD)
-	@out=$(RECORD)/faults-consumer-$$(date -u +%F).md; { \
-	  printf '# shop order-event consumer faults, %s\n\n' "$$(date -u '+%F %H:%M UTC')"; \
+	@out=$(RECORD)/faults-events-$$(date -u +%F).md; { \
+	  printf '# shop order-event faults, %s\n\n' "$$(date -u '+%F %H:%M UTC')"; \
 	  printf 'Machine: %s CPUs (%s).\n\n' "$$(nproc)" "$$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"; \
-	  printf 'Command: `make faults-consumer`\n\n'; \
+	  printf 'Command: `make faults-events`\n\n'; \
 	  printf 'Commit: %s\n\n' "$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded)"; \
-	  printf '```\n'; cat $(CONSUMER_REPORT); printf '```\n'; \
+	  printf '```\n'; cat $(EVENTS_REPORT); printf '```\n'; \
 	} > $$out && echo "record: $$out"
 
 # Where the rows of a lock server forgetting a live grant are written.

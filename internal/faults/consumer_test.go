@@ -82,11 +82,11 @@ type sqlTrap struct {
 	needle      string
 	onStatement func()
 	// onCommitted, when set, runs once the server has answered the first
-	// COMMIT after a packet holding commitAfter, before the client sees
-	// the answer, which is dropped with the line. (gorm wraps single
-	// writes in transactions of their own: not every COMMIT is the effect's.)
+	// COMMIT after a packet holding commitAfter on the same connection,
+	// before the client sees the answer, which is dropped with the line.
+	// (gorm wraps single writes in transactions of their own, and other
+	// connections commit meanwhile: not every COMMIT is the effect's.)
 	commitAfter string
-	armed       bool
 	onCommitted func()
 }
 
@@ -131,7 +131,9 @@ func (s *sqlTrap) killAtCommitAfter(needle string, fn func()) {
 	s.commitAfter, s.onCommitted = needle, fn
 }
 
-func (s *sqlTrap) take(payload []byte) (statement, committed func()) {
+// take looks at one client packet of a connection whose state is armed
+// (a packet holding commitAfter went through it).
+func (s *sqlTrap) take(payload []byte, armed *bool) (statement, committed func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// COM_QUERY (0x03) and COM_STMT_PREPARE (0x16) carry the SQL text.
@@ -143,9 +145,12 @@ func (s *sqlTrap) take(payload []byte) (statement, committed func()) {
 		statement, s.onStatement = s.onStatement, nil
 	}
 	if s.onCommitted != nil && strings.Contains(sql, s.commitAfter) {
-		s.armed = true
+		*armed = true
 	}
-	if s.onCommitted != nil && s.armed && payload[0] == 0x03 && strings.EqualFold(sql, "COMMIT") {
+	if strings.EqualFold(sql, "ROLLBACK") {
+		*armed = false // that write is undone: wait for the next one
+	}
+	if s.onCommitted != nil && *armed && payload[0] == 0x03 && strings.EqualFold(sql, "COMMIT") {
 		committed, s.onCommitted = s.onCommitted, nil
 	}
 	return statement, committed
@@ -180,6 +185,7 @@ func (s *sqlTrap) forward(client net.Conn, addr string) {
 		}
 	}()
 	defer closeBoth()
+	armed := false
 	for { // client to server, packet by packet: 3 bytes of length, 1 of sequence
 		var head [4]byte
 		if _, err := io.ReadFull(client, head[:]); err != nil {
@@ -189,7 +195,7 @@ func (s *sqlTrap) forward(client net.Conn, addr string) {
 		if _, err := io.ReadFull(client, payload); err != nil {
 			return
 		}
-		statement, onCommit := s.take(payload)
+		statement, onCommit := s.take(payload, &armed)
 		if statement != nil {
 			statement()
 		}

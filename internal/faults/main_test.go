@@ -25,10 +25,12 @@ func TestMain(m *testing.M) {
 	shoptest.Cleanup()
 	printTable(os.Stdout)
 	printEventTable(os.Stdout)
+	printDeliveryTable(os.Stdout)
 	if path := os.Getenv("SHOP_FAULTS_REPORT"); path != "" {
 		if f, err := os.Create(path); err == nil {
 			printTable(f)
 			printEventTable(f)
+			printDeliveryTable(f)
 			f.Close()
 		}
 	}
