@@ -12,6 +12,21 @@ FAULTS_REPORT ?= /tmp/shop-faults-report.txt
 # the machine and the commit.
 RECORD ?= docs/results
 
+# record writes $(RECORD)/$(1)-<date>.md: the title $(2), the command $(3)
+# and the report $(4), with the machine and the commit. The commit is read
+# before the file is opened, so rewriting today's record is not a dirty tree.
+define record
+@mkdir -p $(RECORD)
+@rev=$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded); \
+out=$(RECORD)/$(1)-$$(date -u +%F).md; { \
+  printf '# %s, %s\n\n' '$(2)' "$$(date -u '+%F %H:%M UTC')"; \
+  printf 'Machine: %s CPUs (%s).\n\n' "$$(nproc)" "$$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"; \
+  printf 'Command: `%s`\n\n' '$(3)'; \
+  printf 'Commit: %s\n\n' "$$rev"; \
+  printf '```\n'; cat $(4); printf '```\n'; \
+} > $$out && echo "record: $$out"
+endef
+
 # go test -fuzz takes one target of one package at a time.
 FUZZ_TARGETS := ./internal/problem:FuzzDecodeJSON ./internal/auth:FuzzVerify ./internal/idem:FuzzMiddleware
 
@@ -29,14 +44,7 @@ faults: ## fault suite, long form (pause, crash, restart, failover, partition, u
 
 # faults-record writes $(RECORD)/faults-<date>.md from $(FAULTS_REPORT).
 faults-record:
-	@mkdir -p $(RECORD)
-	@out=$(RECORD)/faults-$$(date -u +%F).md; { \
-	  printf '# shop fault suite, %s\n\n' "$$(date -u '+%F %H:%M UTC')"; \
-	  printf 'Machine: %s CPUs (%s).\n\n' "$$(nproc)" "$$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"; \
-	  printf 'Command: `make faults FUZZTIME=%s`\n\n' '$(FUZZTIME)'; \
-	  printf 'Commit: %s\n\n' "$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded)"; \
-	  printf '```\n'; cat $(FAULTS_REPORT); printf '```\n'; \
-	} > $$out && echo "record: $$out"
+	$(call record,faults,shop fault suite,make faults FUZZTIME=$(FUZZTIME),$(FAULTS_REPORT))
 
 # Where the order-event rows are written, besides the test output.
 EVENTS_REPORT ?= /tmp/shop-faults-events-report.txt
@@ -47,14 +55,7 @@ faults-events: ## the order-event fault rows alone (consumer, relay, broker, a 3
 	  grep -E "^(---|ok|FAIL|PASS)|^    --- FAIL|_test.go:[0-9]+:" $(EVENTS_REPORT).log | grep -v "^    --- PASS" || true; \
 	  [ $$st -eq 0 ] || { echo "event faults failed; full output in $(EVENTS_REPORT).log"; exit $$st; }; \
 	  cat $(EVENTS_REPORT)'
-	@mkdir -p $(RECORD)
-	@out=$(RECORD)/faults-events-$$(date -u +%F).md; { \
-	  printf '# shop order-event faults, %s\n\n' "$$(date -u '+%F %H:%M UTC')"; \
-	  printf 'Machine: %s CPUs (%s).\n\n' "$$(nproc)" "$$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"; \
-	  printf 'Command: `make faults-events`\n\n'; \
-	  printf 'Commit: %s\n\n' "$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded)"; \
-	  printf '```\n'; cat $(EVENTS_REPORT); printf '```\n'; \
-	} > $$out && echo "record: $$out"
+	$(call record,faults-events,shop order-event faults,make faults-events,$(EVENTS_REPORT))
 
 # Where the rows of a lock server forgetting a live grant are written.
 GRANTS_REPORT ?= /tmp/shop-faults-grants-report.txt
@@ -67,12 +68,4 @@ faults-grants: ## a lock server forgets a live grant: Redlock's master restarted
 	  grep -E "^(---|ok|FAIL|PASS)|^    --- FAIL|_test.go:[0-9]+:" $(GRANTS_REPORT).log | grep -v "^    --- PASS" || true; \
 	  [ $$st -eq 0 ] || { echo "grant faults failed; full output in $(GRANTS_REPORT).log"; exit $$st; }; \
 	  cat $(GRANTS_REPORT)'
-	@mkdir -p $(RECORD)
-	@rev=$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo not recorded); \
-	out=$(RECORD)/faults-grants-$$(date -u +%F).md; { \
-	  printf '# shop fault suite: a lock server forgets a live grant, %s\n\n' "$$(date -u '+%F %H:%M UTC')"; \
-	  printf 'Machine: %s CPUs (%s).\n\n' "$$(nproc)" "$$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"; \
-	  printf 'Command: `make faults-grants`\n\n'; \
-	  printf 'Commit: %s\n\n' "$$rev"; \
-	  printf '```\n'; cat $(GRANTS_REPORT); printf '```\n'; \
-	} > $$out && echo "record: $$out"
+	$(call record,faults-grants,shop fault suite: a lock server forgets a live grant,make faults-grants,$(GRANTS_REPORT))
