@@ -40,8 +40,21 @@ type rowEnv struct {
 	sec      secrets
 	tokens   string // file of the users' tokens, for k6
 	shop     []string
-	pids     []int // the instances'
-	cleanups []func()
+	// instances serve the API; events is an events row's broker and
+	// consumers (nil for the other rows). A restart replaces an entry.
+	instances []*instance
+	events    *eventRig
+	dsn       string // an events row's database, which it is measured in
+	cleanups  []func()
+}
+
+// pids are the instances' process ids.
+func (re *rowEnv) pids() []int {
+	pids := make([]int, len(re.instances))
+	for i, in := range re.instances {
+		pids[i] = in.cmd.Process.Pid
+	}
+	return pids
 }
 
 // close undoes what the row set up, last first.
@@ -70,12 +83,25 @@ func startRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s r
 	instanceEnv := func(port int) []string {
 		return shopEnv(o, env, s, re.sec, dsn, "lt"+runID+"-"+s.Name+":", "127.0.0.1:"+strconv.Itoa(port))
 	}
+	if s.IsEvents() {
+		re.dsn = dsn
+		if err := re.startEvents(ctx, o, env, s.Name); err != nil {
+			return re, err
+		}
+		shared := instanceEnv
+		instanceEnv = func(port int) []string { return append(shared(port), eventsEnv(s, re.events.broker.url())...) }
+	}
 	if err := re.startInstances(ctx, o, s.Name, instanceEnv); err != nil {
 		return re, err
 	}
 	re.adm = admin{url: re.urls[0], token: re.sec.admin}
 	if err := setUp(ctx, re.adm, o); err != nil {
 		return re, err
+	}
+	if s.IsEvents() {
+		if err := re.startConsumers(ctx, o, s.Name, instanceEnv); err != nil {
+			return re, err
+		}
 	}
 	re.tokens = filepath.Join(o.out, "tokens-"+s.Name+".json")
 	re.cleanups = append(re.cleanups, func() { os.Remove(re.tokens) })
@@ -111,8 +137,7 @@ func (re *rowEnv) startInstances(ctx context.Context, o options, row string, env
 	if err := migrate(ctx, o.shop, re.shop, logPath(o.out, row, "migrate")); err != nil {
 		return err
 	}
-	var instances []*instance
-	re.cleanups = append(re.cleanups, func() { stopAll(instances) })
+	re.cleanups = append(re.cleanups, func() { stopAll(re.instances) })
 	for i := range o.Instances {
 		port, err := freePort()
 		if err != nil {
@@ -122,14 +147,13 @@ func (re *rowEnv) startInstances(ctx context.Context, o options, row string, env
 		if err != nil {
 			return err
 		}
-		instances = append(instances, in)
+		re.instances = append(re.instances, in)
 	}
-	for _, in := range instances {
+	for _, in := range re.instances {
 		if err := in.waitReady(ctx, 60*time.Second); err != nil {
 			return err
 		}
 		re.urls = append(re.urls, in.url)
-		re.pids = append(re.pids, in.cmd.Process.Pid)
 	}
 	return nil
 }
@@ -149,9 +173,25 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s rep
 
 	summaryPath := filepath.Join(o.out, s.Name+".k6.json")
 	_ = os.Remove(summaryPath)
+	var faults []string
+	faultsDone := make(chan struct{})
+	if s.IsEvents() {
+		go func() {
+			defer close(faultsDone)
+			faults = re.faults(ctx, log, s, o.Duration)
+		}()
+	} else {
+		close(faultsDone)
+	}
 	res.K6Exit, err = runK6(ctx, o, s, re.urls, re.tokens, summaryPath)
+	<-faultsDone
 	if err != nil {
 		return res, err
+	}
+	if s.IsEvents() {
+		if res.Events, err = re.settleEvents(ctx, s, faults); err != nil {
+			return res, err
+		}
 	}
 	if err := readSummary(summaryPath, &res); err != nil {
 		return res, err
@@ -177,6 +217,10 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s rep
 // its own saturation on any machine. The stock is cut to what half the
 // phase sells at that rate, so that a working lock always sells out.
 func offerFraction(ctx context.Context, log *slog.Logger, o options, s report.Row, re *rowEnv, res *report.Result) (options, error) {
+	if s.IsEvents() && o.Rate == 0 {
+		// The orders flow alone: no hot SKU to probe.
+		o.Rate = eventsRate
+	}
 	res.Rate = o.Rate
 	if o.Rate > 0 {
 		return o, nil

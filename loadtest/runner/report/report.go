@@ -162,7 +162,15 @@ func (r Report) Table() string {
 	for _, res := range r.Results {
 		rows = append(rows, append(res.Cells(), res.Verdict))
 	}
-	return "\n" + aligned(rows)
+	out := "\n" + aligned(rows)
+	if events := r.eventResults(); len(events) > 0 {
+		rows = [][]string{append(append([]string{}, EventColumns...), "verdict")}
+		for _, res := range events {
+			rows = append(rows, append(res.EventCells(), res.Verdict))
+		}
+		out += "\n" + aligned(rows)
+	}
+	return out
 }
 
 // aligned lays rows out in columns: the first and last left-aligned (names

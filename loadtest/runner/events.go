@@ -1,0 +1,315 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lockbench/shop/internal/events"
+	"github.com/lockbench/shop/internal/loyalty"
+	"github.com/lockbench/shop/loadtest/runner/report"
+)
+
+// eventsRows are the rows of the ways events leave shop and are applied:
+// the defaults first, then each other way beside them.
+var eventsRows = []string{"events", "events-lock", "events-none", "events-direct"}
+
+// The events rows' settings. The orders flow runs at eventsRate/5
+// iterations a second (each a place, most a pay: some 30 events a
+// second), unless -rate is given.
+const (
+	eventsRate = 60
+	consumers  = 2
+	// ackWait is SHOP_EVENTS_ACK_WAIT: short, so that a consumer paused
+	// past it is redelivered within the run.
+	ackWait = 2 * time.Second
+	// leaseTTL is SHOP_LOCK_TTL: a killed relay leader's lease runs out
+	// within the run, not after the default 30 s.
+	leaseTTL = 5 * time.Second
+)
+
+// eventsSpec is an events row: the orders flow alone (its changes are
+// the events), on the redis lock, with one way of delivery and dedup.
+func eventsSpec(name string) (report.Row, bool) {
+	row := func(delivery, dedup string, expect report.Expectation, why string) (report.Row, bool) {
+		return report.Row{Name: name, Backend: "redis", Strategy: "lock", Flows: []string{"orders"}, Expect: expect,
+			Why: why, Delivery: delivery, Dedup: dedup}, true
+	}
+	switch name {
+	case "events":
+		return row(report.DeliveryOutbox, report.DedupInbox, report.ExpectClean,
+			"the defaults: the event commits with its change, the dedup record with its effect")
+	case "events-lock":
+		return row(report.DeliveryOutbox, report.DedupLock, report.ExpectClean,
+			"a redis lock on the event id, its done-mark claimed with the lock's fencing token")
+	case "events-none":
+		return row(report.DeliveryOutbox, report.DedupNone, report.ExpectDamage,
+			"no dedup: a redelivery applies again")
+	case "events-direct":
+		return row(report.DeliveryDirect, report.DedupInbox, report.ExpectDamage,
+			"publish after commit: what is committed while the broker is away never leaves")
+	}
+	return report.Row{}, false
+}
+
+// eventsEnv are an events row's SHOP_* settings, beside shopEnv's.
+func eventsEnv(s report.Row, natsURL string) []string {
+	return []string{
+		"SHOP_NATS_URL=" + natsURL,
+		"SHOP_EVENTS_DELIVERY=" + s.Delivery,
+		"SHOP_EVENTS_DEDUP=" + s.Dedup,
+		"SHOP_EVENTS_CONSUME_IN_SERVE=false",
+		"SHOP_EVENTS_ACK_WAIT=" + ackWait.String(),
+		"SHOP_LOCK_TTL=" + leaseTTL.String(),
+	}
+}
+
+// eventRig is an events row's broker, its `shop consume` processes and
+// the runner's own connection to the broker, which it reads the durable
+// consumer's state and the stream through.
+type eventRig struct {
+	broker    *broker
+	consumers []*instance
+	nc        *nats.Conn
+	js        jetstream.JetStream
+}
+
+// startEvents starts the row's broker; its consumers start once the
+// instances have migrated the database (startConsumers).
+func (re *rowEnv) startEvents(ctx context.Context, o options, env testEnv, row string) error {
+	b, err := startBroker(ctx, env.natsServer, logPath(o.out, row, "nats"))
+	if err != nil {
+		return err
+	}
+	re.cleanups = append(re.cleanups, b.stop)
+	// The runner's connection outlives the broker's restart.
+	nc, err := nats.Connect(b.url(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	re.cleanups = append(re.cleanups, nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	re.events = &eventRig{broker: b, nc: nc, js: js}
+	return nil
+}
+
+// startConsumers starts the `shop consume` processes with env at a port
+// of their own each (their probes and /metrics).
+func (re *rowEnv) startConsumers(ctx context.Context, o options, row string, envAt func(port int) []string) error {
+	rig := re.events
+	re.cleanups = append(re.cleanups, func() { stopAll(rig.consumers) })
+	for i := range consumers {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		p := process{shop: o.shop, command: "consume", env: envAt(port), port: port,
+			logPath: logPath(o.out, row, "consume"+strconv.Itoa(i+1))}
+		c, err := p.start(os.O_TRUNC)
+		if err != nil {
+			return err
+		}
+		rig.consumers = append(rig.consumers, c)
+	}
+	for _, c := range rig.consumers {
+		if err := c.waitReady(ctx, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// faults is what an events row does to its processes while k6 places
+// orders, at fixed shares of the phase and one after the other:
+//
+//  1. the broker restarts (what direct delivery loses for certain: every
+//     publish of a change committed while it is away);
+//  2. the relay's leader is SIGKILLed and restarted: its lease stays
+//     until it runs out, and a batch published and not yet marked is
+//     republished by the next leader;
+//  3. a consumer is paused past its ack wait while it holds a message,
+//     then goes on (a GC or VM pause): its message is redelivered to the
+//     other, and a redelivery is certain (pauseConsumer);
+//  4. the other consumer is SIGKILLed and restarted: what it held
+//     unacknowledged is redelivered.
+//
+// It returns what it did, for the report; a step that failed is said so
+// and the next runs.
+func (re *rowEnv) faults(ctx context.Context, log *slog.Logger, s report.Row, phase time.Duration) []string {
+	began := time.Now()
+	at := func(share float64) { sleepCtx(ctx, time.Until(began.Add(time.Duration(share*float64(phase))))) }
+	var done []string
+	note := func(err error, format string, args ...any) {
+		what := fmt.Sprintf(format, args...)
+		if err != nil {
+			what += fmt.Sprintf(" (failed: %v)", err)
+		}
+		log.Info("fault", "row", s.Name, "at", time.Since(began).Round(100*time.Millisecond), "what", what)
+		done = append(done, what)
+	}
+	rig := re.events
+	at(0.15)
+	away, err := rig.broker.restart(ctx)
+	note(err, "broker restarted (away %s)", away.Round(100*time.Millisecond))
+	at(0.3)
+	i := re.publisher(ctx)
+	role := "relay leader"
+	if s.Delivery == report.DeliveryDirect {
+		role = "instance publishing after its commits"
+	}
+	re.instances[i], err = re.instances[i].restart(ctx)
+	note(err, "%s shop%d SIGKILLed and restarted", role, i+1)
+	at(0.45)
+	tries, err := rig.pauseConsumer(ctx)
+	note(err, "consume1 paused %s past its ack wait with a backlog (%d tries), then went on", ackWait+time.Second, tries)
+	rig.consumers[1], err = rig.consumers[1].restart(ctx)
+	note(err, "consume2 SIGKILLed and restarted")
+	return done
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// publisher is the index of the instance that published last: the one
+// whose shop_events_published_total grew the most in half a second, else
+// the one that published most. The relay's leader holds its lease for one
+// drain of the outbox at a time, so under load it is the one publishing.
+func (re *rowEnv) publisher(ctx context.Context) int {
+	first := re.publishedCounts(ctx)
+	sleepCtx(ctx, 500*time.Millisecond)
+	return busiest(first, re.publishedCounts(ctx))
+}
+
+// busiest is the index whose count grew most from before to after, else
+// the largest after; 0 when nothing was counted.
+func busiest(before, after []float64) int {
+	best, bestGrowth, bestTotal := 0, 0.0, 0.0
+	for i := range after {
+		growth := after[i] - before[i]
+		if growth > bestGrowth || (bestGrowth == 0 && growth == 0 && after[i] > bestTotal) {
+			best, bestGrowth, bestTotal = i, growth, after[i]
+		}
+	}
+	return best
+}
+
+// publishedCounts are the instances' shop_events_published_total, stored
+// and duplicate; an instance that does not answer counts 0.
+func (re *rowEnv) publishedCounts(ctx context.Context) []float64 {
+	out := make([]float64, len(re.instances))
+	for i, in := range re.instances {
+		out[i], _ = scrapeSum(ctx, in.url, "shop_events_published_total", "")
+	}
+	return out
+}
+
+// republished is the publishes the broker acknowledged as duplicates,
+// summed over the instances (a restarted one counts from its restart).
+func (re *rowEnv) republished(ctx context.Context) int64 {
+	var n float64
+	for _, in := range re.instances {
+		v, _ := scrapeSum(ctx, in.url, "shop_events_published_total", `result="duplicate"`)
+		n += v
+	}
+	return int64(n)
+}
+
+// pauseConsumer makes a redelivery certain: it stops both consumers until
+// the durable has a backlog (or 10 s passed), lets consume1 alone take
+// from it for a moment, so that it is inside a message, stops it there
+// and lets consume2 go on. Past the ack wait JetStream hands consume1's
+// message to consume2; then consume1 goes on and finishes it too: without
+// dedup, the effect applies twice. A try that caused no redelivery
+// (consume1 was between two messages) is made again, at most 3 times.
+func (rig *eventRig) pauseConsumer(ctx context.Context) (tries int, err error) {
+	a, b := rig.consumers[0].cmd.Process, rig.consumers[1].cmd.Process
+	for tries = 1; ; tries++ {
+		before, err := rig.redeliveries(ctx)
+		if err != nil {
+			return tries, err
+		}
+		_ = a.Signal(syscall.SIGSTOP)
+		_ = b.Signal(syscall.SIGSTOP)
+		rig.waitBacklog(ctx, 5, 10*time.Second)
+		_ = a.Signal(syscall.SIGCONT)
+		sleepCtx(ctx, 50*time.Millisecond)
+		_ = a.Signal(syscall.SIGSTOP)
+		_ = b.Signal(syscall.SIGCONT)
+		sleepCtx(ctx, ackWait+time.Second)
+		_ = a.Signal(syscall.SIGCONT)
+		after, err := rig.redeliveries(ctx)
+		if err != nil || after > before || tries == 3 || ctx.Err() != nil {
+			return tries, err
+		}
+	}
+}
+
+// waitBacklog waits until the durable consumer has at least n messages
+// not yet delivered, or timeout passed.
+func (rig *eventRig) waitBacklog(ctx context.Context, n uint64, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if info, err := rig.consumerInfo(ctx); err == nil && info.NumPending >= n {
+			return
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+}
+
+func (rig *eventRig) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := rig.js.Consumer(ctx, events.Stream, loyalty.ConsumerName)
+	if err != nil {
+		return nil, err
+	}
+	return c.Info(ctx)
+}
+
+// redeliveries are the durable consumer's deliveries beyond a message's
+// first: its consumer sequence counts every delivery, its stream sequence
+// the messages delivered (every message of the stream is for it).
+func (rig *eventRig) redeliveries(ctx context.Context) (int64, error) {
+	info, err := rig.consumerInfo(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int64(info.Delivered.Consumer) - int64(info.Delivered.Stream), nil
+}
+
+// settleEvents waits for the row's events to drain and measures them.
+func (re *rowEnv) settleEvents(ctx context.Context, s report.Row, faults []string) (*report.Events, error) {
+	db, err := sql.Open("mysql", re.dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	took, err := re.drain(ctx, db, s)
+	if err != nil {
+		return nil, err
+	}
+	e, err := re.measureEvents(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	e.Faults, e.DrainSeconds = faults, took.Seconds()
+	return &e, nil
+}
