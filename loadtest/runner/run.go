@@ -35,11 +35,11 @@ const (
 // rowEnv is one row's running world: its database, its instances, the
 // admin client and the users' tokens. close stops and drops it all.
 type rowEnv struct {
-	urls     []string
-	adm      admin
-	sec      secrets
-	tokens   string // file of the users' tokens, for k6
-	shop     []string
+	urls   []string
+	adm    admin
+	sec    secrets
+	tokens string // file of the users' tokens, for k6
+	shop   []string
 	// instances serve the API; events is an events row's broker and
 	// consumers (nil for the other rows). A restart replaces an entry.
 	instances []*instance

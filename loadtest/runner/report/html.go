@@ -131,4 +131,3 @@ func (r Report) column(f func(Result) float64) []float64 {
 	}
 	return out
 }
-
