@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -131,22 +133,27 @@ func (re *rowEnv) startConsumers(ctx context.Context, o options, row string, env
 }
 
 // faults is what an events row does to its processes while k6 places
-// orders, at fixed shares of the phase and one after the other:
+// orders, one after the other, each from a fixed share of the phase:
 //
-//  1. the broker restarts (what direct delivery loses for certain: every
-//     publish of a change committed while it is away);
-//  2. the relay's leader is SIGKILLed and restarted: its lease stays
+//  1. a consumer is stopped inside a paid event's effect past its ack
+//     wait, then goes on (a GC or VM pause): the event is delivered again
+//     after it was applied, for certain (pauseConsumer);
+//  2. the broker restarts: what direct delivery loses for certain, every
+//     publish of a change committed while it is away;
+//  3. the relay's leader is SIGKILLed and restarted: a lease it held stays
 //     until it runs out, and a batch published and not yet marked is
 //     republished by the next leader;
-//  3. a consumer is paused past its ack wait while it holds a message,
-//     then goes on (a GC or VM pause): its message is redelivered to the
-//     other, and a redelivery is certain (pauseConsumer);
 //  4. the other consumer is SIGKILLed and restarted: what it held
 //     unacknowledged is redelivered.
 //
-// It returns what it did, for the report; a step that failed is said so
+// It returns what it did, for the report; a step that failed says so,
 // and the next runs.
 func (re *rowEnv) faults(ctx context.Context, log *slog.Logger, s report.Row, phase time.Duration) []string {
+	db, err := sql.Open("mysql", re.dsn)
+	if err != nil {
+		return []string{"no fault made: " + err.Error()}
+	}
+	defer db.Close()
 	began := time.Now()
 	at := func(share float64) { sleepCtx(ctx, time.Until(began.Add(time.Duration(share*float64(phase))))) }
 	var done []string
@@ -159,10 +166,13 @@ func (re *rowEnv) faults(ctx context.Context, log *slog.Logger, s report.Row, ph
 		done = append(done, what)
 	}
 	rig := re.events
-	at(0.15)
+	at(0.1)
+	what, err := rig.pauseConsumer(ctx, db, re.dbName())
+	note(err, "%s", orString(what, "consume1 not paused"))
+	at(0.4)
 	away, err := rig.broker.restart(ctx)
 	note(err, "broker restarted (away %s)", away.Round(100*time.Millisecond))
-	at(0.3)
+	at(0.55)
 	i := re.publisher(ctx)
 	role := "relay leader"
 	if s.Delivery == report.DeliveryDirect {
@@ -170,12 +180,17 @@ func (re *rowEnv) faults(ctx context.Context, log *slog.Logger, s report.Row, ph
 	}
 	re.instances[i], err = re.instances[i].restart(ctx)
 	note(err, "%s shop%d SIGKILLed and restarted", role, i+1)
-	at(0.45)
-	tries, err := rig.pauseConsumer(ctx)
-	note(err, "consume1 paused %s past its ack wait with a backlog (%d tries), then went on", ackWait+time.Second, tries)
+	at(0.7)
 	rig.consumers[1], err = rig.consumers[1].restart(ctx)
 	note(err, "consume2 SIGKILLed and restarted")
 	return done
+}
+
+func orString(s, alt string) string {
+	if s == "" {
+		return alt
+	}
+	return s
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
@@ -232,46 +247,63 @@ func (re *rowEnv) republished(ctx context.Context) int64 {
 	return int64(n)
 }
 
-// pauseConsumer makes a redelivery certain: it stops both consumers until
-// the durable has a backlog (or 10 s passed), lets consume1 alone take
-// from it for a moment, so that it is inside a message, stops it there
-// and lets consume2 go on. Past the ack wait JetStream hands consume1's
-// message to consume2; then consume1 goes on and finishes it too: without
-// dedup, the effect applies twice. A try that caused no redelivery
-// (consume1 was between two messages) is made again, at most 3 times.
-func (rig *eventRig) pauseConsumer(ctx context.Context) (tries int, err error) {
+// pauseConsumer makes a repeated delivery of an applied event certain,
+// by stopping consume1 inside a paid event's effect:
+//
+//  1. consume2 is stopped (SIGSTOP), so that consume1 alone takes the
+//     messages;
+//  2. the runner locks the credits' table (LOCK TABLES ... WRITE), so
+//     that consume1's next paid event blocks at its credit's INSERT, inside
+//     its transaction, which the server's process list shows;
+//  3. consume1 is stopped there, the table unlocked (the INSERT completes
+//     on the server; the transaction stays open) and consume2 let go on;
+//  4. past the ack wait JetStream hands the event to consume2, which
+//     applies it, or finds it applied, or waits for consume1's
+//     uncommitted dedup record;
+//  5. consume1 goes on and commits: without dedup the credit is doubled;
+//     with it, one of the two deliveries is turned away.
+//
+// It returns what happened, for the report.
+func (rig *eventRig) pauseConsumer(ctx context.Context, db *sql.DB, dbName string) (string, error) {
 	a, b := rig.consumers[0].cmd.Process, rig.consumers[1].cmd.Process
-	for tries = 1; ; tries++ {
-		before, err := rig.redeliveries(ctx)
-		if err != nil {
-			return tries, err
-		}
-		_ = a.Signal(syscall.SIGSTOP)
-		_ = b.Signal(syscall.SIGSTOP)
-		rig.waitBacklog(ctx, 5, 10*time.Second)
-		_ = a.Signal(syscall.SIGCONT)
-		sleepCtx(ctx, 50*time.Millisecond)
-		_ = a.Signal(syscall.SIGSTOP)
-		_ = b.Signal(syscall.SIGCONT)
-		sleepCtx(ctx, ackWait+time.Second)
-		_ = a.Signal(syscall.SIGCONT)
-		after, err := rig.redeliveries(ctx)
-		if err != nil || after > before || tries == 3 || ctx.Err() != nil {
-			return tries, err
-		}
+	_ = b.Signal(syscall.SIGSTOP)
+	defer b.Signal(syscall.SIGCONT) //nolint:errcheck // also when a step failed
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return "", err
 	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "LOCK TABLES loyalty_entries WRITE"); err != nil {
+		return "", err
+	}
+	waiting := rig.waitForWriter(ctx, db, dbName, 10*time.Second)
+	_ = a.Signal(syscall.SIGSTOP)
+	defer a.Signal(syscall.SIGCONT) //nolint:errcheck
+	if _, err := conn.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+		return "", err
+	}
+	if !waiting {
+		return "", errors.New("no paid event reached consume1 in 10 s")
+	}
+	_ = b.Signal(syscall.SIGCONT)
+	sleepCtx(ctx, ackWait+time.Second)
+	return fmt.Sprintf("consume1 stopped inside a paid event's effect for %s (past its ack wait), then went on", ackWait+time.Second), nil
 }
 
-// waitBacklog waits until the durable consumer has at least n messages
-// not yet delivered, or timeout passed.
-func (rig *eventRig) waitBacklog(ctx context.Context, n uint64, timeout time.Duration) {
+// waitForWriter waits until a session of database dbName waits for the
+// table lock, and reports whether one did within timeout.
+func (rig *eventRig) waitForWriter(ctx context.Context, db *sql.DB, dbName string, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if info, err := rig.consumerInfo(ctx); err == nil && info.NumPending >= n {
-			return
+		var n int
+		err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE DB = ? AND STATE LIKE 'Waiting for table%lock'`, dbName).Scan(&n)
+		if err == nil && n > 0 {
+			return true
 		}
-		sleepCtx(ctx, 50*time.Millisecond)
+		sleepCtx(ctx, 5*time.Millisecond)
 	}
+	return false
 }
 
 func (rig *eventRig) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
@@ -293,6 +325,15 @@ func (rig *eventRig) redeliveries(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	return int64(info.Delivered.Consumer) - int64(info.Delivered.Stream), nil
+}
+
+// dbName is the row's database.
+func (re *rowEnv) dbName() string {
+	cfg, err := mysql.ParseDSN(re.dsn)
+	if err != nil {
+		return ""
+	}
+	return cfg.DBName
 }
 
 // settleEvents waits for the row's events to drain and measures them.

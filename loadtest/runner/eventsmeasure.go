@@ -86,8 +86,7 @@ func (re *rowEnv) measureEvents(ctx context.Context, db *sql.DB) (report.Events,
 	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders WHERE status = 'paid'`).Scan(&e.Paid); err != nil {
 		return e, err
 	}
-	if err := db.QueryRowContext(ctx, `SELECT COALESCE(SUM(n - 1), 0) FROM
-		(SELECT COUNT(*) AS n FROM loyalty_entries GROUP BY order_id) credits`).Scan(&e.Doubled); err != nil {
+	if err := db.QueryRowContext(ctx, doubledQuery).Scan(&e.Doubled); err != nil {
 		return e, err
 	}
 	uncredited, err := column[int64](ctx, db, `SELECT o.id FROM orders o
@@ -112,6 +111,10 @@ func (re *rowEnv) measureEvents(ctx context.Context, db *sql.DB) (report.Events,
 	e.Republished = re.republished(ctx)
 	return e, nil
 }
+
+// doubledQuery counts the credits beyond the first for one order.
+const doubledQuery = `SELECT COALESCE(SUM(n - 1), 0) FROM
+	(SELECT COUNT(*) AS n FROM loyalty_entries GROUP BY order_id) credits`
 
 // column reads a one-column query.
 func column[T any](ctx context.Context, db *sql.DB, query string) ([]T, error) {
