@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -173,13 +174,14 @@ func (re *rowEnv) faults(ctx context.Context, log *slog.Logger, s report.Row, ph
 	away, err := rig.broker.restart(ctx)
 	note(err, "broker restarted (away %s)", away.Round(100*time.Millisecond))
 	at(0.55)
-	i := re.publisher(ctx)
-	role := "relay leader"
 	if s.Delivery == report.DeliveryDirect {
-		role = "instance publishing after its commits"
+		i := re.publisher(ctx)
+		re.instances[i], err = re.instances[i].restart(ctx)
+		note(err, "shop%d, publishing after its commits, SIGKILLed and restarted", i+1)
+	} else {
+		what, err := re.killLeaderBeforeItsMark(ctx, db)
+		note(err, "%s", orString(what, "relay leader not killed"))
 	}
-	re.instances[i], err = re.instances[i].restart(ctx)
-	note(err, "%s shop%d SIGKILLed and restarted", role, i+1)
 	at(0.7)
 	rig.consumers[1], err = rig.consumers[1].restart(ctx)
 	note(err, "consume2 SIGKILLed and restarted")
@@ -201,6 +203,85 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
+}
+
+// killLeaderBeforeItsMark SIGKILLs the relay's leader after the broker
+// acknowledged a batch and before the leader marked it published, the
+// window that makes the outbox publish an event twice. The runner locks
+// the oldest unpublished outbox rows (by primary key: new rows are still
+// written) until the leader's mark waits for them; the instance that
+// holds the waiting session's connection is the leader. Killed, it leaves
+// its lease to run out (SHOP_LOCK_TTL) and its batch unmarked: the next
+// leader publishes it again, and the broker's deduplication absorbs the
+// copies (republished). It is restarted. The rows are held at most a
+// second at a time: a relay that got past them is caught at its next
+// batch.
+func (re *rowEnv) killLeaderBeforeItsMark(ctx context.Context, db *sql.DB) (string, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		i, err := re.catchLeaderMarking(ctx, db)
+		if err != nil {
+			return "", err
+		}
+		if i >= 0 {
+			re.instances[i], err = re.instances[i].restart(ctx)
+			return fmt.Sprintf("relay leader shop%d SIGKILLed between the broker's ack and its mark, and restarted", i+1), err
+		}
+	}
+	return "", errors.New("no relay leader caught marking within 15 s")
+}
+
+// catchLeaderMarking holds the oldest unpublished outbox rows for up to a
+// second; if a mark waits for them, it kills the instance marking (before
+// letting the rows go, so that its mark never lands) and returns its
+// index, else -1.
+func (re *rowEnv) catchLeaderMarking(ctx context.Context, db *sql.DB) (int, error) {
+	seqs, err := column[any](ctx, db, `SELECT seq FROM event_outbox WHERE published_at IS NULL ORDER BY seq LIMIT 16`)
+	if err != nil || len(seqs) == 0 {
+		sleepCtx(ctx, 50*time.Millisecond)
+		return -1, err
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return -1, err
+	}
+	defer tx.Rollback() //nolint:errcheck // lets the rows go, after a kill
+	marks := strings.TrimSuffix(strings.Repeat("?,", len(seqs)), ",")
+	if _, err := tx.ExecContext(ctx, "SELECT seq FROM event_outbox WHERE seq IN ("+marks+") FOR UPDATE", seqs...); err != nil {
+		return -1, err
+	}
+	port, ok := waitingClient(ctx, db, re.dbName(), time.Second)
+	if !ok {
+		return -1, nil
+	}
+	for i, in := range re.instances {
+		if ownsLocalPort(in.cmd.Process.Pid, port) {
+			_ = in.cmd.Process.Kill()
+			<-in.done
+			return i, nil
+		}
+	}
+	return -1, nil
+}
+
+// waitingClient is the client port of a session of database dbName that
+// marks outbox rows published and has been at it for more than 50 ms,
+// waited for up to timeout: a mark takes a few milliseconds, unless it
+// waits for the rows the runner holds.
+func waitingClient(ctx context.Context, db *sql.DB, dbName string, timeout time.Duration) (int, bool) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		var host string
+		err := db.QueryRowContext(ctx, `SELECT HOST FROM information_schema.PROCESSLIST
+			WHERE DB = ? AND INFO LIKE 'UPDATE %event_outbox% SET %published_at%' AND TIME_MS > 50 LIMIT 1`, dbName).Scan(&host)
+		if err == nil {
+			_, p, _ := strings.Cut(host, ":")
+			port, err := strconv.Atoi(p)
+			return port, err == nil
+		}
+		sleepCtx(ctx, 5*time.Millisecond)
+	}
+	return 0, false
 }
 
 // publisher is the index of the instance that published last: the one

@@ -62,8 +62,8 @@ func (r Result) eventsDamage() int64 {
 // eventsNotAsPromised: every events row must lose no event unless it
 // delivers directly, double no effect unless it has no dedup, and apply
 // every event that reached the consumer; the unsafe ways must show their
-// damage, and the consumer faults must have caused a redelivery, or the
-// row tested nothing.
+// damage, and the faults must have caused a redelivery and (through the
+// relay) a republish, or the row tested nothing.
 func eventsNotAsPromised(r Result) []string {
 	if !r.Spec.IsEvents() {
 		return nil
@@ -91,6 +91,9 @@ func eventsNotAsPromised(r Result) []string {
 	}
 	if e.Redelivered == 0 {
 		out = append(out, "no redelivery happened: the consumer faults tested nothing")
+	}
+	if e.Republished == 0 && !direct {
+		out = append(out, "no event republished: the relay leader's kill tested nothing")
 	}
 	if e.Paid == 0 {
 		out = append(out, "no order paid: the row measured nothing")
