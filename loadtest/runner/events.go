@@ -245,7 +245,7 @@ func (re *rowEnv) catchLeaderMarking(ctx context.Context, db *sql.DB) (int, erro
 	if err != nil {
 		return -1, err
 	}
-	defer tx.Rollback() //nolint:errcheck // lets the rows go, after a kill
+	defer tx.Rollback() // lets the rows go, after a kill
 	marks := strings.TrimSuffix(strings.Repeat("?,", len(seqs)), ",")
 	if _, err := tx.ExecContext(ctx, "SELECT seq FROM event_outbox WHERE seq IN ("+marks+") FOR UPDATE", seqs...); err != nil {
 		return -1, err
@@ -348,7 +348,7 @@ func (re *rowEnv) republished(ctx context.Context) int64 {
 func (rig *eventRig) pauseConsumer(ctx context.Context, db *sql.DB, dbName string) (string, error) {
 	a, b := rig.consumers[0].cmd.Process, rig.consumers[1].cmd.Process
 	_ = b.Signal(syscall.SIGSTOP)
-	defer b.Signal(syscall.SIGCONT) //nolint:errcheck // also when a step failed
+	defer b.Signal(syscall.SIGCONT) // also when a step failed
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return "", err
@@ -359,7 +359,7 @@ func (rig *eventRig) pauseConsumer(ctx context.Context, db *sql.DB, dbName strin
 	}
 	waiting := rig.waitForWriter(ctx, db, dbName, 10*time.Second)
 	_ = a.Signal(syscall.SIGSTOP)
-	defer a.Signal(syscall.SIGCONT) //nolint:errcheck
+	defer a.Signal(syscall.SIGCONT)
 	if _, err := conn.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
 		return "", err
 	}

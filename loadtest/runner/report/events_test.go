@@ -25,7 +25,7 @@ func drained(row Row, edit func(*Events)) Result {
 	if row.Dedup == DedupNone {
 		audit["points_doubled"] = e.Doubled
 	}
-	return ran(row, audit, func(r *Result) { r.Sold, r.Stock, r.Events = 0, 0, e })
+	return ran(row, audit, func(r *Result) { r.Sold, r.Stock, r.Rate, r.Events = 0, 0, 60, e })
 }
 
 func TestJudgeEvents(t *testing.T) {
@@ -94,11 +94,15 @@ func TestReportsShowTheEventsTable(t *testing.T) {
 	r.Judge()
 	rep.Results = append(rep.Results, r)
 	md := rep.Markdown()
-	for _, want := range []string{"## Events", "| events lost | effects doubled | lag p50 | lag p99 | faults | verdict |",
+	for _, want := range []string{"## Events", "; events rows: 3 instances, the orders flow alone at 12 orders/s", "| events lost | effects doubled | lag p50 | lag p99 | faults | verdict |",
 		"| events-none | outbox | none | 120 | 400 | 2 | 1 | 0 | 3 | 40.0 ms | 5200 ms | broker restarted (away 400ms) | " + VerdictDamage} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report.md has no %q", want)
 		}
+	}
+	only := Report{Options: rep.Options, Results: []Result{r}}
+	if got := only.Settings(); !strings.HasPrefix(got, "events rows:") {
+		t.Errorf("a run of events rows only is described as %q", got)
 	}
 	if table := rep.Table(); !strings.Contains(table, "| delivery | dedup |") || !strings.Contains(table, "| 5200 ms | "+VerdictDamage) {
 		t.Errorf("the terminal table has no events row:\n%s", table)
