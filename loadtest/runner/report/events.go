@@ -133,11 +133,11 @@ func (r Report) eventResults() []Result {
 }
 
 // eventsLegend says what the events table's columns are.
-const eventsLegend = "Each events row runs the orders flow alone on 3 instances, a nats-server of the runner's own and two " +
-	"`shop consume` processes, and meanwhile restarts the broker, SIGKILLs and restarts the relay's leader, pauses a " +
-	"consumer past its ack wait (then lets it go on) and SIGKILLs and restarts the other; then waits until the outbox " +
-	"and the consumer are drained. **events lost**: outbox rows (one per order change) whose event id never reached " +
-	"the stream. **effects doubled**: loyalty credits beyond the first for one order. **lag**: from the paid event's " +
+const eventsLegend = "Each events row runs the orders flow alone on the instances, a nats-server of the runner's own and two " +
+	"`shop consume` processes, and meanwhile stops a consumer inside a paid event's effect past its ack wait (then lets it " +
+	"go on), restarts the broker, SIGKILLs the relay's leader between the broker's ack and its mark, and SIGKILLs the other " +
+	"consumer (each killed process is restarted); then waits until the outbox and the consumer are drained " +
+	"(docs/loadtest.md). **events lost**: outbox rows (one per order change) whose event id never reached the stream. **effects doubled**: loyalty credits beyond the first for one order. **lag**: from the paid event's " +
 	"outbox row (written in the payment's transaction) to its first credit. **redelivered**: deliveries beyond a " +
 	"message's first; **republished**: publishes the broker absorbed as duplicates."
 
