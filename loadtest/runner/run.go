@@ -173,25 +173,8 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s rep
 
 	summaryPath := filepath.Join(o.out, s.Name+".k6.json")
 	_ = os.Remove(summaryPath)
-	var faults []string
-	faultsDone := make(chan struct{})
-	if s.IsEvents() {
-		go func() {
-			defer close(faultsDone)
-			faults = re.faults(ctx, log, s, o.Duration)
-		}()
-	} else {
-		close(faultsDone)
-	}
-	res.K6Exit, err = runK6(ctx, o, s, re.urls, re.tokens, summaryPath)
-	<-faultsDone
-	if err != nil {
+	if err := re.runTraffic(ctx, log, o, s, summaryPath, &res); err != nil {
 		return res, err
-	}
-	if s.IsEvents() {
-		if res.Events, err = re.settleEvents(ctx, s, faults); err != nil {
-			return res, err
-		}
 	}
 	if err := readSummary(summaryPath, &res); err != nil {
 		return res, err
@@ -209,6 +192,28 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s rep
 	log.Info("row done", "row", s.Name, "sold", res.Sold, "orders_per_sec", fmt.Sprintf("%.1f", res.OrdersPerSec),
 		"audit_ok", res.AuditOK, "damage", res.Damage(), "k6_exit", res.K6Exit)
 	return res, nil
+}
+
+// runTraffic runs k6; for an events row it makes the faults meanwhile,
+// then lets the events drain and measures them.
+func (re *rowEnv) runTraffic(ctx context.Context, log *slog.Logger, o options, s report.Row, summaryPath string, res *report.Result) (err error) {
+	if !s.IsEvents() {
+		res.K6Exit, err = runK6(ctx, o, s, re.urls, re.tokens, summaryPath)
+		return err
+	}
+	var faults []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		faults = re.faults(ctx, log, s, o.Duration)
+	}()
+	res.K6Exit, err = runK6(ctx, o, s, re.urls, re.tokens, summaryPath)
+	<-done
+	if err != nil {
+		return err
+	}
+	res.Events, err = re.settleEvents(ctx, s, faults)
+	return err
 }
 
 // offerFraction sets the row's rate and stock when -rate is 0: it probes
