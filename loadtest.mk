@@ -41,7 +41,11 @@ CEILING ?= $(BIN)/ceiling
 # Where make loadtest and make capacity keep their dated reports.
 RECORD ?= docs/results
 
-.PHONY: k6 loadtest loadtest-smoke loadtest-shop capacity
+# The events rows (docs/loadtest.md): the defaults, then each other way of
+# delivery and dedup.
+EVENTS_ROWS := events events-lock events-none events-direct
+
+.PHONY: k6 loadtest loadtest-smoke loadtest-events loadtest-shop capacity
 
 k6: ## Build the pinned k6 (v1.8.1) into bin/ (only if missing or another version)
 	@if [ "$$($(K6) version 2>/dev/null | awk '{print $$2}')" != "$(K6_VERSION)" ]; then \
@@ -56,8 +60,11 @@ loadtest-shop:
 loadtest: k6 loadtest-shop ## k6 against INSTANCES shops per backend (BACKENDS=all), then loadtest/results/report.{md,html} and docs/results/loadtest-<date>.md
 	$(WITH_SERVERS) $(LOADTEST) -backends "$(BACKENDS)" -duration $(DURATION) -record $(RECORD)
 
-loadtest-smoke: k6 loadtest-shop ## ~1 min: fails unless `none` shows damage and `redis` shows none
-	$(WITH_SERVERS) $(LOADTEST) -backends "none redis" -duration 5s -stock 200 -step 1s -max-rate 200 -out loadtest/results/smoke
+loadtest-smoke: k6 loadtest-shop ## ~1.5 min: fails unless `none` shows damage, and `redis` and the default events row (through kills, a pause and a broker restart) none
+	$(WITH_SERVERS) $(LOADTEST) -backends "none redis events" -duration 5s -stock 200 -step 1s -max-rate 200 -out loadtest/results/smoke
+
+loadtest-events: k6 loadtest-shop ## ~2 min: only the events rows of make loadtest (delivery and dedup ways under faults), with its dated record
+	$(WITH_SERVERS) $(LOADTEST) -backends "$(EVENTS_ROWS)" -duration $(DURATION) -record $(RECORD)
 
 capacity: loadtest-shop ## Highest hot-SKU rate per strategy and backend within SLO, beside its ceiling: loadtest/results/capacity.md and docs/results/capacity-<date>.md
 	$(WITH_SERVERS) $(GO) run ./loadtest/runner -shop $(BIN)/shop -ceiling "$(CEILING)" -instances $(INSTANCES) -capacity -backends "$(CAPACITY_ROWS)" -slo $(SLO) -step $(STEP) -record $(RECORD)

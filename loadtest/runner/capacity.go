@@ -60,7 +60,7 @@ func (re *rowEnv) offerer(ctx context.Context, b *capacity.Buyer, c capacity.Opt
 // cpu is the CPU the row's instances have used.
 func (re *rowEnv) cpu() time.Duration {
 	var sum time.Duration
-	for _, pid := range re.pids {
+	for _, pid := range re.pids() {
 		sum += processCPU(pid)
 	}
 	return sum

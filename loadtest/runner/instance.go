@@ -31,6 +31,9 @@ import (
 type testEnv struct {
 	mysqlDSN string
 	cluster  string
+	// natsServer is the nats-server binary the events rows start
+	// (SHOP_TEST_NATS_SERVER), checked when such a row starts.
+	natsServer string
 	// lockServers are the SHOP_* settings of every registered backend's
 	// server that is not one of shop's own stores, each set to its
 	// SHOP_TEST_* address: every instance gets them all, so that any row
@@ -40,8 +43,9 @@ type testEnv struct {
 
 func loadTestEnv(getenv func(string) string) (testEnv, error) {
 	e := testEnv{
-		mysqlDSN: getenv("SHOP_TEST_MYSQL_DSN"),
-		cluster:  getenv("SHOP_TEST_REDIS_CLUSTER_ADDRS"),
+		mysqlDSN:   getenv("SHOP_TEST_MYSQL_DSN"),
+		cluster:    getenv("SHOP_TEST_REDIS_CLUSTER_ADDRS"),
+		natsServer: getenv("SHOP_TEST_NATS_SERVER"),
 	}
 	vars := map[string]string{"SHOP_TEST_MYSQL_DSN": e.mysqlDSN, "SHOP_TEST_REDIS_CLUSTER_ADDRS": e.cluster}
 	addrs := []string{e.cluster}
@@ -268,6 +272,7 @@ func balanceStrategy(s report.Row) string {
 // instance is one running shop process.
 type instance struct {
 	url  string
+	p    process
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan struct{} // closed when the process has exited
@@ -301,25 +306,53 @@ func migrate(ctx context.Context, shop string, env []string, logPath string) err
 	return nil
 }
 
+// process is how to start one shop process, kept so that the runner can
+// start it again after killing it.
+type process struct {
+	shop, command string // the binary and its sub-command: serve, consume
+	env           []string
+	port          int
+	logPath       string
+}
+
 func startInstance(shop string, env []string, port int, logPath string) (*instance, error) {
-	f, err := os.Create(logPath)
+	return process{shop: shop, command: "serve", env: env, port: port, logPath: logPath}.start(os.O_TRUNC)
+}
+
+// start runs the process; logFlag is os.O_TRUNC the first time,
+// os.O_APPEND after a restart.
+func (p process) start(logFlag int) (*instance, error) {
+	f, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|logFlag, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(shop, "serve")
-	cmd.Env = env
+	cmd := exec.Command(p.shop, p.command)
+	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, err
 	}
-	in := &instance{url: "http://127.0.0.1:" + strconv.Itoa(port), cmd: cmd, log: f, done: make(chan struct{})}
+	in := &instance{url: "http://127.0.0.1:" + strconv.Itoa(p.port), p: p, cmd: cmd, log: f, done: make(chan struct{})}
 	go func() {
 		in.err = cmd.Wait()
 		close(in.done)
 	}()
 	return in, nil
+}
+
+// restart SIGKILLs the process, as a crash would, starts it again with the
+// same settings and waits until it is ready.
+func (in *instance) restart(ctx context.Context) (*instance, error) {
+	_ = in.cmd.Process.Kill()
+	<-in.done
+	in.log.Close()
+	again, err := in.p.start(os.O_APPEND)
+	if err != nil {
+		return in, err // dead, as it was killed; stop still works
+	}
+	return again, again.waitReady(ctx, 60*time.Second)
 }
 
 // waitReady polls /readyz until it answers 200, the process exits, or

@@ -31,9 +31,9 @@ import (
 	"github.com/lockbench/shop/loadtest/runner/report"
 )
 
-// allRows is what -backends all runs: every registered backend, then the
-// lock-free strategies as reference rows.
-var allRows = append(registry.Names(), referenceRows...)
+// allRows is what -backends all runs: every registered backend, the
+// lock-free strategies as reference rows, then the ways of the events.
+var allRows = append(append(registry.Names(), referenceRows...), eventsRows...)
 
 // options are the knobs of one run: what the report records, and where
 // the runner finds its tools and puts its output.

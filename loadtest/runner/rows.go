@@ -41,6 +41,9 @@ func baseSpec(name string, instances int) report.Row {
 		s.Why += fmt.Sprintf("; up to %d queued buyers per grant", combineBatch)
 		return s
 	}
+	if s, ok := eventsSpec(name); ok {
+		return s
+	}
 	lock := func(expect report.Expectation, why string) report.Row {
 		return report.Row{Name: name, Backend: name, Strategy: "lock", Flows: allFlows, Expect: expect, Why: why, NoFence: unfenced(name)}
 	}

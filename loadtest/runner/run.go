@@ -35,13 +35,26 @@ const (
 // rowEnv is one row's running world: its database, its instances, the
 // admin client and the users' tokens. close stops and drops it all.
 type rowEnv struct {
-	urls     []string
-	adm      admin
-	sec      secrets
-	tokens   string // file of the users' tokens, for k6
-	shop     []string
-	pids     []int // the instances'
-	cleanups []func()
+	urls   []string
+	adm    admin
+	sec    secrets
+	tokens string // file of the users' tokens, for k6
+	shop   []string
+	// instances serve the API; events is an events row's broker and
+	// consumers (nil for the other rows). A restart replaces an entry.
+	instances []*instance
+	events    *eventRig
+	dsn       string // an events row's database, which it is measured in
+	cleanups  []func()
+}
+
+// pids are the instances' process ids.
+func (re *rowEnv) pids() []int {
+	pids := make([]int, len(re.instances))
+	for i, in := range re.instances {
+		pids[i] = in.cmd.Process.Pid
+	}
+	return pids
 }
 
 // close undoes what the row set up, last first.
@@ -70,12 +83,25 @@ func startRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s r
 	instanceEnv := func(port int) []string {
 		return shopEnv(o, env, s, re.sec, dsn, "lt"+runID+"-"+s.Name+":", "127.0.0.1:"+strconv.Itoa(port))
 	}
+	if s.IsEvents() {
+		re.dsn = dsn
+		if err := re.startEvents(ctx, o, env, s.Name); err != nil {
+			return re, err
+		}
+		shared := instanceEnv
+		instanceEnv = func(port int) []string { return append(shared(port), eventsEnv(s, re.events.broker.url())...) }
+	}
 	if err := re.startInstances(ctx, o, s.Name, instanceEnv); err != nil {
 		return re, err
 	}
 	re.adm = admin{url: re.urls[0], token: re.sec.admin}
 	if err := setUp(ctx, re.adm, o); err != nil {
 		return re, err
+	}
+	if s.IsEvents() {
+		if err := re.startConsumers(ctx, o, s.Name, instanceEnv); err != nil {
+			return re, err
+		}
 	}
 	re.tokens = filepath.Join(o.out, "tokens-"+s.Name+".json")
 	re.cleanups = append(re.cleanups, func() { os.Remove(re.tokens) })
@@ -111,8 +137,7 @@ func (re *rowEnv) startInstances(ctx context.Context, o options, row string, env
 	if err := migrate(ctx, o.shop, re.shop, logPath(o.out, row, "migrate")); err != nil {
 		return err
 	}
-	var instances []*instance
-	re.cleanups = append(re.cleanups, func() { stopAll(instances) })
+	re.cleanups = append(re.cleanups, func() { stopAll(re.instances) })
 	for i := range o.Instances {
 		port, err := freePort()
 		if err != nil {
@@ -122,14 +147,13 @@ func (re *rowEnv) startInstances(ctx context.Context, o options, row string, env
 		if err != nil {
 			return err
 		}
-		instances = append(instances, in)
+		re.instances = append(re.instances, in)
 	}
-	for _, in := range instances {
+	for _, in := range re.instances {
 		if err := in.waitReady(ctx, 60*time.Second); err != nil {
 			return err
 		}
 		re.urls = append(re.urls, in.url)
-		re.pids = append(re.pids, in.cmd.Process.Pid)
 	}
 	return nil
 }
@@ -149,8 +173,7 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s rep
 
 	summaryPath := filepath.Join(o.out, s.Name+".k6.json")
 	_ = os.Remove(summaryPath)
-	res.K6Exit, err = runK6(ctx, o, s, re.urls, re.tokens, summaryPath)
-	if err != nil {
+	if err := re.runTraffic(ctx, log, o, s, summaryPath, &res); err != nil {
 		return res, err
 	}
 	if err := readSummary(summaryPath, &res); err != nil {
@@ -171,12 +194,38 @@ func runRow(ctx context.Context, log *slog.Logger, o options, env testEnv, s rep
 	return res, nil
 }
 
+// runTraffic runs k6; for an events row it makes the faults meanwhile,
+// then lets the events drain and measures them.
+func (re *rowEnv) runTraffic(ctx context.Context, log *slog.Logger, o options, s report.Row, summaryPath string, res *report.Result) (err error) {
+	if !s.IsEvents() {
+		res.K6Exit, err = runK6(ctx, o, s, re.urls, re.tokens, summaryPath)
+		return err
+	}
+	var faults []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		faults = re.faults(ctx, log, s, o.Duration)
+	}()
+	res.K6Exit, err = runK6(ctx, o, s, re.urls, re.tokens, summaryPath)
+	<-done
+	if err != nil {
+		return err
+	}
+	res.Events, err = re.settleEvents(ctx, s, faults)
+	return err
+}
+
 // offerFraction sets the row's rate and stock when -rate is 0: it probes
 // the row's capacity (the capacity search, on a SKU of its own, with the
 // row's settings) and offers -fraction of it, so that every row runs below
 // its own saturation on any machine. The stock is cut to what half the
 // phase sells at that rate, so that a working lock always sells out.
 func offerFraction(ctx context.Context, log *slog.Logger, o options, s report.Row, re *rowEnv, res *report.Result) (options, error) {
+	if s.IsEvents() && o.Rate == 0 {
+		// The orders flow alone: no hot SKU to probe.
+		o.Rate = eventsRate
+	}
 	res.Rate = o.Rate
 	if o.Rate > 0 {
 		return o, nil

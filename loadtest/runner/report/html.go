@@ -21,28 +21,47 @@ type htmlRow struct {
 	Problems     string
 	NoFence      bool
 	Cost, Damage []string
+	// Lag: an events row's commit-to-effect latency, after its damage.
+	Lag []string
 }
 
 func (r Report) htmlRows() []htmlRow {
 	var rows []htmlRow
 	for _, res := range r.Results {
 		cells := res.Cells()
-		row := htmlRow{Name: res.Spec.Name, Verdict: res.Verdict, Problems: strings.Join(res.Problems, "; "),
-			NoFence: res.Spec.NoFence && len(res.Problems) == 0,
-			Cost:    cells[1:firstDamageColumn], Damage: cells[firstDamageColumn:]}
-		switch {
-		case len(res.Problems) > 0:
-			row.Class = "bad"
-		case res.Spec.Expect == ExpectDamage:
-			row.Class = "damage"
-		case row.NoFence:
-			row.Class = "nofence"
-		default:
-			row.Class = "clean"
-		}
+		rows = append(rows, newHTMLRow(res, cells[1:firstDamageColumn], cells[firstDamageColumn:]))
+	}
+	return rows
+}
+
+// eventRows are the events table's rows: the counts, the damage (lost,
+// doubled), then the lag.
+func (r Report) eventRows() []htmlRow {
+	var rows []htmlRow
+	for _, res := range r.eventResults() {
+		cells := res.EventCells()
+		row := newHTMLRow(res, cells[1:firstEventDamageColumn], cells[firstEventDamageColumn:firstEventDamageColumn+2])
+		row.Lag = cells[firstEventDamageColumn+2:]
 		rows = append(rows, row)
 	}
 	return rows
+}
+
+// newHTMLRow colours a row by its verdict.
+func newHTMLRow(res Result, cost, damage []string) htmlRow {
+	row := htmlRow{Name: res.Spec.Name, Verdict: res.Verdict, Problems: strings.Join(res.Problems, "; "),
+		NoFence: res.Spec.NoFence && len(res.Problems) == 0, Cost: cost, Damage: damage}
+	switch {
+	case len(res.Problems) > 0:
+		row.Class = "bad"
+	case res.Spec.Expect == ExpectDamage:
+		row.Class = "damage"
+	case row.NoFence:
+		row.Class = "nofence"
+	default:
+		row.Class = "clean"
+	}
+	return row
 }
 
 // HTML writes the self-contained page: the table, then charts of the cost
@@ -69,6 +88,9 @@ func (r Report) HTML(w *bytes.Buffer, faults string) error {
 		"Cost":    Columns[1:firstDamageColumn],
 		"Damaged": Columns[firstDamageColumn:],
 		"Faults":  faults,
+		// nil without events rows: the template leaves the table out.
+		"Events":       r.eventRows(),
+		"EventColumns": EventColumns[1:],
 		"CostChart": hbars("Seckill on one hot SKU: rate held (probed capacity), offered and sold", "/s",
 			names, cost, 560),
 		"LatencyChart": hbars("Seckill: latency of a successful purchase", "ms", names, latency, 560),

@@ -85,7 +85,11 @@ func TestReportFitsA1280PixelWindowWithEveryVerdictVisible(t *testing.T) {
 	// A failed row prints its error under the verdict, however long.
 	failed := Result{Spec: Row{Name: "etcd+combined"}, Err: "dial tcp 127.0.0.1:12379: " + strings.Repeat("connection-refused/", 12)}
 	failed.Judge()
-	rep.Results = append(rep.Results, failed)
+	// An events row shows in both tables, with its problems under its
+	// verdict in the events table.
+	events := drained(eventsRow, func(e *Events) { e.Lost, e.Lag = 3, Latency{P50: 1234.5, P99: 65432.1} })
+	events.Judge()
+	rep.Results = append(rep.Results, failed, events)
 	if err := rep.Write(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +100,7 @@ func TestReportFitsA1280PixelWindowWithEveryVerdictVisible(t *testing.T) {
 	if l.ScrollWidth > 1280 {
 		t.Errorf("the page is %d px wide: at 1280 px it scrolls sideways", l.ScrollWidth)
 	}
-	if l.Verdicts != len(rep.Results) || len(l.Hidden) > 0 {
+	if l.Verdicts != len(rep.Results)+1 || len(l.Hidden) > 0 {
 		t.Errorf("%d verdicts for %d rows; off screen: %q", l.Verdicts, len(rep.Results), l.Hidden)
 	}
 }

@@ -143,6 +143,21 @@ func orDash(v float64, format string) string {
 
 // Settings says in a sentence what every row was offered.
 func (r Report) Settings() string {
+	events := r.eventResults()
+	if len(events) == 0 {
+		return r.lockSettings()
+	}
+	orders := max(1, events[0].Rate/5)
+	s := fmt.Sprintf("events rows: %d instances, the orders flow alone at %d orders/s for %s, a broker and 2 consumers of "+
+		"their own, SHOP_EVENTS_ACK_WAIT=2s, SHOP_LOCK_TTL=5s", r.Options.Instances, orders, r.Options.Duration)
+	if len(events) == len(r.Results) {
+		return s
+	}
+	return r.lockSettings() + "; " + s
+}
+
+// lockSettings is what the rows other than the events rows were offered.
+func (r Report) lockSettings() string {
 	o := r.Options
 	if o.Rate == 0 {
 		return fmt.Sprintf("%d instances per row; each row's capacity on one hot SKU probed first (the highest rate with p99 of a "+
@@ -162,7 +177,15 @@ func (r Report) Table() string {
 	for _, res := range r.Results {
 		rows = append(rows, append(res.Cells(), res.Verdict))
 	}
-	return "\n" + aligned(rows)
+	out := "\n" + aligned(rows)
+	if events := r.eventResults(); len(events) > 0 {
+		rows = [][]string{append(append([]string{}, EventColumns...), "verdict")}
+		for _, res := range events {
+			rows = append(rows, append(res.EventCells(), res.Verdict))
+		}
+		out += "\n" + aligned(rows)
+	}
+	return out
 }
 
 // aligned lays rows out in columns: the first and last left-aligned (names

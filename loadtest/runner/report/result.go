@@ -63,25 +63,28 @@ type Result struct {
 	DupsSeen     int64   `json:"orders_duplicate_seen"`
 	// LimitSold and OverLimit: units of the limited SKU sold, and sold to
 	// a user past its per-user limit, counted by the clients.
-	LimitSold    int64            `json:"limit_sold"`
-	OverLimit    int64            `json:"over_limit_units"`
-	Fenced       int64            `json:"refused_fenced"`
-	LockBusy     int64            `json:"refused_lock_busy"`
-	Dropped      int64            `json:"dropped_iterations"`
-	FailedRate   float64          `json:"http_req_failed_rate"`
-	K6Exit       int              `json:"k6_exit"`
-	Crossed      []string         `json:"thresholds_crossed"`
-	AuditOK      bool             `json:"audit_ok"`
-	Audit        map[string]int64 `json:"audit"` // check name -> total
-	Err          string           `json:"error,omitempty"`
-	Verdict      string           `json:"verdict"`
-	Problems     []string         `json:"problems,omitempty"`
-	SecondsTaken float64          `json:"seconds"`
+	LimitSold  int64            `json:"limit_sold"`
+	OverLimit  int64            `json:"over_limit_units"`
+	Fenced     int64            `json:"refused_fenced"`
+	LockBusy   int64            `json:"refused_lock_busy"`
+	Dropped    int64            `json:"dropped_iterations"`
+	FailedRate float64          `json:"http_req_failed_rate"`
+	K6Exit     int              `json:"k6_exit"`
+	Crossed    []string         `json:"thresholds_crossed"`
+	AuditOK    bool             `json:"audit_ok"`
+	Audit      map[string]int64 `json:"audit"` // check name -> total
+	// Events: an events row's events, effects and faults.
+	Events       *Events  `json:"events,omitempty"`
+	Err          string   `json:"error,omitempty"`
+	Verdict      string   `json:"verdict"`
+	Problems     []string `json:"problems,omitempty"`
+	SecondsTaken float64  `json:"seconds"`
 }
 
-// Damage is the sum of every audit total.
+// Damage is the sum of every audit total, and of the events lost and
+// effects doubled.
 func (r Result) Damage() int64 {
-	var n int64
+	n := r.eventsDamage()
 	for _, v := range r.Audit {
 		n += v
 	}

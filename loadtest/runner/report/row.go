@@ -37,6 +37,11 @@ type Row struct {
 	// (Fence() == 0): its zero damage holds only while no holder pauses
 	// past its lease, which this load never does and the fault suite does.
 	NoFence bool `json:"no_fence,omitempty"`
+	// Delivery and Dedup are SHOP_EVENTS_DELIVERY and SHOP_EVENTS_DEDUP
+	// of an events row (IsEvents); empty for the others, which run with
+	// shop's defaults and no fault.
+	Delivery string `json:"delivery,omitempty"`
+	Dedup    string `json:"dedup,omitempty"`
 }
 
 // Runs reports whether the row drives flow.
