@@ -78,12 +78,16 @@ $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.js
 # ratio, and every other round in reverse order (A B, B A), so that no
 # subject always follows the same one; the table takes every ratio inside
 # a round (scripts/benchtable.awk). Wall clock is only read that way. The
-# Redis subjects are also measured in instruments that repeat whatever the
+# contended subjects run in three shapes each (32 processes x 1 waiter,
+# 3 x 4, 1 x 32); a round takes about 1.5 min on 2 idle cores, so the
+# default of 9 keeps the whole target within about 15 min. The Redis
+# subjects are also measured in instruments that repeat whatever the
 # machine does (scripts/redis-instructions.sh: server and client
-# instructions under callgrind, calls on the wire, client allocations). Both
-# tables go to docs/results/bench-<date>.md with the command, the machine and
-# the commit.
-BENCH_ROUNDS ?= 15
+# instructions under callgrind, calls on the wire, client allocations), and
+# ZooKeeper's recipes in requests and watch notifications per release
+# (BenchmarkHerd, once: the counts are exact). The tables go to
+# docs/results/bench-<date>.md with the command, the machine and the commit.
+BENCH_ROUNDS ?= 9
 BENCH_UNCONTENDED ?= 300ms
 BENCH_CONTENDED ?= 1s
 BENCH_CYCLES ?= 1000
@@ -98,7 +102,7 @@ bench: ## Every backend beside its peer and its server's raw round trip, interle
 	set -o pipefail; $(WITH_SERVERS) bash -c 'for r in $$(seq $(BENCH_ROUNDS)); do echo "round $$r"; \
 		SHOP_BENCH_ROUND=$$r $(BIN)/lockbench.test -test.run "^$$" -test.bench "Uncontended" -test.benchtime=$(BENCH_UNCONTENDED) || exit 1; \
 		SHOP_BENCH_ROUND=$$r SHOP_BENCH_DURATION=$(BENCH_CONTENDED) $(BIN)/lockbench.test -test.run "^$$" -test.bench "Contended" -test.benchtime=1x -test.timeout 30m || exit 1; \
-		done' | tee /tmp/shop-bench.txt
+		done; $(BIN)/lockbench.test -test.run "^$$" -test.bench "Herd" -test.benchtime=1x' | tee /tmp/shop-bench.txt
 	scripts/redis-instructions.sh $(BIN)/lockbench.test $(BIN)/rediscycles $(BENCH_CYCLES) 3 | tee /tmp/shop-bench-instructions.md
 	@mkdir -p docs/results
 	@{ echo "# make bench, $$(date -u '+%Y-%m-%d %H:%M') UTC"; echo; \

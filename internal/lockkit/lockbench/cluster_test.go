@@ -37,10 +37,10 @@ func etcdClusterGroup() group {
 			return func(ctx context.Context) error { _, err := c.Get(ctx, "/bench/ping"); return err }
 		},
 		subjects: []subject{
-			{name: "shop-etcd", backend: "etcd", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-etcd", backend: "etcd", open: shared(func(b *testing.B) Acquirer {
 				l, err := etcdlock.FromClient(client(b), etcdlock.WithPrefix("/bench/shop/"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
-			}},
+			})},
 		},
 	}
 }
@@ -59,10 +59,10 @@ func zookeeperEnsembleGroup() group {
 			return func(context.Context) error { _, _, err := c.Exists("/"); return err }
 		},
 		subjects: []subject{
-			{name: "shop-zookeeper", backend: "zookeeper", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-zookeeper", backend: "zookeeper", open: shared(func(b *testing.B) Acquirer {
 				l, err := zklock.New(addrs, 10*time.Second, zklock.WithRoot("/bench/shop"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
-			}},
+			})},
 		},
 	}
 }
