@@ -28,6 +28,9 @@ type ParentWatch struct {
 	closer
 	conn *zk.Conn
 	root string
+	// waiting, if set, runs each time a waiter has armed its watch on the
+	// directory and is about to wait: the tests count armed waiters there.
+	waiting func()
 }
 
 // UNSAFE: NewParentWatch returns the herd recipe over conn, with the key
@@ -61,6 +64,9 @@ func (p *ParentWatch) Acquire(ctx context.Context, key string, opts ...lockkit.O
 		}
 		if first(children, node) {
 			return p.lease(key, node, o.TTL, watchdog, sent), nil
+		}
+		if p.waiting != nil {
+			p.waiting()
 		}
 		select {
 		case <-changed: // any change of the directory: list it all again
