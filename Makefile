@@ -102,8 +102,8 @@ bench: ## Every backend beside its peer and its server's raw round trip, interle
 	set -o pipefail; $(WITH_SERVERS) bash -c 'for r in $$(seq $(BENCH_ROUNDS)); do echo "round $$r"; \
 		SHOP_BENCH_ROUND=$$r $(BIN)/lockbench.test -test.run "^$$" -test.bench "Uncontended" -test.benchtime=$(BENCH_UNCONTENDED) || exit 1; \
 		SHOP_BENCH_ROUND=$$r SHOP_BENCH_DURATION=$(BENCH_CONTENDED) $(BIN)/lockbench.test -test.run "^$$" -test.bench "Contended" -test.benchtime=1x -test.timeout 30m || exit 1; \
-		done; $(BIN)/lockbench.test -test.run "^$$" -test.bench "Herd" -test.benchtime=1x' | tee /tmp/shop-bench.txt
-	scripts/redis-instructions.sh $(BIN)/lockbench.test $(BIN)/rediscycles $(BENCH_CYCLES) 3 | tee /tmp/shop-bench-instructions.md
+		done; $(BIN)/lockbench.test -test.run "^$$" -test.bench "Herd" -test.benchtime=1x' | tee $(BIN)/bench-rounds.txt
+	scripts/redis-instructions.sh $(BIN)/lockbench.test $(BIN)/rediscycles $(BENCH_CYCLES) 3 | tee $(BIN)/bench-instructions.md
 	@mkdir -p docs/results
 	@{ echo "# make bench, $$(date -u '+%Y-%m-%d %H:%M') UTC"; echo; \
 		echo "- Command: \`make bench BENCH_ROUNDS=$(BENCH_ROUNDS) BENCH_UNCONTENDED=$(BENCH_UNCONTENDED) BENCH_CONTENDED=$(BENCH_CONTENDED) BENCH_CYCLES=$(BENCH_CYCLES)\`"; \
@@ -111,9 +111,9 @@ bench: ## Every backend beside its peer and its server's raw round trip, interle
 		echo "- Commit: $(BENCH_COMMIT)"; echo; \
 		echo "## Uncontended Redis cycle, in instruments that repeat"; echo; \
 		echo "Medians and ranges of 3 interleaved runs of $(BENCH_CYCLES) cycles. Server instructions: callgrind on a private redis-server, the same wall time idle subtracted (its timer). Client instructions: callgrind on internal/lockkit/lockbench/rediscycles, the difference of runs of 200 and 200 + $(BENCH_CYCLES) cycles (start-up cancels); GC off (its cost is the allocations), each reply read once it has arrived (no wait in the Go scheduler, whose cost depends on timing). Calls: counted on the wire (no pipelining: round trips). Allocations: the client's, per cycle (testing.B)."; echo; \
-		cat /tmp/shop-bench-instructions.md; echo; \
+		cat $(BIN)/bench-instructions.md; echo; \
 		echo "## Wall clock: medians and ranges of $(BENCH_ROUNDS) interleaved rounds"; echo; \
-		echo '```'; awk -f scripts/benchtable.awk /tmp/shop-bench.txt; echo '```'; } > $(BENCH_RESULTS)
+		echo '```'; awk -f scripts/benchtable.awk $(BIN)/bench-rounds.txt; echo '```'; } > $(BENCH_RESULTS)
 	@echo "wrote $(BENCH_RESULTS)"
 
 # make events-bench: what the outbox adds to placing an order (statements,

@@ -37,7 +37,7 @@
 function peerOf(kind, group,    i, k) {
   for (i = 1; i <= n[kind]; i++) {
     k = order[kind, i]
-    if (kgroup[k] == group && ksubj[k] != "raw-roundtrip" && ksubj[k] !~ /^shop-/) return k
+    if (kgroup[k] == group && ksubj[k] !~ /^raw-/ && ksubj[k] !~ /^shop-/) return k
   }
   return ""
 }
@@ -90,11 +90,11 @@ END {
       k = order["u", i]; g = kgroup[k]
       raw = "u" SUBSEP g SUBSEP "raw-roundtrip"; p = peerOf("u", g)
       xr = (ksubj[k] == "raw-roundtrip") ? "" : cell(ratios(k, "cycles/s", raw, "cycles/s"))
-      xp = (p == "" || k == p || ksubj[k] == "raw-roundtrip") ? "" : cell(ratios(k, "cycles/s", p, "cycles/s"))
+      xp = (p == "" || k == p || ksubj[k] ~ /^raw-/) ? "" : cell(ratios(k, "cycles/s", p, "cycles/s"))
       # shop's rows also beside every other peer of the group.
       if (ksubj[k] ~ /^shop-/) for (j = 1; j <= n["u"]; j++) {
         o = order["u", j]
-        if (o != p && kgroup[o] == g && ksubj[o] != "raw-roundtrip" && ksubj[o] !~ /^shop-/)
+        if (o != p && kgroup[o] == g && ksubj[o] !~ /^raw-/ && ksubj[o] !~ /^shop-/)
           xp = xp "; × " ksubj[o] " " cell(ratios(k, "cycles/s", o, "cycles/s"))
       }
       printf "| %s | %s | %.0f | %s | %s | %.1f |\n", g, ksubj[k], median1(k, "cycles/s"), xr, xp, median1(k, "cpu-µs/cycle")

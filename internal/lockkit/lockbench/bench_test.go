@@ -48,6 +48,9 @@ type subject struct {
 	// open opens one process's client and returns how each of its
 	// waiters acquires.
 	open func(b *testing.B) newWaiter
+	// raw, set for the baselines in place of open, is one bare call to
+	// the server.
+	raw func(b *testing.B) func(context.Context) error
 }
 
 // newWaiter returns the Acquirer of one more waiter of a process: the
@@ -70,7 +73,10 @@ type group struct {
 	name      string
 	env       string
 	roundTrip func(b *testing.B) func(context.Context) error
-	subjects  []subject
+	// writeRoundTrip, if set, is one durable write: what a release costs
+	// at least before a waiter in another process can learn of it.
+	writeRoundTrip func(b *testing.B) func(context.Context) error
+	subjects       []subject
 }
 
 // extraGroups are the other servers' groups, declared beside their imports.
@@ -152,12 +158,16 @@ func BenchmarkUncontended(b *testing.B) {
 	for _, g := range groups() {
 		b.Run(g.name, func(b *testing.B) {
 			testenv.Require(b, g.env)
-			runs := append([]subject{{name: "raw-roundtrip"}}, g.subjects...)
+			runs := []subject{{name: "raw-roundtrip", raw: g.roundTrip}}
+			if g.writeRoundTrip != nil {
+				runs = append(runs, subject{name: "raw-write", raw: g.writeRoundTrip})
+			}
+			runs = append(runs, g.subjects...)
 			for _, s := range inRoundOrder(runs) {
 				b.Run(s.name, func(b *testing.B) {
 					var cycle func(ctx context.Context, key string) error
-					if s.open == nil {
-						rt := g.roundTrip(b)
+					if s.raw != nil {
+						rt := s.raw(b)
 						cycle = func(ctx context.Context, _ string) error { return rt(ctx) }
 					} else {
 						acquire := s.open(b)(b)

@@ -102,6 +102,7 @@ func zookeeperGroup() group {
 			c := conn(b)
 			return func(context.Context) error { _, _, err := c.Exists("/"); return err }
 		},
+		writeRoundTrip: func(b *testing.B) func(context.Context) error { return zkWrite(b, conn(b)) },
 		subjects: []subject{
 			{name: "shop-zookeeper", backend: "zookeeper", open: shared(func(b *testing.B) Acquirer {
 				l, err := zklock.New(addrs, 10*time.Second, zklock.WithRoot("/bench/shop"))
@@ -142,6 +143,7 @@ func etcdGroup() group {
 			c := client(b)
 			return func(ctx context.Context) error { _, err := c.Get(ctx, "/bench/ping"); return err }
 		},
+		writeRoundTrip: func(b *testing.B) func(context.Context) error { return etcdWrite(client(b)) },
 		subjects: []subject{
 			{name: "shop-etcd", backend: "etcd", open: shared(shop)},
 			// concurrency.Mutex keys its waiters by session lease, so
@@ -196,6 +198,18 @@ func mysqlGroup() group {
 		roundTrip: func(b *testing.B) func(context.Context) error {
 			db := open(b)
 			return func(ctx context.Context) error { return db.WithContext(ctx).Exec("SELECT 1").Error }
+		},
+		writeRoundTrip: func(b *testing.B) func(context.Context) error {
+			db := open(b)
+			if err := db.Exec("CREATE TABLE IF NOT EXISTS bench_write (id INT PRIMARY KEY, n BIGINT NOT NULL)").Error; err != nil {
+				b.Fatal(err)
+			}
+			if err := db.Exec("INSERT IGNORE INTO bench_write VALUES (1, 0)").Error; err != nil {
+				b.Fatal(err)
+			}
+			return func(ctx context.Context) error {
+				return db.WithContext(ctx).Exec("UPDATE bench_write SET n = n + 1 WHERE id = 1").Error
+			}
 		},
 		subjects: []subject{
 			{name: "shop-mysql-lease-row", backend: "mysql", open: shared(func(b *testing.B) Acquirer {
@@ -263,4 +277,18 @@ func getLockAcquirer(db *sql.DB) Acquirer {
 			return conn.QueryRowContext(context.Background(), "SELECT RELEASE_LOCK(?)", "bench:"+key).Scan(&got)
 		}, nil
 	}
+}
+
+// zkWrite is one setData on a node of its own: a write the leader logs
+// to disk before it answers.
+func zkWrite(b *testing.B, c *zk.Conn) func(context.Context) error {
+	const path = "/bench-write"
+	if _, err := c.Create(path, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		b.Fatal(err)
+	}
+	return func(context.Context) error { _, err := c.Set(path, []byte("x"), -1); return err }
+}
+
+func etcdWrite(c *clientv3.Client) func(context.Context) error {
+	return func(ctx context.Context) error { _, err := c.Put(ctx, "/bench/write", "x"); return err }
 }
