@@ -79,15 +79,16 @@ $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.js
 # subject always follows the same one; the table takes every ratio inside
 # a round (scripts/benchtable.awk). Wall clock is only read that way. The
 # contended subjects run in three shapes each (32 processes x 1 waiter,
-# 3 x 4, 1 x 32); a round takes about 1.5 min on 2 idle cores, so the
-# default of 9 keeps the whole target within about 15 min. The Redis
-# subjects are also measured in instruments that repeat whatever the
-# machine does (scripts/redis-instructions.sh: server and client
-# instructions under callgrind, calls on the wire, client allocations), and
-# ZooKeeper's recipes in requests and watch notifications per release
-# (BenchmarkHerd, once: the counts are exact). The tables go to
+# 3 x 4, 1 x 32). A round took 1.7 min on 2 cores that other jobs kept
+# busy (9 rounds and the rest: 19 min), so the default of 7 keeps the
+# whole target within about 15 min. The Redis subjects are also measured
+# in instruments that repeat whatever the machine does
+# (scripts/redis-instructions.sh: server and client instructions under
+# callgrind, calls on the wire, client allocations), and ZooKeeper's
+# recipes in requests and watch notifications per release (BenchmarkHerd,
+# once: the counts are exact). The tables go to
 # docs/results/bench-<date>.md with the command, the machine and the commit.
-BENCH_ROUNDS ?= 9
+BENCH_ROUNDS ?= 7
 BENCH_UNCONTENDED ?= 300ms
 BENCH_CONTENDED ?= 1s
 BENCH_CYCLES ?= 1000
