@@ -96,7 +96,7 @@ BENCH_RESULTS := docs/results/bench-$(shell date -u +%Y-%m-%d).md
 # The commit the benchmark binary is built from, read when make starts.
 BENCH_COMMIT := $(shell git rev-parse --short HEAD)$(shell git diff --quiet HEAD -- . ':!docs/results' || echo ', with uncommitted changes')
 
-bench: ## Every backend beside its peer and its server's raw round trip, interleaved rounds; Redis in server and client callgrind instructions too; writes docs/results/bench-<date>.md
+bench: ## Every backend beside its peer and its server's raw round trips, contended in three shapes of processes x waiters, interleaved rounds; Redis in callgrind instructions, ZooKeeper's herd effect in requests per release; writes docs/results/bench-<date>.md
 	@command -v valgrind >/dev/null || { echo "bench: needs valgrind (apt-get install valgrind) for the instruction counts" >&2; exit 1; }
 	$(GO) test -c -o $(BIN)/lockbench.test ./internal/lockkit/lockbench/
 	$(GO) build -o $(BIN)/rediscycles ./internal/lockkit/lockbench/rediscycles
