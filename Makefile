@@ -78,12 +78,17 @@ $(OPENAPI_LINT)/node_modules/.package-lock.json: $(OPENAPI_LINT)/package-lock.js
 # ratio, and every other round in reverse order (A B, B A), so that no
 # subject always follows the same one; the table takes every ratio inside
 # a round (scripts/benchtable.awk). Wall clock is only read that way. The
-# Redis subjects are also measured in instruments that repeat whatever the
-# machine does (scripts/redis-instructions.sh: server and client
-# instructions under callgrind, calls on the wire, client allocations). Both
-# tables go to docs/results/bench-<date>.md with the command, the machine and
-# the commit.
-BENCH_ROUNDS ?= 15
+# contended subjects run in three shapes each (32 processes x 1 waiter,
+# 3 x 4, 1 x 32). A round took 1.7 min on 2 cores that other jobs kept
+# busy (9 rounds and the rest: 19 min), so the default of 7 keeps the
+# whole target within about 15 min. The Redis subjects are also measured
+# in instruments that repeat whatever the machine does
+# (scripts/redis-instructions.sh: server and client instructions under
+# callgrind, calls on the wire, client allocations), and ZooKeeper's
+# recipes in requests and watch notifications per release (BenchmarkHerd,
+# once: the counts are exact). The tables go to
+# docs/results/bench-<date>.md with the command, the machine and the commit.
+BENCH_ROUNDS ?= 7
 BENCH_UNCONTENDED ?= 300ms
 BENCH_CONTENDED ?= 1s
 BENCH_CYCLES ?= 1000
@@ -91,15 +96,15 @@ BENCH_RESULTS := docs/results/bench-$(shell date -u +%Y-%m-%d).md
 # The commit the benchmark binary is built from, read when make starts.
 BENCH_COMMIT := $(shell git rev-parse --short HEAD)$(shell git diff --quiet HEAD -- . ':!docs/results' || echo ', with uncommitted changes')
 
-bench: ## Every backend beside its peer and its server's raw round trip, interleaved rounds; Redis in server and client callgrind instructions too; writes docs/results/bench-<date>.md
+bench: ## Every backend beside its peer and its server's raw round trips, contended in three shapes of processes x waiters, interleaved rounds; Redis in callgrind instructions, ZooKeeper's herd effect in requests per release; writes docs/results/bench-<date>.md
 	@command -v valgrind >/dev/null || { echo "bench: needs valgrind (apt-get install valgrind) for the instruction counts" >&2; exit 1; }
 	$(GO) test -c -o $(BIN)/lockbench.test ./internal/lockkit/lockbench/
 	$(GO) build -o $(BIN)/rediscycles ./internal/lockkit/lockbench/rediscycles
 	set -o pipefail; $(WITH_SERVERS) bash -c 'for r in $$(seq $(BENCH_ROUNDS)); do echo "round $$r"; \
 		SHOP_BENCH_ROUND=$$r $(BIN)/lockbench.test -test.run "^$$" -test.bench "Uncontended" -test.benchtime=$(BENCH_UNCONTENDED) || exit 1; \
 		SHOP_BENCH_ROUND=$$r SHOP_BENCH_DURATION=$(BENCH_CONTENDED) $(BIN)/lockbench.test -test.run "^$$" -test.bench "Contended" -test.benchtime=1x -test.timeout 30m || exit 1; \
-		done' | tee /tmp/shop-bench.txt
-	scripts/redis-instructions.sh $(BIN)/lockbench.test $(BIN)/rediscycles $(BENCH_CYCLES) 3 | tee /tmp/shop-bench-instructions.md
+		done; $(BIN)/lockbench.test -test.run "^$$" -test.bench "Herd" -test.benchtime=1x' | tee $(BIN)/bench-rounds.txt
+	scripts/redis-instructions.sh $(BIN)/lockbench.test $(BIN)/rediscycles $(BENCH_CYCLES) 3 | tee $(BIN)/bench-instructions.md
 	@mkdir -p docs/results
 	@{ echo "# make bench, $$(date -u '+%Y-%m-%d %H:%M') UTC"; echo; \
 		echo "- Command: \`make bench BENCH_ROUNDS=$(BENCH_ROUNDS) BENCH_UNCONTENDED=$(BENCH_UNCONTENDED) BENCH_CONTENDED=$(BENCH_CONTENDED) BENCH_CYCLES=$(BENCH_CYCLES)\`"; \
@@ -107,9 +112,9 @@ bench: ## Every backend beside its peer and its server's raw round trip, interle
 		echo "- Commit: $(BENCH_COMMIT)"; echo; \
 		echo "## Uncontended Redis cycle, in instruments that repeat"; echo; \
 		echo "Medians and ranges of 3 interleaved runs of $(BENCH_CYCLES) cycles. Server instructions: callgrind on a private redis-server, the same wall time idle subtracted (its timer). Client instructions: callgrind on internal/lockkit/lockbench/rediscycles, the difference of runs of 200 and 200 + $(BENCH_CYCLES) cycles (start-up cancels); GC off (its cost is the allocations), each reply read once it has arrived (no wait in the Go scheduler, whose cost depends on timing). Calls: counted on the wire (no pipelining: round trips). Allocations: the client's, per cycle (testing.B)."; echo; \
-		cat /tmp/shop-bench-instructions.md; echo; \
+		cat $(BIN)/bench-instructions.md; echo; \
 		echo "## Wall clock: medians and ranges of $(BENCH_ROUNDS) interleaved rounds"; echo; \
-		echo '```'; awk -f scripts/benchtable.awk /tmp/shop-bench.txt; echo '```'; } > $(BENCH_RESULTS)
+		echo '```'; awk -f scripts/benchtable.awk $(BIN)/bench-rounds.txt; echo '```'; } > $(BENCH_RESULTS)
 	@echo "wrote $(BENCH_RESULTS)"
 
 # make events-bench: what the outbox adds to placing an order (statements,

@@ -16,6 +16,10 @@
 //     two waiters that read the same stale value both win.
 //   - UniqueRow is a MariaDB table whose unique key is the lock, INSERT to
 //     lock and DELETE to unlock: a holder that dies locks the key for ever.
+//   - ParentWatch is ZooKeeper's queue of sequential nodes with every
+//     waiter watching the lock's directory: each release wakes them all
+//     (the herd effect). It excludes; it costs the server a listing per
+//     waiter per change.
 //
 // CountThenInsert is no lock but what a lock was guarding: a per-user
 // purchase limit that counts the user's purchases, then inserts one; two

@@ -19,32 +19,52 @@ import (
 	"github.com/lockbench/shop/internal/testenv"
 )
 
-// The contended run: 32 goroutines, 1 ms critical section.
+// The contended run: waiters loop acquire / 1 ms critical section /
+// release on one key, in each shape.
 var contention = Contention{
-	Goroutines:      32,
 	CriticalSection: time.Millisecond,
 	Duration:        envDuration("SHOP_BENCH_DURATION", 4*time.Second),
 	GiveUp:          10 * time.Second,
 }
 
-// subject is one lock implementation under test. newAcquirer opens a
-// client (as one process would) and returns how to acquire with it.
+// shape is how a contended run's waiters are spread over processes: each
+// process is a client of its own (a Locker with its own connections), its
+// waiters share it, as the goroutines of one service replica do.
+type shape struct {
+	name                  string
+	processes, perProcess int
+}
+
+// shapes are the ones replicas make, the multi-process ones first: many
+// replicas with one waiter each, a few with a few each, one with many.
+var shapes = []shape{{"32x1", 32, 1}, {"3x4", 3, 4}, {"1x32", 1, 32}}
+
+// subject is one lock implementation under test.
 type subject struct {
 	name string
 	// backend is the registered backend (internal/lockkit/registry) the
 	// subject measures; empty for the peers it is compared with.
-	backend     string
-	newAcquirer func(b *testing.B) Acquirer
-	// perGoroutine gives every goroutine its own client, as if each were a
-	// process of its own; otherwise all goroutines share one.
-	perGoroutine bool
-	// lockers, if set, opens that many clients (processes) with perLocker
-	// goroutines each, in place of the contended run's goroutines: the
-	// shape where waiters queue in several processes at once.
-	lockers, perLocker int
-	// contendedOnly marks a variant that differs from its twin only when
-	// contended.
-	contendedOnly bool
+	backend string
+	// open opens one process's client and returns how each of its
+	// waiters acquires.
+	open func(b *testing.B) newWaiter
+	// raw, set for the baselines in place of open, is one bare call to
+	// the server.
+	raw func(b *testing.B) func(context.Context) error
+}
+
+// newWaiter returns the Acquirer of one more waiter of a process: the
+// process's own for most libraries, a session of its own where the library
+// requires one per waiter.
+type newWaiter func(b *testing.B) Acquirer
+
+// shared is a subject whose waiters all use the one Acquirer of their
+// process.
+func shared(open func(b *testing.B) Acquirer) func(b *testing.B) newWaiter {
+	return func(b *testing.B) newWaiter {
+		a := open(b)
+		return func(*testing.B) Acquirer { return a }
+	}
 }
 
 // group is the subjects that run against one server, with the raw round
@@ -53,7 +73,10 @@ type group struct {
 	name      string
 	env       string
 	roundTrip func(b *testing.B) func(context.Context) error
-	subjects  []subject
+	// writeRoundTrip, if set, is one durable write: what a release costs
+	// at least before a waiter in another process can learn of it.
+	writeRoundTrip func(b *testing.B) func(context.Context) error
+	subjects       []subject
 }
 
 // extraGroups are the other servers' groups, declared beside their imports.
@@ -92,12 +115,9 @@ func redisGroup() group {
 			return func(ctx context.Context) error { return c.Ping(ctx).Err() }
 		},
 		subjects: []subject{
-			{name: "shop-redis", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second))},
-			{name: "shop-redis-per-client", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second)), perGoroutine: true, contendedOnly: true},
-			{name: "shop-redis-3-lockers-4-each", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10 * time.Second)), lockers: 3, perLocker: 4, contendedOnly: true},
-			{name: "shop-redis-fair", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair())},
-			{name: "shop-redis-fair-per-client", backend: "redis", newAcquirer: ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair()), perGoroutine: true, contendedOnly: true},
-			{name: "redsync", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-redis", backend: "redis", open: shared(ours(lockkit.WithTTL(10 * time.Second)))},
+			{name: "shop-redis-fair", backend: "redis", open: shared(ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair()))},
+			{name: "redsync", open: shared(func(b *testing.B) Acquirer {
 				rs := redsync.New(goredis.NewPool(newClient(b)))
 				return func(ctx context.Context, key string) (func() error, error) {
 					m := rs.NewMutex("bench:redsync:"+key, redsync.WithExpiry(10*time.Second))
@@ -106,8 +126,8 @@ func redisGroup() group {
 					}
 					return func() error { _, err := m.Unlock(); return err }, nil
 				}
-			}},
-			{name: "bsm-redislock", newAcquirer: func(b *testing.B) Acquirer {
+			})},
+			{name: "bsm-redislock", open: shared(func(b *testing.B) Acquirer {
 				client := bsm.New(newClient(b))
 				retry := bsm.ExponentialBackoff(16*time.Millisecond, 512*time.Millisecond)
 				return func(ctx context.Context, key string) (func() error, error) {
@@ -117,7 +137,7 @@ func redisGroup() group {
 					}
 					return func() error { return lock.Release(context.Background()) }, nil
 				}
-			}},
+			})},
 		},
 	}
 }
@@ -138,20 +158,19 @@ func BenchmarkUncontended(b *testing.B) {
 	for _, g := range groups() {
 		b.Run(g.name, func(b *testing.B) {
 			testenv.Require(b, g.env)
-			runs := []subject{{name: "raw-roundtrip"}}
-			for _, s := range g.subjects {
-				if !s.contendedOnly {
-					runs = append(runs, s)
-				}
+			runs := []subject{{name: "raw-roundtrip", raw: g.roundTrip}}
+			if g.writeRoundTrip != nil {
+				runs = append(runs, subject{name: "raw-write", raw: g.writeRoundTrip})
 			}
+			runs = append(runs, g.subjects...)
 			for _, s := range inRoundOrder(runs) {
 				b.Run(s.name, func(b *testing.B) {
 					var cycle func(ctx context.Context, key string) error
-					if s.newAcquirer == nil {
-						rt := g.roundTrip(b)
+					if s.raw != nil {
+						rt := s.raw(b)
 						cycle = func(ctx context.Context, _ string) error { return rt(ctx) }
 					} else {
-						acquire := s.newAcquirer(b)
+						acquire := s.open(b)(b)
 						cycle = func(ctx context.Context, key string) error {
 							release, err := acquire(ctx, key)
 							if err != nil {
@@ -190,44 +209,51 @@ func inRoundOrder[T any](runs []T) []T {
 	return runs
 }
 
-// BenchmarkContended runs each subject once for the configured duration
-// (use -benchtime=1x) and reports throughput, waits and fairness.
+// BenchmarkContended runs each subject once in each shape for the
+// configured duration (use -benchtime=1x) and reports throughput, waits and
+// fairness.
 func BenchmarkContended(b *testing.B) {
 	for _, g := range groups() {
 		b.Run(g.name, func(b *testing.B) {
 			testenv.Require(b, g.env)
 			rt := measureRoundTrip(b, g.roundTrip(b))
-			for _, s := range inRoundOrder(g.subjects) {
-				b.Run(s.name, func(b *testing.B) {
-					c, clients := contention, 1
-					switch {
-					case s.lockers > 0:
-						c.Goroutines, clients = s.lockers*s.perLocker, s.lockers
-					case s.perGoroutine:
-						clients = c.Goroutines
-					}
-					acquirers := []Acquirer{s.newAcquirer(b)}
-					for len(acquirers) < clients {
-						acquirers = append(acquirers, s.newAcquirer(b))
-					}
-					key := fmt.Sprintf("contended-%d", time.Now().UnixNano())
-					var r Result
-					for b.Loop() {
-						r = Contend(context.Background(), acquirers, key, c, rt)
-					}
-					b.ReportMetric(r.CyclesPerSec, "cycles/s")
-					b.ReportMetric(ms(r.P50), "p50-ms")
-					b.ReportMetric(ms(r.P99), "p99-ms")
-					b.ReportMetric(ms(r.Max), "max-ms")
-					b.ReportMetric(float64(r.GaveUp), "gaveup")
-					b.ReportMetric(r.Fairness, "fairness")
-					b.ReportMetric(ms(r.IdealP99), "ideal-p99-ms")
-					if r.Errors > 0 {
-						b.Errorf("%d errors", r.Errors)
+			for _, sh := range shapes {
+				b.Run(sh.name, func(b *testing.B) {
+					for _, s := range inRoundOrder(g.subjects) {
+						b.Run(s.name, func(b *testing.B) { contend(b, s, sh, rt) })
 					}
 				})
 			}
 		})
+	}
+}
+
+// contend runs s in shape sh and reports what Contend measured.
+func contend(b *testing.B, s subject, sh shape, rt time.Duration) {
+	var acquirers []Acquirer
+	for range sh.processes {
+		waiter := s.open(b)
+		for range sh.perProcess {
+			acquirers = append(acquirers, waiter(b))
+		}
+	}
+	c := contention
+	c.Goroutines = len(acquirers)
+	key := fmt.Sprintf("contended-%d", time.Now().UnixNano())
+	var r Result
+	for b.Loop() {
+		r = Contend(context.Background(), acquirers, key, c, rt)
+	}
+	b.ReportMetric(r.CyclesPerSec, "cycles/s")
+	b.ReportMetric(ms(r.P50), "p50-ms")
+	b.ReportMetric(ms(r.P99), "p99-ms")
+	b.ReportMetric(ms(r.Max), "max-ms")
+	b.ReportMetric(float64(r.GaveUp), "gaveup")
+	b.ReportMetric(r.Fairness, "fairness")
+	b.ReportMetric(ms(r.IdealP99), "ideal-p99-ms")
+	b.ReportMetric(float64(c.Goroutines), "waiters")
+	if r.Errors > 0 {
+		b.Errorf("%d errors", r.Errors)
 	}
 }
 

@@ -36,33 +36,39 @@ func etcdClusterGroup() group {
 			c := client(b)
 			return func(ctx context.Context) error { _, err := c.Get(ctx, "/bench/ping"); return err }
 		},
+		writeRoundTrip: func(b *testing.B) func(context.Context) error { return etcdWrite(client(b)) },
 		subjects: []subject{
-			{name: "shop-etcd", backend: "etcd", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-etcd", backend: "etcd", open: shared(func(b *testing.B) Acquirer {
 				l, err := etcdlock.FromClient(client(b), etcdlock.WithPrefix("/bench/shop/"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
-			}},
+			})},
 		},
 	}
 }
 
 func zookeeperEnsembleGroup() group {
 	addrs := strings.Split(os.Getenv("SHOP_TEST_ZK_ENSEMBLE_ADDRS"), ",")
+	conn := func(b *testing.B) *zk.Conn {
+		c, _, err := zk.Connect(addrs, 10*time.Second, zk.WithLogInfo(false))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(c.Close)
+		return c
+	}
 	return group{
 		name: "zookeeper-3-members",
 		env:  "SHOP_TEST_ZK_ENSEMBLE_ADDRS",
 		roundTrip: func(b *testing.B) func(context.Context) error {
-			c, _, err := zk.Connect(addrs, 10*time.Second, zk.WithLogInfo(false))
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(c.Close)
+			c := conn(b)
 			return func(context.Context) error { _, _, err := c.Exists("/"); return err }
 		},
+		writeRoundTrip: func(b *testing.B) func(context.Context) error { return zkWrite(b, conn(b)) },
 		subjects: []subject{
-			{name: "shop-zookeeper", backend: "zookeeper", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-zookeeper", backend: "zookeeper", open: shared(func(b *testing.B) Acquirer {
 				l, err := zklock.New(addrs, 10*time.Second, zklock.WithRoot("/bench/shop"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
-			}},
+			})},
 		},
 	}
 }

@@ -64,10 +64,10 @@ func redlockGroup() group {
 			return func(ctx context.Context) error { return c.Ping(ctx).Err() }
 		},
 		subjects: []subject{
-			{name: "shop-redlock", backend: "redlock", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-redlock", backend: "redlock", open: shared(func(b *testing.B) Acquirer {
 				return lockkitAcquirer(closeWith(b, redlock.New(clients(b)), nil), long)
-			}},
-			{name: "redsync", newAcquirer: func(b *testing.B) Acquirer {
+			})},
+			{name: "redsync", open: shared(func(b *testing.B) Acquirer {
 				var pools []redsyncredis.Pool
 				for _, c := range clients(b) {
 					pools = append(pools, goredis.NewPool(c))
@@ -80,7 +80,7 @@ func redlockGroup() group {
 					}
 					return func() error { _, err := m.Unlock(); return err }, nil
 				}
-			}},
+			})},
 		},
 	}
 }
@@ -102,12 +102,13 @@ func zookeeperGroup() group {
 			c := conn(b)
 			return func(context.Context) error { _, _, err := c.Exists("/"); return err }
 		},
+		writeRoundTrip: func(b *testing.B) func(context.Context) error { return zkWrite(b, conn(b)) },
 		subjects: []subject{
-			{name: "shop-zookeeper", backend: "zookeeper", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-zookeeper", backend: "zookeeper", open: shared(func(b *testing.B) Acquirer {
 				l, err := zklock.New(addrs, 10*time.Second, zklock.WithRoot("/bench/shop"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
-			}},
-			{name: "go-zookeeper-zk.Lock", newAcquirer: func(b *testing.B) Acquirer {
+			})},
+			{name: "go-zookeeper-zk.Lock", open: shared(func(b *testing.B) Acquirer {
 				c := conn(b)
 				return func(_ context.Context, key string) (func() error, error) {
 					lock := zk.NewLock(c, "/bench/peer/"+key, zk.WorldACL(zk.PermAll))
@@ -116,7 +117,7 @@ func zookeeperGroup() group {
 					}
 					return lock.Unlock, nil
 				}
-			}},
+			})},
 		},
 	}
 }
@@ -142,26 +143,28 @@ func etcdGroup() group {
 			c := client(b)
 			return func(ctx context.Context) error { _, err := c.Get(ctx, "/bench/ping"); return err }
 		},
+		writeRoundTrip: func(b *testing.B) func(context.Context) error { return etcdWrite(client(b)) },
 		subjects: []subject{
-			{name: "shop-etcd", backend: "etcd", newAcquirer: shop},
-			// The one-Txn hand-off acts within a process; with waiters in
-			// three, the key also goes between them through the server.
-			{name: "shop-etcd-3-lockers-4-each", backend: "etcd", newAcquirer: shop, lockers: 3, perLocker: 4, contendedOnly: true},
+			{name: "shop-etcd", backend: "etcd", open: shared(shop)},
 			// concurrency.Mutex keys its waiters by session lease, so
-			// goroutines sharing a session would share one grant: each
-			// goroutine gets a session of its own, as its docs require.
-			{name: "etcd-concurrency.Mutex", perGoroutine: true, newAcquirer: func(b *testing.B) Acquirer {
-				s, err := concurrency.NewSession(client(b), concurrency.WithTTL(10))
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { _ = s.Close() })
-				return func(ctx context.Context, key string) (func() error, error) {
-					m := concurrency.NewMutex(s, "/bench/peer/"+key)
-					if err := m.Lock(ctx); err != nil {
-						return nil, err
+			// waiters sharing a session would share one grant: each waiter
+			// gets a session of its own on its process's client, as the
+			// docs require.
+			{name: "etcd-concurrency.Mutex", open: func(b *testing.B) newWaiter {
+				c := client(b)
+				return func(b *testing.B) Acquirer {
+					s, err := concurrency.NewSession(c, concurrency.WithTTL(10))
+					if err != nil {
+						b.Fatal(err)
 					}
-					return func() error { return m.Unlock(context.Background()) }, nil
+					b.Cleanup(func() { _ = s.Close() })
+					return func(ctx context.Context, key string) (func() error, error) {
+						m := concurrency.NewMutex(s, "/bench/peer/"+key)
+						if err := m.Lock(ctx); err != nil {
+							return nil, err
+						}
+						return func() error { return m.Unlock(context.Background()) }, nil
+					}
 				}
 			}},
 		},
@@ -196,15 +199,36 @@ func mysqlGroup() group {
 			db := open(b)
 			return func(ctx context.Context) error { return db.WithContext(ctx).Exec("SELECT 1").Error }
 		},
+		writeRoundTrip: func(b *testing.B) func(context.Context) error {
+			db := open(b)
+			if err := db.Exec("CREATE TABLE IF NOT EXISTS bench_write (id INT PRIMARY KEY, n BIGINT NOT NULL)").Error; err != nil {
+				b.Fatal(err)
+			}
+			if err := db.Exec("INSERT IGNORE INTO bench_write VALUES (1, 0)").Error; err != nil {
+				b.Fatal(err)
+			}
+			return func(ctx context.Context) error {
+				return db.WithContext(ctx).Exec("UPDATE bench_write SET n = n + 1 WHERE id = 1").Error
+			}
+		},
 		subjects: []subject{
-			{name: "shop-mysql-lease-row", backend: "mysql", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-mysql-lease-row", backend: "mysql", open: shared(func(b *testing.B) Acquirer {
 				l, err := mysqllock.New(open(b), mysqllock.WithTable("bench_locks"))
 				return lockkitAcquirer(closeWith(b, l, err), long)
-			}},
-			{name: "shop-mysql-forupdate", backend: "mysql-forupdate", newAcquirer: func(b *testing.B) Acquirer {
+			})},
+			{name: "shop-mysql-forupdate", backend: "mysql-forupdate", open: shared(func(b *testing.B) Acquirer {
 				l, err := mysqllock.NewForUpdate(open(b), mysqllock.WithTable("bench_row_locks"), mysqllock.WithIdleConns(40))
 				return lockkitAcquirer(closeWith(b, l, err), long)
-			}},
+			})},
+			// The server's own named lock, which MySQL lock libraries wrap:
+			// one connection held from GET_LOCK to RELEASE_LOCK.
+			{name: "mariadb-GET_LOCK", open: shared(func(b *testing.B) Acquirer {
+				sqlDB, err := open(b).DB()
+				if err != nil {
+					b.Fatal(err)
+				}
+				return getLockAcquirer(sqlDB)
+			})},
 		},
 	}
 }
@@ -224,11 +248,47 @@ func memcachedGroup() group {
 			}
 		},
 		subjects: []subject{
-			{name: "shop-memcached", backend: "memcached", newAcquirer: func(b *testing.B) Acquirer {
+			{name: "shop-memcached", backend: "memcached", open: shared(func(b *testing.B) Acquirer {
 				c := memcache.New(addr)
 				c.MaxIdleConns = 64
 				return lockkitAcquirer(closeWith(b, lockkit.WithKeyPrefix(memcachedlock.New(c), "bench:"), nil), long)
-			}},
+			})},
 		},
 	}
+}
+
+func getLockAcquirer(db *sql.DB) Acquirer {
+	return func(ctx context.Context, key string) (func() error, error) {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var got sql.NullInt64
+		// GET_LOCK waits in whole seconds; ctx ends the wait sooner.
+		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 10)", "bench:"+key).Scan(&got); err != nil || got.Int64 != 1 {
+			_ = conn.Close()
+			if err == nil {
+				err = fmt.Errorf("GET_LOCK(%q) = %v", key, got)
+			}
+			return nil, err
+		}
+		return func() error {
+			defer conn.Close()
+			return conn.QueryRowContext(context.Background(), "SELECT RELEASE_LOCK(?)", "bench:"+key).Scan(&got)
+		}, nil
+	}
+}
+
+// zkWrite is one setData on a node of its own: a write the leader logs
+// to disk before it answers.
+func zkWrite(b *testing.B, c *zk.Conn) func(context.Context) error {
+	const path = "/bench-write"
+	if _, err := c.Create(path, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		b.Fatal(err)
+	}
+	return func(context.Context) error { _, err := c.Set(path, []byte("x"), -1); return err }
+}
+
+func etcdWrite(c *clientv3.Client) func(context.Context) error {
+	return func(ctx context.Context) error { _, err := c.Put(ctx, "/bench/write", "x"); return err }
 }
