@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -155,7 +156,18 @@ func TestCloseLeavesFairQueue(t *testing.T) {
 // Fair means granted in arrival order, across Lockers (processes) that
 // each have several waiters.
 func TestFairOrderAcrossLockers(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(fmt.Sprintf("WithFair=%v", fair), func(t *testing.T) { fairOrderAcrossLockers(t, fair) })
+	}
+}
+
+// Every waiter queues in Redis, WithFair or not.
+func fairOrderAcrossLockers(t *testing.T, fair bool) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	var opts []lockkit.Option
+	if fair {
+		opts = append(opts, lockkit.WithFair())
+	}
 	holder := newLocker(t, newClient(t, addr))
 	a, b := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
 	ctx := context.Background()
@@ -170,7 +182,7 @@ func TestFairOrderAcrossLockers(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, w := range arrivals {
 		wg.Go(func() {
-			lease, err := w.l.Acquire(ctx, key, lockkit.WithFair(), lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(20*time.Second))
+			lease, err := w.l.Acquire(ctx, key, append(opts, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(20*time.Second))...)
 			if err != nil {
 				t.Errorf("%s: %v", w.name, err)
 				return
