@@ -35,6 +35,10 @@ const channelPrefix = "redislock:"
 type inbox struct {
 	client  redis.UniversalClient
 	channel string
+	// window is how long a waiter told it is next waits before it looks:
+	// a little past the claim window of the waiter ahead, so that its look
+	// finds that window's end in Redis too.
+	window time.Duration
 
 	mu      sync.Mutex
 	shut    bool
@@ -53,17 +57,13 @@ type inbox struct {
 type waiter struct {
 	owner   string
 	ks      keyset
-	news    chan news  // only the newest counts, so it holds one
-	granted chan grant // a grant a release here made to it
+	news    chan struct{} // look now: granted, or a message may have gone by
+	granted chan grant    // a grant a release here made to it
+	// next, under inbox.mu, tells the waiter to look once the claim window
+	// of the waiter ahead has passed: armed without waking the waiter,
+	// which its own grant normally reaches first.
+	next *time.Timer
 }
-
-// news is what a waiter is told between its looks.
-type news uint8
-
-const (
-	lookNow    news = iota + 1 // granted, or a message may have gone by
-	youAreNext                 // the waiter ahead was granted the key
-)
 
 // grant is a grant made to a waiter by a call of this Locker.
 type grant struct {
@@ -71,8 +71,8 @@ type grant struct {
 	sent  time.Time // when that call was sent, before the grant began
 }
 
-func newInbox(client redis.UniversalClient, channel string) *inbox {
-	return &inbox{client: client, channel: channel, waiters: make(map[string]*waiter), keys: make(map[keyset]int)}
+func newInbox(client redis.UniversalClient, channel string, claimWindow time.Duration) *inbox {
+	return &inbox{client: client, channel: channel, window: claimWindow + claimWindow/8, waiters: make(map[string]*waiter), keys: make(map[keyset]int)}
 }
 
 // enter registers a waiter for ks under owner, subscribing the Locker's
@@ -92,7 +92,7 @@ func (b *inbox) enter(ks keyset, owner string) (*waiter, error) {
 		go func() { defer b.done.Done(); b.dispatch(events) }()
 		go func() { defer b.done.Done(); b.send(ctx) }()
 	}
-	w := &waiter{owner: owner, ks: ks, news: make(chan news, 1), granted: make(chan grant, 1)}
+	w := &waiter{owner: owner, ks: ks, news: make(chan struct{}, 1), granted: make(chan grant, 1)}
 	b.waiters[owner] = w
 	b.keys[ks]++
 	b.count.Add(1)
@@ -105,6 +105,9 @@ func (b *inbox) exit(w *waiter) {
 	defer b.mu.Unlock()
 	delete(b.waiters, w.owner)
 	b.count.Add(-1)
+	if w.next != nil {
+		w.next.Stop()
+	}
 	if b.keys[w.ks]--; b.keys[w.ks] == 0 {
 		delete(b.keys, w.ks)
 	}
@@ -155,44 +158,55 @@ func (b *inbox) dispatch(events <-chan any) {
 		switch ev := ev.(type) {
 		case *redis.Message:
 			if owner, ok := strings.CutPrefix(ev.Payload, "?"); ok {
-				b.tell(owner, youAreNext)
+				b.isNext(owner)
 			} else {
-				b.tell(ev.Payload, lookNow)
+				b.tell(ev.Payload)
 			}
 		case *redis.Subscription:
 			if ev.Kind == "subscribe" {
-				b.tellAll(lookNow)
+				b.tellAll()
 			}
 		}
 	}
 }
 
-// tell passes n to owner's waiter, if it still waits.
-func (b *inbox) tell(owner string, n news) {
+// tell has owner's waiter look now, if it still waits.
+func (b *inbox) tell(owner string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if w := b.waiters[owner]; w != nil {
-		w.tell(n)
+		w.tell()
 	}
 }
 
-func (b *inbox) tellAll(n news) {
+func (b *inbox) tellAll() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, w := range b.waiters {
-		w.tell(n)
+		w.tell()
 	}
 }
 
-// tell keeps the news that matters more: a waiter told to look now and
-// then that it is next must still look now.
-func (w *waiter) tell(n news) {
+// isNext has owner's waiter look once the claim window of the waiter
+// ahead has passed, unless its own grant comes first.
+func (b *inbox) isNext(owner string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w := b.waiters[owner]
+	switch {
+	case w == nil:
+	case w.next == nil:
+		w.next = time.AfterFunc(b.window, w.tell)
+	default:
+		w.next.Reset(b.window)
+	}
+}
+
+func (w *waiter) tell() {
 	select {
-	case old := <-w.news:
-		n = min(n, old)
+	case w.news <- struct{}{}:
 	default:
 	}
-	w.news <- n
 }
 
 // deliver hands g to owner's waiter, if it still waits; otherwise its

@@ -132,7 +132,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Locker, error) {
 		opt(l)
 	}
 	l.closing, l.shutdown = context.WithCancel(context.Background())
-	l.inbox = newInbox(client, channelPrefix+l.id)
+	l.inbox = newInbox(client, channelPrefix+l.id, l.claimWindow)
 	return l, nil
 }
 

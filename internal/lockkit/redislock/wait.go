@@ -46,29 +46,26 @@ func (l *Locker) wait(ctx, bounded context.Context, a acquisition) (lockkit.Leas
 // when the holder's lease has run out (a crashed holder tells nobody);
 // and at least every third of the waiter timeout, to keep its place.
 // Told that it is next, it looks once the claim window of the waiter
-// ahead has passed, unless its own turn comes first.
+// ahead has passed, unless its own turn comes first (inbox.isNext).
 func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter) (lockkit.Lease, error) {
 	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
 	// leave a stale tick behind, so no draining is needed.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	look, down := true, 0 // down: looks running that could not reach Redis
-	var wait time.Duration
+	down := 0 // looks running that could not reach Redis
 	for {
-		if look {
-			lease, pttl, err := l.look(waitCtx, a)
-			switch {
-			case lease != nil:
-				return lease, nil
-			case err == nil:
-				down, wait = 0, pttl
-			case down+1 < outage && errors.Is(err, lockkit.ErrUnavailable) && !ended(waitCtx):
-				// Looked again under the same owner: a grant the lost
-				// reply carried is claimed, not refused.
-				down, wait = down+1, 0
-			default:
-				return nil, err
-			}
+		lease, wait, err := l.look(waitCtx, a)
+		switch {
+		case lease != nil:
+			return lease, nil
+		case err == nil:
+			down = 0
+		case down+1 < outage && errors.Is(err, lockkit.ErrUnavailable) && !ended(waitCtx):
+			// Looked again under the same owner: a grant the lost reply
+			// carried is claimed, not refused.
+			down, wait = down+1, 0
+		default:
+			return nil, err
 		}
 		wait = min(wait, l.waiterTimeout/3)
 		if !l.inbox.heard() {
@@ -78,15 +75,8 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter) (lo
 		select {
 		case g := <-w.granted:
 			return l.newLease(a, g.fence, g.sent, true), nil
-		case n := <-w.news:
-			look = n == lookNow
-			if n == youAreNext {
-				// A little past the window, so that our look finds its
-				// end in Redis too.
-				wait = l.claimWindow + l.claimWindow/8
-			}
+		case <-w.news:
 		case <-timer.C:
-			look = true
 		case <-waitCtx.Done():
 			return nil, waitCtx.Err()
 		}
