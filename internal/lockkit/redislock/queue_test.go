@@ -2,10 +2,14 @@ package redislock_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/locktest"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 )
 
@@ -90,4 +94,48 @@ func TestWaiterGivingUpAfterGrantHandsKeyOn(t *testing.T) {
 		t.Fatalf("waiter behind one that gave up after its grant: %v", got.err)
 	}
 	_ = got.lease.Release(ctx)
+}
+
+// A hand-off between processes costs the waiter four calls, none of them
+// a poll: its arrival (refused), its place in the queue, its claim once a
+// release granted it the key and told it, and its own release, which
+// grants the next one. Three Lockers with one goroutine each, as three
+// processes, take turns on one key.
+func TestHandOffBetweenProcessesTakesFourCallsEach(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	w := locktest.NewWire(t)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	const lockers, rounds = 3, 10
+	var ls []*redislock.Locker
+	for range lockers {
+		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, Dialer: w.DialContext})
+		t.Cleanup(func() { _ = c.Close() })
+		ls = append(ls, newLocker(t, c))
+	}
+	holder := hold(t, ls[0], key)
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		wg.Go(func() {
+			for range rounds {
+				lease, err := l.Acquire(ctx, key, lockkit.WithTTL(time.Minute))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+				_ = lease.Release(ctx)
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // all queued, subscribed
+	calls := w.Calls()
+	_ = holder.Release(ctx)
+	wg.Wait()
+	grants := int64(lockers * rounds)
+	n := w.Calls() - calls
+	t.Logf("%d grants between %d processes took %d calls", grants, lockers, n)
+	if n > 5*grants {
+		t.Errorf("%d grants between processes took %d calls; want about 4 each", grants, n)
+	}
 }
