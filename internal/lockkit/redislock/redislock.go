@@ -1,6 +1,8 @@
 // Package redislock is the lockkit backend on Redis: SET NX PX and a fencing
 // token in one Lua script, owner-checked release and extend, and waiters
-// that wake on a release message instead of polling (docs/backends-redis.md).
+// that queue in Redis in arrival order, whatever their process: a release
+// grants the key to the first live one in the same script and tells it,
+// and it claims the grant (docs/backends-redis.md).
 //
 // It works on a single node, behind Sentinel and on a Cluster (through
 // go-redis UniversalClient): all keys of one lock share the hash tag {key}.
