@@ -6,10 +6,11 @@
 // A backend resolves the caller's options with Resolve, waits under
 // WaitContext and answers WaitErr when the wait ends, queues its waiters
 // in a Line (one waiter per Locker and key talks to the store, and a
-// release in the process reaches the next one at once, or hands it the
-// key), polls with a Poller if its store cannot wake a waiter, and
-// hands every grant to NewLease, which
-// gives all backends the same watchdog, Lost signal and local expiry. Work a
+// release in the process reaches the next one at once), polls with a
+// Poller if its store cannot wake a waiter, and hands every grant to
+// NewLease, which gives all backends the same watchdog, Lost signal and
+// local expiry. Redis needs no Line: its waiters queue in Redis itself.
+// Work a
 // backend leaves running after its caller returned goes through a Group,
 // which Close waits for.
 package backend

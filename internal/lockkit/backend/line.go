@@ -10,7 +10,7 @@ import (
 )
 
 // HandOffRun is how many releases of a key in a row a Line turns into an
-// immediate try by its head (or a hand-over to it), at first. The next
+// immediate try by its head, at first. The next
 // release makes the head yield instead: it leaves the key to the waiters
 // in other processes for a while (Pace.Yield), since they learn that the
 // key is free only later than the head here (a poll, a message), and
@@ -47,9 +47,8 @@ const (
 //     that leaves with an outage ends the wait of everyone then behind it:
 //     one asker's verdict on the store is the process's.
 //   - A release through the same Locker nudges the head (Released): it
-//     tries at once, or the release may hand the key straight to it in the
-//     store's own step (Offer, HandOver, Take). A run of such hand-offs is
-//     bounded (HandOffRun): the release that ends it makes the head yield.
+//     tries at once. A run of such hand-offs is bounded (HandOffRun): the
+//     release that ends it makes the head yield.
 //   - News from the store (Wake: a release message, a subscription that
 //     may have missed one) makes the head look at once, and counts in no
 //     run.
@@ -59,9 +58,9 @@ const (
 //
 // The zero Line is ready to use. It keeps an entry per key while places
 // stand in it, and after the last one leaves while the lease it was
-// handed is held (to count the run); a lease handed over that is never
-// released here successfully leaves its key's entry, a few dozen bytes,
-// until the key is waited for again.
+// granted is held (to count the run); a lease that is never released here
+// successfully leaves its key's entry, a few dozen bytes, until the key is
+// waited for again.
 type Line struct {
 	mu   sync.Mutex
 	keys map[string]*queue
@@ -73,8 +72,8 @@ type Line struct {
 type queue struct {
 	places []*Place // arrival order; places[0] is the head
 	// handOffs counts the releases in a row that made the head try at
-	// once or handed it the key; a grant that came otherwise ends the
-	// run. run is how many may (0: HandOffRun).
+	// once; a grant that came otherwise ends the run. run is how many may
+	// (0: HandOffRun).
 	handOffs, run int
 }
 
@@ -82,7 +81,7 @@ type queue struct {
 type nudge uint8
 
 const (
-	tryNow nudge = iota + 1 // a release here the run allows, or a hand-over
+	tryNow nudge = iota + 1 // a release here the run allows
 	yield                   // a release here that ends a run
 	news                    // the store says the key may be free (Wake)
 )
@@ -100,11 +99,6 @@ type Place struct {
 	held <-chan struct{} // the Lost of the lease granted to the waiter ahead
 	err  error           // the store was unreachable for a head ahead
 
-	// Under Line.mu: a release is handing the key over (offered), the
-	// place left meanwhile (gone), the grant made to it and not taken.
-	offered, gone bool
-	handed        any
-
 	// Kept by the head's own goroutine, read in Leave: its last look came
 	// from a release here (woken); a release yielded to it (yielded), and
 	// somebody else had the key or was told of it (yieldUsed).
@@ -112,7 +106,7 @@ type Place struct {
 }
 
 // Join puts a waiter for key at the end of the line. ttl is the lease it
-// asks for: what a grant handed to it (HandOver) is made for.
+// asks for.
 func (l *Line) Join(key string, ttl time.Duration) *Place {
 	p := &Place{key: key, ttl: ttl, turn: make(chan struct{}), nudge: make(chan nudge, 1)}
 	l.mu.Lock()
@@ -166,12 +160,10 @@ func (l *Line) Waiting(key string) bool {
 // Leave takes p out of the line. A head leaving hands the turn on: with
 // granted, the lease it was granted, which the next head waits out; with
 // outage, the error that ended its wait, which ends the wait of everyone
-// behind it too. It returns the grant handed to p and not taken, which the
-// caller must give up.
-func (l *Line) Leave(p *Place, granted lockkit.Lease, outage error) (untaken any) {
+// behind it too.
+func (l *Line) Leave(p *Place, granted lockkit.Lease, outage error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	untaken, p.handed, p.gone = p.handed, nil, p.offered
 	if p.err != nil {
 		// Inherited: those behind p were told with it; who joined since
 		// tries for itself.
@@ -190,12 +182,11 @@ func (l *Line) Leave(p *Place, granted lockkit.Lease, outage error) (untaken any
 		if q.handOffs == 0 {
 			l.drop(p.key)
 		}
-		return untaken
+		return
 	}
 	if i == 0 {
 		q.passTurn(p, granted, outage)
 	}
-	return untaken
 }
 
 func (l *Line) drop(key string) {
@@ -287,7 +278,7 @@ func (l *Line) Wake(key string) {
 // still open means this news is older than the grant the head waits out.
 func (q *queue) tell(n nudge) {
 	head := q.places[0]
-	if head.Held() || head.handed != nil {
+	if head.Held() {
 		return
 	}
 	select {
@@ -295,62 +286,4 @@ func (q *queue) tell(n nudge) {
 	default:
 	}
 	head.nudge <- n
-}
-
-// Offer returns the head of key's line, to which a release here may hand
-// the key in the store's own step, or nil if there is none or another
-// release is handing to it already. keep reports whether the run allows
-// a hand-over while waiters elsewhere want the key too; when it does not,
-// a release that frees the key for them calls Released, and the head
-// yields. Every Offer that returns a head must be ended with HandOver.
-func (l *Line) Offer(key string) (head *Place, keep bool) {
-	if l.queues.Load() == 0 {
-		return nil, false
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	q := l.keys[key]
-	if q == nil || len(q.places) == 0 {
-		return nil, false
-	}
-	head = q.places[0]
-	if head.offered || head.handed != nil {
-		return nil, false
-	}
-	head.offered = true
-	return head, q.handOffs < max(q.run, HandOffRun)
-}
-
-// HandOver ends an Offer to head: grant is the store's record of the key
-// granted to it (opaque to the line), nil if none was made. A grant counts
-// in the run, and head takes it (Take). It reports false if head has left
-// meanwhile: the grant is then the caller's to give up.
-func (l *Line) HandOver(head *Place, grant any) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	head.offered = false
-	if head.gone {
-		return false
-	}
-	if grant != nil {
-		head.handed = grant
-		l.keys[head.key].handOffs++
-		select {
-		case <-head.nudge:
-		default:
-		}
-		head.nudge <- tryNow
-	}
-	return true
-}
-
-// Take returns the grant handed to p, if any; p then holds it.
-func (l *Line) Take(p *Place) any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	h := p.handed
-	if h != nil {
-		p.handed, p.woken = nil, true
-	}
-	return h
 }

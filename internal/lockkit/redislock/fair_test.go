@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -155,11 +156,24 @@ func TestCloseLeavesFairQueue(t *testing.T) {
 // Fair means granted in arrival order, across Lockers (processes) that
 // each have several waiters.
 func TestFairOrderAcrossLockers(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(fmt.Sprintf("WithFair=%v", fair), func(t *testing.T) { fairOrderAcrossLockers(t, fair) })
+	}
+}
+
+// Every waiter queues in Redis, WithFair or not.
+func fairOrderAcrossLockers(t *testing.T, fair bool) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	var opts []lockkit.Option
+	if fair {
+		opts = append(opts, lockkit.WithFair())
+	}
+	admin := newClient(t, addr)
 	holder := newLocker(t, newClient(t, addr))
 	a, b := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
 	ctx := context.Background()
 	key := uniqueKey(t)
+	queue := "{" + testPrefix + key + "}:queue"
 
 	held := hold(t, holder, key, lockkit.WithFair())
 	arrivals := []struct {
@@ -168,9 +182,9 @@ func TestFairOrderAcrossLockers(t *testing.T) {
 	}{{"a1", a}, {"a2", a}, {"b1", b}, {"b2", b}, {"a3", a}, {"b3", b}}
 	order := make(chan string, len(arrivals))
 	var wg sync.WaitGroup
-	for _, w := range arrivals {
+	for i, w := range arrivals {
 		wg.Go(func() {
-			lease, err := w.l.Acquire(ctx, key, lockkit.WithFair(), lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(20*time.Second))
+			lease, err := w.l.Acquire(ctx, key, append(opts, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(20*time.Second))...)
 			if err != nil {
 				t.Errorf("%s: %v", w.name, err)
 				return
@@ -178,7 +192,12 @@ func TestFairOrderAcrossLockers(t *testing.T) {
 			order <- w.name
 			_ = lease.Release(ctx)
 		})
-		time.Sleep(50 * time.Millisecond) // w queued before the next arrives
+		// Arrival is the waiter's place in Redis: w is queued before the
+		// next arrives, however long its first calls take (a Locker's
+		// first dials a connection).
+		waitFor(t, 5*time.Second, w.name+" queued", func() bool {
+			return admin.LLen(ctx, queue).Val() == int64(i+1)
+		})
 	}
 	_ = held.Release(ctx)
 	wg.Wait()

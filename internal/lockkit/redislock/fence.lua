@@ -1,7 +1,7 @@
 -- The end of every script that grants: it issues the grant's fencing token
--- from the counter KEYS[2] and replies with it. Written out here rather
--- than as a function the scripts call, which Lua would create anew on
--- every call.
+-- from the counter KEYS[2] into `token`, which the script then replies
+-- with. Written out here rather than as a function the scripts call, which
+-- Lua would create anew on every call.
 --
 -- The token is above the key's last token and at least the server's clock
 -- in microseconds. The clock is what keeps tokens rising when the counter
@@ -14,12 +14,9 @@
 -- shortest exact form since Redis 7.2), where tostring would round to 14,
 -- and a script's number reply is an integer.
 --
--- Scripts that grant reply with one integer, not a table (a table reply
--- costs the server as much as a command): the token (> 0) on a grant, and
--- otherwise -1 - the ms to wait at most (<= -1). The token may come as the
--- string of its digits (the clock's, as read): the client reads it as the
--- integer it spells, and the server is spared a tonumber of 16 digits,
--- which takes libc's slow path.
+-- The token may be the string of its digits (the clock's, as read): the
+-- client reads it as the integer it spells, and the server is spared a
+-- tonumber of 16 digits, which takes libc's slow path.
 local t = redis.call('TIME')
 -- The clock's own digits (seconds, then microseconds padded to 6): a
 -- number argument would be formatted with %.17g, a cost a string has not.
@@ -27,14 +24,12 @@ local micros = t[2]
 if #micros < 6 then
   micros = string.sub('00000' .. micros, -6)
 end
-local now = t[1] .. micros
+local token = t[1] .. micros
 -- One write when the clock is ahead of the counter, as it nearly always is.
-local last = redis.call('SET', KEYS[2], now, 'GET')
+local last = redis.call('SET', KEYS[2], token, 'GET')
 -- Both are decimals without leading zeros: the longer is the larger, and
 -- at equal length their string order is their numeric order.
-if not last or #last < #now or (#last == #now and last < now) then
-  return now
+if last and (#last > #token or (#last == #token and last >= token)) then
+  token = tonumber(last) + 1
+  redis.call('SET', KEYS[2], token)
 end
-last = tonumber(last) + 1
-redis.call('SET', KEYS[2], last)
-return last

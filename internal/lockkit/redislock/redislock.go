@@ -1,6 +1,8 @@
 // Package redislock is the lockkit backend on Redis: SET NX PX and a fencing
 // token in one Lua script, owner-checked release and extend, and waiters
-// that wake on a release message instead of polling (docs/backends-redis.md).
+// that queue in Redis in arrival order, whatever their process: a release
+// grants the key to the first live one in the same script and tells it,
+// and it claims the grant (docs/backends-redis.md).
 //
 // It works on a single node, behind Sentinel and on a Cluster (through
 // go-redis UniversalClient): all keys of one lock share the hash tag {key}.
@@ -43,36 +45,38 @@ import (
 var (
 	//go:embed acquire.lua
 	acquireLua string
-	//go:embed fair_acquire.lua
-	fairAcquireLua string
-	//go:embed handover.lua
-	handOverLua string
-	//go:embed fence.lua
-	fenceLua string
+	//go:embed wait.lua
+	waitLua string
+	//go:embed next.lua
+	nextLua string
 	//go:embed release.lua
 	releaseLua string
-	//go:embed fair_release.lua
-	fairReleaseLua string
+	//go:embed handoff.lua
+	handOffLua string
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed extend.lua
 	extendLua string
-	//go:embed abandon.lua
-	abandonLua string
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
 	// (a restarted or failed-over server has an empty script cache). Every
-	// script that grants ends with fence.lua.
-	acquireScript     = redis.NewScript(acquireLua + fenceLua)
-	fairAcquireScript = redis.NewScript(fairAcquireLua + fenceLua)
-	handOverScript    = redis.NewScript(handOverLua + fenceLua)
-	releaseScript     = redis.NewScript(releaseLua)
-	fairReleaseScript = redis.NewScript(fairReleaseLua)
-	extendScript      = redis.NewScript(extendLua)
-	abandonScript     = redis.NewScript(abandonLua)
+	// script that grants ends with fence.lua; those that hand a free key
+	// to the queue's first waiter run next.lua before it.
+	acquireScript = redis.NewScript(acquireLua + fenceLua + "return token\n")
+	waitScript    = redis.NewScript(waitLua + nextLua + fenceLua + "return {grantee, token}\n")
+	releaseScript = redis.NewScript(releaseLua)
+	handOffScript = redis.NewScript(handOffLua + nextLua + fenceLua + "return {grantee, token}\n")
+	extendScript  = redis.NewScript(extendLua)
 )
 
-// DefaultWaiterTimeout is how long a fair-queue waiter that stopped calling
-// in (it crashed) keeps its place before the next waiter may pass it.
+// DefaultWaiterTimeout is how long a queued waiter that stopped calling in
+// (it crashed) keeps its place; a live one calls in every third of it.
 const DefaultWaiterTimeout = 3 * time.Second
+
+// DefaultClaimWindow is how long a key granted to a waiter in another
+// process stays its own before it claims it: the longest a waiter that
+// died after it was granted the key holds it up.
+const DefaultClaimWindow = 250 * time.Millisecond
 
 // Option configures a Locker.
 type Option func(*Locker)
@@ -80,8 +84,12 @@ type Option func(*Locker)
 // WithPrefix namespaces every key, e.g. per service or per test.
 func WithPrefix(prefix string) Option { return func(l *Locker) { l.prefix = prefix } }
 
-// WithWaiterTimeout sets how long a silent fair-queue waiter keeps its place.
+// WithWaiterTimeout sets how long a silent queued waiter keeps its place.
 func WithWaiterTimeout(d time.Duration) Option { return func(l *Locker) { l.waiterTimeout = d } }
+
+// WithClaimWindow sets how long a waiter elsewhere has to claim a key
+// granted to it (DefaultClaimWindow).
+func WithClaimWindow(d time.Duration) Option { return func(l *Locker) { l.claimWindow = d } }
 
 // Locker is the Redis backend. It is safe for concurrent use; share one per
 // process so that its waiters share one subscription connection.
@@ -89,9 +97,9 @@ type Locker struct {
 	client        redis.UniversalClient
 	prefix        string
 	waiterTimeout time.Duration
-	line          backend.Line // plain waiters, per key
-	room          *waitRoom
-	id            string        // random, names this Locker in owner values
+	claimWindow   time.Duration
+	inbox         *inbox
+	id            string        // random, names this Locker in owner values and its channel
 	seq           atomic.Uint64 // numbers its acquisitions
 
 	// closing is cancelled by Close: it ends every wait and every call
@@ -120,12 +128,13 @@ func New(client redis.UniversalClient, opts ...Option) (*Locker, error) {
 	}
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
-	l := &Locker{client: client, waiterTimeout: DefaultWaiterTimeout, id: hex.EncodeToString(id) + ":"}
+	l := &Locker{client: client, waiterTimeout: DefaultWaiterTimeout, claimWindow: DefaultClaimWindow,
+		id: hex.EncodeToString(id)}
 	for _, opt := range opts {
 		opt(l)
 	}
 	l.closing, l.shutdown = context.WithCancel(context.Background())
-	l.room = newWaitRoom(client, &l.line)
+	l.inbox = newInbox(client, channelPrefix+l.id, l.claimWindow)
 	return l, nil
 }
 
@@ -161,18 +170,19 @@ func (l *Locker) Capabilities() lockkit.Capabilities {
 }
 
 // keyset names a lock's keys, all in one hash slot: the lock itself and
-// the names derived from it, built only when needed (an uncontended cycle
+// the names derived from it, built only when needed (an uncontended grant
 // needs two of them).
 type keyset string
 
 func (l *Locker) keys(key string) keyset { return keyset("{" + l.prefix + key + "}") }
 
-func (k keyset) lock() string      { return string(k) }
-func (k keyset) fence() string     { return string(k) + ":fence" }
-func (k keyset) queue() string     { return string(k) + ":queue" }
-func (k keyset) deadlines() string { return string(k) + ":waiters" }
-func (k keyset) wanted() string    { return string(k) + ":wanted" } // see fair_release.lua
-func (k keyset) channel() string   { return string(k) + releasedSuffix }
+func (k keyset) lock() string  { return string(k) }
+func (k keyset) fence() string { return string(k) + ":fence" }
+
+// all is every key of the lock, as wait.lua and release.lua take them.
+func (k keyset) all() []string {
+	return []string{string(k), string(k) + ":fence", string(k) + ":queue", string(k) + ":waiters"}
+}
 
 // acquisition is one call of Acquire or TryAcquire: what it asks for, and
 // the owner value its grant is made to.
@@ -189,26 +199,24 @@ func (l *Locker) newAcquisition(key string, opts []lockkit.Option) acquisition {
 	return acquisition{key: key, ks: l.keys(key), owner: l.newOwner(), o: o, watchdog: watchdog}
 }
 
-// TryAcquire makes one attempt. With WithFair it is refused while others
-// queue, even if the key is free: their turn comes first.
+// TryAcquire makes one attempt. While others queue for the key it is
+// refused: a release grants the key to the first of them at once.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	if !l.enter() {
 		return nil, lockkit.ErrClosed
 	}
 	defer l.inflight.Done()
-	lease, _, err := l.attempt(ctx, l.newAcquisition(key, opts), trying)
+	lease, _, err := l.attempt(ctx, l.newAcquisition(key, opts))
 	if err == nil && lease == nil {
 		err = lockkit.ErrNotAcquired
 	}
 	return lease, err
 }
 
-// Acquire waits for key. Plain waiters of one process stand in its line
-// (backend.Line) in arrival order and only the head asks Redis; fair
-// waiters take their place in the key's Redis queue on arrival, so that
-// arrival order holds across processes. A waiter wakes on the release message, on a release by
-// this process, on a (re)subscription that may have missed a release, or
-// when the holder's TTL runs out (a crashed holder sends no message).
+// Acquire waits for key. Refused on arrival, the waiter takes its place in
+// the key's queue in Redis, which orders the waiters of every process
+// (arrival order: every waiter is fair, WithFair or not), and waits to be
+// told that a release granted it the key (wait.go).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	if !l.enter() {
 		return nil, lockkit.ErrClosed
@@ -223,65 +231,40 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option
 		bounded, cancel = backend.WaitContext(ctx, a.o)
 		defer cancel()
 	}
-	// A plain arrival tries at once unless others here wait already (no
-	// barging past them); a fair one always calls, to take its place. It
-	// does without the Locker's closing signal: registering with it costs
-	// the uncontended path.
-	pttl := time.Duration(0)
-	if a.o.Fair || !l.line.Waiting(string(a.ks)) {
-		lease, holderPTTL, err := l.attempt(bounded, a, arriving)
+	// An arrival while others wait here queues at once: its attempt
+	// would be refused. The first attempt does without the Locker's
+	// closing signal: registering with it costs the uncontended path.
+	if !l.inbox.waiting(a.ks) {
+		lease, _, err := l.attempt(bounded, a)
 		if lease != nil || err != nil {
 			return lease, l.waitErr(ctx, bounded, err)
 		}
-		pttl = holderPTTL
 	}
-	return l.wait(ctx, bounded, a, pttl)
+	return l.wait(ctx, bounded, a)
 }
 
-// stage is where an attempt stands in its acquisition.
-type stage int
-
-const (
-	trying   stage = iota // TryAcquire: one attempt, no wait
-	arriving              // Acquire's first attempt
-	waiting               // Acquire's attempts once it waits
-)
-
-// attempt asks Redis for the key once. It returns a lease, or how long to
-// wait before the next attempt at the latest, or an error.
-func (l *Locker) attempt(ctx context.Context, a acquisition, st stage) (lockkit.Lease, time.Duration, error) {
+// attempt asks Redis for the key once, as an arrival. It returns a lease,
+// or how long the holder's lease has left, or an error.
+func (l *Locker) attempt(ctx context.Context, a acquisition) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
-	res, err := l.grant(ctx, a, st)
+	res, err := l.grant(ctx, a)
 	if err != nil {
 		// The grant may have landed although its reply was lost.
-		l.abandonLater(a.ks, a.owner)
+		l.releaseLater(a.ks, a.owner, false)
 		return nil, 0, unavailable(ctx, err)
 	}
-	if res < 0 { // refused: -1 - how long to wait at most (fence.lua)
+	if res < 0 { // refused: -1 - the holder's pttl (acquire.lua)
 		return nil, time.Duration(-1-res) * time.Millisecond, nil
 	}
-	return l.newLease(a, a.owner, uint64(res), sent), 0, nil
+	return l.newLease(a, uint64(res), sent, false), 0, nil
 }
 
-// grant runs one acquisition call: the token (0 unfenced) on a grant,
-// otherwise -1 - the ms to wait at most. A fair one takes or keeps its
-// place in the queue (and ignores WithoutFence: its queue lives in the
-// same script as its token). A waiting plain one marks the lease, so that
-// its release sends a message; an arriving one need not, since a refused
-// arrival always calls again before it sleeps (at once, or when its
-// subscription is confirmed). So an uncontended grant carries no more than
-// it must: a fenced one two keys, an unfenced one is a plain SET NX PX.
-func (l *Locker) grant(ctx context.Context, a acquisition, st stage) (int64, error) {
-	ttl := a.o.TTL.Milliseconds()
-	switch {
-	case a.o.Fair:
-		timeout := l.waiterTimeout.Milliseconds()
-		if st == trying {
-			timeout = 0
-		}
-		keys := []string{a.ks.lock(), a.ks.fence(), a.ks.queue(), a.ks.deadlines(), a.ks.wanted()}
-		return fairAcquireScript.Run(ctx, l.client, keys, a.owner, ttl, timeout).Int64()
-	case a.o.Unfenced && st != waiting:
+// grant runs an arrival's call: the token (0 unfenced) on a grant,
+// otherwise -1 - the holder's pttl in ms. An uncontended grant so carries
+// no more than it must: a fenced one two keys, an unfenced one is a plain
+// SET NX PX.
+func (l *Locker) grant(ctx context.Context, a acquisition) (int64, error) {
+	if a.o.Unfenced {
 		// GET answers the value that refused us: our own owner's, marked
 		// or not, when go-redis resent this SET after its reply was lost,
 		// which is the grant itself, its TTL as set (acquire.lua).
@@ -297,22 +280,23 @@ func (l *Locker) grant(ctx context.Context, a acquisition, st stage) (int64, err
 		return -1, nil
 	}
 	keys := []string{a.ks.lock(), a.ks.fence()}
-	if a.o.Unfenced {
-		keys = keys[:1]
-	}
-	if st == waiting {
-		return acquireScript.Run(ctx, l.client, keys, a.owner, ttl, "1").Int64()
-	}
-	return acquireScript.Run(ctx, l.client, keys, a.owner, ttl).Int64()
+	return acquireScript.Run(ctx, l.client, keys, a.owner, a.o.TTL.Milliseconds()).Int64()
 }
 
-// newLease is the lease of a grant to owner, made by a call sent at sent:
-// the lease's TTL counts from then, before the server granted it.
-func (l *Locker) newLease(a acquisition, owner string, fence uint64, sent time.Time) lockkit.Lease {
+// newLease is the lease of a grant to a.owner, made by a call sent at
+// sent: the lease's TTL counts from then, before the server granted it.
+// queued tells a grant made from the queue: its release hands on at once
+// (handoff.lua), where one made on arrival first tries the uncontended
+// release.
+func (l *Locker) newLease(a acquisition, fence uint64, sent time.Time, queued bool) lockkit.Lease {
+	if a.o.Unfenced {
+		fence = 0
+	}
+	owner := a.owner
 	return backend.NewLease(backend.Grant{
 		Key: a.key, Fence: fence, TTL: a.o.TTL, Watchdog: a.watchdog, Sent: sent,
 		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extend(ctx, a.ks, owner, ttl) },
-		Release: func(ctx context.Context) error { return l.release(ctx, a.ks, owner, a.o.Fair) },
+		Release: func(ctx context.Context) error { return l.release(ctx, a.ks, owner, queued) },
 		Closed:  l.closing.Done(),
 	})
 }
@@ -338,87 +322,112 @@ func (l *Locker) extend(ctx context.Context, ks keyset, owner string, ttl time.D
 	return nil
 }
 
-// release is a lease's Release: a plain lease hands the key to the head
-// of the line here if there is one (handOver), and otherwise frees it and
-// tells the waiters, if it was marked (release.lua), and the line here
-// (Line.Released); a fair one names the queue's head (fair_release.lua).
-func (l *Locker) release(ctx context.Context, ks keyset, owner string, fair bool) error {
-	if !fair {
-		if handled, err := l.handOver(ctx, ks, owner); handled {
-			return err
+// release is a lease's Release. A lease granted on arrival is released
+// as bsm/redislock does (release.lua), unless a waiter marked it; a marked
+// one, or one granted from the queue, goes to the queue's first live
+// waiter in the same step (handOff).
+func (l *Locker) release(ctx context.Context, ks keyset, owner string, queued bool) error {
+	if !queued {
+		res, err := releaseScript.Run(ctx, l.client, []string{ks.lock()}, owner).Int()
+		switch {
+		case err != nil:
+			return unavailable(ctx, err)
+		case res == 0:
+			return lockkit.ErrNotHeld
+		case res == 1:
+			return nil
 		}
 	}
-	script, keys := releaseScript, []string{ks.lock()}
-	if fair {
-		script, keys = fairReleaseScript, []string{ks.lock(), ks.queue(), ks.deadlines(), ks.wanted()}
+	return l.handOff(ctx, ks, owner, false)
+}
+
+// handOff frees owner's grant and hands the key to the queue's first live
+// waiter (handoff.lua); leaving, owner also takes its place out of the
+// queue (a waiter that gives up). One of this Locker's own waiters gets
+// the key from here (inbox.deliver). It runs on its caller's context
+// alone.
+func (l *Locker) handOff(ctx context.Context, ks keyset, owner string, leaving bool) error {
+	sent := time.Now()
+	leave := "0"
+	if leaving {
+		leave = "1"
 	}
-	res, err := script.Run(ctx, l.client, keys, owner).Result()
-	// 0: not ours; a plain release answers 1 if freed, a fair one the
-	// message it sent.
-	next, _ := res.(string)
-	freed := err == nil && res != int64(0)
-	// Our own waiters need not wait for the message's round trip. Tell
-	// them whatever the outcome: the head here may not have marked the key
-	// (it knew the key was held here), and a release that failed or found
-	// the lease gone sends nothing.
-	if freed && !fair {
-		l.line.Released(string(ks))
-		l.room.wakeFair(ks.channel(), "")
-	} else {
-		l.room.deliver(ks.channel(), next)
-	}
+	res, err := handOffScript.Run(ctx, l.client, ks.all(), owner, leave).Result()
 	if err != nil {
 		return unavailable(ctx, err)
 	}
-	if !freed {
+	if res == int64(0) {
 		return lockkit.ErrNotHeld
+	}
+	if granted, ok := res.([]any); ok {
+		l.handOn(granted, sent)
 	}
 	return nil
 }
 
-// free gives up a grant to owner nobody will take: in the background, which
-// Close waits for, or, once closed, here and now, as the release that made
-// it runs after Close too.
-func (l *Locker) free(ks keyset, owner string) {
-	if l.enter() {
-		l.abandonLater(ks, owner)
-		l.inflight.Done()
+// handOn passes a grant a script made to a waiter of this Locker, read
+// from its {owner, token} reply, to that waiter. A waiter that left
+// meanwhile needs nothing: its leave (release.lua), which comes after
+// the grant in Redis, hands the key on.
+func (l *Locker) handOn(granted []any, sent time.Time) {
+	owner, token, err := parseGrant(granted)
+	if err != nil {
 		return
 	}
-	l.abandon(ks, owner)
+	l.inbox.deliver(owner, grant{fence: token, sent: sent})
 }
 
-// abandonLater leaves the fair queue and frees a grant whose reply was
-// lost, in the background: the caller returns at once, whether or not
-// Redis answers, and Close waits for it.
-func (l *Locker) abandonLater(ks keyset, owner string) {
-	l.inflight.Add(1) // the caller's own registration is still held
+// parseGrant reads a script's {owner, token} reply; the token may come as
+// an integer or as the string of its digits (fence.lua).
+func parseGrant(granted []any) (owner string, token uint64, err error) {
+	if len(granted) != 2 {
+		return "", 0, fmt.Errorf("redislock: grant reply %v", granted)
+	}
+	owner, _ = granted[0].(string)
+	switch t := granted[1].(type) {
+	case int64:
+		return owner, uint64(t), nil
+	case string:
+		token, err = strconv.ParseUint(t, 10, 64)
+		return owner, token, err
+	}
+	return "", 0, fmt.Errorf("redislock: grant reply %v", granted)
+}
+
+// releaseLater releases owner's grant, if any, in the background: a grant
+// whose reply was lost, or a waiter's place and whatever it was granted
+// meanwhile (leaving). The caller returns at once, whether or not Redis
+// answers; Close waits for it, and once closed it runs here and now.
+func (l *Locker) releaseLater(ks keyset, owner string, leaving bool) {
+	if !l.enter() {
+		l.releaseNow(ks, owner, leaving)
+		return
+	}
 	go func() {
 		defer l.inflight.Done()
-		l.abandon(ks, owner)
+		l.releaseNow(ks, owner, leaving)
 	}()
 }
 
-// abandon runs abandon.lua on a context of its own (the caller's may be
+// releaseNow runs release on a context of its own (the caller's may be
 // the one that just ended), and a short one: 500 ms.
-func (l *Locker) abandon(ks keyset, owner string) {
+func (l *Locker) releaseNow(ks keyset, owner string, leaving bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	_ = abandonScript.Run(ctx, l.client, []string{ks.lock(), ks.queue(), ks.deadlines()}, owner, ks.channel()).Err()
+	_ = l.handOff(ctx, ks, owner, leaving)
 }
 
-// Close ends every wait (waiters get ErrClosed and leave the fair queues),
+// Close ends every wait (waiters get ErrClosed and leave the queues),
 // stops the watchdogs and the subscription, and returns once nothing of the
 // Locker uses the client any more: a first attempt already sent is not
 // interrupted (its caller's context bounds it) and clean-ups get 500 ms.
-// A release, handing the key to a waiter here or not, runs on its caller's
-// context alone.
-// Leases still held expire by their TTL.
+// A release runs on its caller's context alone. Leases still held expire
+// by their TTL.
 func (l *Locker) Close() error {
 	l.enterMu.Lock()
 	l.shutdown()
 	l.enterMu.Unlock()
-	l.room.close()
+	l.inbox.close()
 	l.inflight.Wait()
 	return nil
 }
@@ -453,5 +462,13 @@ func isLoading(err redis.Error) bool {
 // the lock server can delete any key anyway), so one random draw per
 // Locker is enough and keeps a syscall off every acquire.
 func (l *Locker) newOwner() string {
-	return l.id + strconv.FormatUint(l.seq.Add(1), 36)
+	return l.id + ":" + strconv.FormatUint(l.seq.Add(1), 36)
+}
+
+// newWaitingOwner names a waiter's place in a queue: a fresh owner, this
+// Locker's claim window and the lease the waiter asks for, in ms (at
+// least 1: PX 0 is refused), which a release grants it for (next.lua).
+func (l *Locker) newWaitingOwner(ttl time.Duration) string {
+	ms := func(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
+	return l.newOwner() + ":" + ms(l.claimWindow) + ":" + ms(ttl)
 }

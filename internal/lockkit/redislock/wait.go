@@ -10,191 +10,101 @@ import (
 	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
-// Pace of a plain head (backend.Pace). Redis tells a waiter of a release
-// by a message, so a head never polls; these bound how long it trusts a
-// message, or news from here, to come.
-const (
-	// messageGrace is how long a head that yielded after a run (the
-	// release freed the key for the waiters elsewhere and published) waits
-	// for that message before it looks on its own, should the message not
-	// come (a stalled subscription): it races the waiters elsewhere on the
-	// message, not ahead of it, or it would win nearly every time.
-	messageGrace = 20 * time.Millisecond
-	// heldGrace is when a head that waited out a lease held here looks
-	// after that lease ended with no word from here: it was lost, not
-	// released (a release here always nudges or wakes the head, or hands
-	// it the key). Long enough for a release under way to say so first on
-	// a loaded machine: a look before would mark the key.
-	heldGrace = 200 * time.Millisecond
-	// unheardPoll is how often a waiter looks at a key whose SUBSCRIBE
-	// has not gone out (waitRoom.heard), and how often the room sends a
-	// failed one again: it hears no release message meanwhile, and the
-	// holder's TTL may be long.
-	unheardPoll = 200 * time.Millisecond
-)
+// unheardPoll is how often a waiter looks while its Locker's SUBSCRIBE has
+// not gone out (inbox.heard), and how often the inbox sends a failed one
+// again: no message reaches the waiter meanwhile.
+const unheardPoll = 200 * time.Millisecond
 
-// outage is how many looks running that could not reach Redis end a
-// head's wait, and so the wait of those behind it (backend.Line): one lost
-// reply on a loaded network is weather, not the process's verdict.
+// outage is how many looks running that could not reach Redis end a wait:
+// one lost reply on a loaded network is weather, not the verdict.
 const outage = 2
 
-var pace = backend.Pace{Yield: messageGrace, AfterHeld: func() time.Duration { return heldGrace }}
-
 // wait waits for a refused Acquire's key until it is granted, or its wait
-// or the Locker ends. pttl is what the holder's lease had left when the
-// first attempt was refused: the waiter looks again by then.
-func (l *Locker) wait(ctx, bounded context.Context, a acquisition, pttl time.Duration) (lockkit.Lease, error) {
+// or the Locker ends. A waiter that gives up leaves the queue, and hands
+// on a grant made to it meanwhile (release.lua).
+func (l *Locker) wait(ctx, bounded context.Context, a acquisition) (lockkit.Lease, error) {
 	waitCtx, cancel := context.WithCancel(bounded)
 	defer cancel()
 	defer context.AfterFunc(l.closing, cancel)()
-	var lease lockkit.Lease
-	var err error
-	if a.o.Fair {
-		lease, err = l.waitFair(waitCtx, a, pttl)
-	} else {
-		lease, err = l.waitInLine(ctx, waitCtx, a, pttl)
-	}
+	a.owner = l.newWaitingOwner(a.o.TTL)
+	w, err := l.inbox.enter(a.ks, a.owner)
 	if err != nil {
+		return nil, err
+	}
+	lease, err := l.waitTurn(waitCtx, a, w)
+	l.inbox.exit(w)
+	if err != nil {
+		l.releaseLater(a.ks, a.owner, true)
 		return nil, l.waitErr(ctx, waitCtx, err)
 	}
 	return lease, nil
 }
 
-// waitInLine takes a plain waiter's place in the Locker's line and waits
-// for its turn and then for the key. A grant handed to it and not taken
-// is freed as it leaves; an outage it found as head ends the wait of those
-// behind it.
-func (l *Locker) waitInLine(ctx, waitCtx context.Context, a acquisition, pttl time.Duration) (lockkit.Lease, error) {
-	p := l.line.Join(string(a.ks), a.o.TTL)
-	lease, err := l.inLine(waitCtx, a, p, pttl)
-	var outage error
-	if errors.Is(l.waitErr(ctx, waitCtx, err), lockkit.ErrUnavailable) {
-		outage = err
-	}
-	if h, _ := l.line.Leave(p, lease, outage).(*handover); h != nil {
-		l.free(a.ks, h.owner)
-	}
-	return lease, err
-}
-
-func (l *Locker) inLine(waitCtx context.Context, a acquisition, p *backend.Place, pttl time.Duration) (lockkit.Lease, error) {
-	first := backend.IsClosed(p.Turn())
-	// Subscribed after joining: the confirmation then finds the place.
-	subscribed, err := l.room.enter(a.ks, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer l.room.exit(a.ks, nil)
-	select {
-	case <-p.Turn():
-	case <-waitCtx.Done():
-		return nil, waitCtx.Err()
-	}
-	if err := p.Outage(); err != nil {
-		return nil, err
-	}
-	// The confirmation of our SUBSCRIBE wakes a head that sent it;
-	// otherwise a release may have come before it joined, or its turn is
-	// news of its own. A turn that came with a grant here waits that
-	// lease out: asking now would be refused, and would mark the key.
-	look := !(first && subscribed) && !p.Held()
-	return l.waitTurn(waitCtx, a, p, look, pttl)
-}
-
-// waitTurn is the head's loop: it asks Redis for the key whenever it
-// should look (backend.Place.Sleep), until it is granted (by Redis or by
-// a hand-over here), waitCtx ends, or outage looks running fail to reach
-// Redis.
-func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, p *backend.Place, look bool, wait time.Duration) (lockkit.Lease, error) {
-	down := 0 // looks running that could not reach Redis
-	for {
-		if lease := l.takeHandOver(a, p); lease != nil {
-			return lease, nil
-		}
-		if look {
-			lease, pttl, err := l.attempt(waitCtx, a, waiting)
-			switch {
-			case lease != nil:
-				return lease, nil
-			case err == nil:
-				p.Refused()
-				down, wait = 0, pttl
-			case down+1 < outage && errors.Is(err, lockkit.ErrUnavailable) && !ended(waitCtx):
-				down, wait = down+1, 0
-				// The failed attempt's grant, if it landed, is being
-				// freed under its owner in the background; a retry under
-				// that owner would be taken for it (acquire.lua) and freed
-				// under us.
-				a.owner = l.newOwner()
-			default:
-				return nil, err
-			}
-		}
-		look = true
-		wait = l.untilNextLook(a.ks, wait)
-		if err := p.Sleep(waitCtx, waitCtx, max(wait, time.Millisecond), pace); err != nil {
-			return nil, err
-		}
-	}
-}
-
-// takeHandOver returns the lease of a grant a release here handed to p,
-// if any. Once closing it is not taken: Leave returns it to be freed, and
-// the caller gets ErrClosed, as Close promises.
-func (l *Locker) takeHandOver(a acquisition, p *backend.Place) lockkit.Lease {
-	if l.closing.Err() != nil {
-		return nil
-	}
-	h, _ := l.line.Take(p).(*handover)
-	if h == nil {
-		return nil
-	}
-	return l.newLease(a, h.owner, h.fence, h.sent)
-}
-
-// waitFair waits as a fair waiter: it calls in whenever it is woken (a
-// release message names it, or names nobody), or its wait has passed, and
-// at least every third of the waiter timeout to keep its place in the
-// key's Redis queue.
-func (l *Locker) waitFair(waitCtx context.Context, a acquisition, wait time.Duration) (lockkit.Lease, error) {
-	w := &waiter{owner: a.owner, wake: make(chan struct{}, 1)}
-	subscribed, err := l.room.enter(a.ks, w)
-	if err != nil {
-		l.abandonLater(a.ks, a.owner) // leave the queue
-		return nil, err
-	}
-	defer l.room.exit(a.ks, w)
+// waitTurn is the waiter's loop: it looks (wait.lua) on arrival, when told
+// that the key is granted to it, when a release here hands it the key,
+// when its subscription was (re)made and a message may have gone by, and
+// when the holder's lease has run out (a crashed holder tells nobody);
+// and at least every third of the waiter timeout, to keep its place.
+// Told that it is next, it looks once the claim window of the waiter
+// ahead has passed, unless its own turn comes first (inbox.isNext).
+func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter) (lockkit.Lease, error) {
 	// Reset before every wait; since Go 1.23 neither Reset nor Stop can
 	// leave a stale tick behind, so no draining is needed.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	for look := !subscribed; ; look = true {
-		if look {
-			lease, pttl, err := l.attempt(waitCtx, a, waiting)
-			if lease != nil || err != nil {
-				return lease, err
-			}
-			wait = pttl
+	down := 0 // looks running that could not reach Redis
+	for {
+		lease, wait, err := l.look(waitCtx, a)
+		switch {
+		case lease != nil:
+			return lease, nil
+		case err == nil:
+			down = 0
+		case down+1 < outage && errors.Is(err, lockkit.ErrUnavailable) && !ended(waitCtx):
+			// Looked again under the same owner: a grant the lost reply
+			// carried is claimed, not refused.
+			down, wait = down+1, 0
+		default:
+			return nil, err
 		}
-		wait = l.untilNextLook(a.ks, wait)
-		timer.Reset(max(min(wait, l.waiterTimeout/3), time.Millisecond))
+		wait = min(wait, l.waiterTimeout/3)
+		if !l.inbox.heard() {
+			wait = min(wait, unheardPoll)
+		}
+		timer.Reset(max(wait, time.Millisecond))
 		select {
-		case <-w.wake:
+		case g := <-w.granted:
+			return l.newLease(a, g.fence, g.sent, true), nil
+		case <-w.news:
 		case <-timer.C:
 		case <-waitCtx.Done():
-			l.abandonLater(a.ks, a.owner)
 			return nil, waitCtx.Err()
 		}
 	}
 }
 
-// untilNextLook is wait, or unheardPoll if shorter while nobody here
-// hears ks's release messages.
-func (l *Locker) untilNextLook(ks keyset, wait time.Duration) time.Duration {
-	if l.room.heard(ks) {
-		return wait
+// look runs wait.lua for a: a lease if the key is a's, or else how long
+// to wait at most. A grant it made to another waiter here is handed on.
+func (l *Locker) look(ctx context.Context, a acquisition) (lockkit.Lease, time.Duration, error) {
+	sent := time.Now()
+	res, err := waitScript.Run(ctx, l.client, a.ks.all(), a.owner, l.waiterTimeout.Milliseconds()).Result()
+	if err != nil {
+		return nil, 0, unavailable(ctx, err)
 	}
-	return min(wait, unheardPoll)
+	granted, ok := res.([]any)
+	if !ok {
+		refused, _ := res.(int64) // -1 - the ms to wait at most
+		return nil, time.Duration(-1-refused) * time.Millisecond, nil
+	}
+	owner, token, err := parseGrant(granted)
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case owner == a.owner:
+		return l.newLease(a, token, sent, true), 0, nil
+	}
+	l.inbox.deliver(owner, grant{fence: token, sent: sent})
+	return nil, a.o.TTL, nil
 }
 
 // waitErr is what Acquire answers when a call under waitCtx, which ctx
