@@ -30,8 +30,7 @@ import (
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/admission"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/loyalty"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/order"
@@ -243,7 +242,7 @@ func migrateAll(ctx context.Context, db *storage.DB) error {
 type locking struct {
 	locker       lockkit.Locker
 	options      []lockkit.Option
-	metrics      *lockmetrics.Metrics
+	metrics      *instrument.Metrics
 	retry        optimistic.Policy
 	retryMetrics *optimistic.Metrics
 }
@@ -261,12 +260,10 @@ func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB
 		a.ready = append(a.ready, readyCheck{"lock backend " + cfg.LockBackend, p.Ping})
 	}
 
-	lockMetrics := lockmetrics.New(reg, cfg.LockBackend)
+	lockMetrics := instrument.NewMetrics(reg, cfg.LockBackend)
 	l := locking{
-		// Admission sits inside the metrics, so that its refusals count as
-		// lock-busy like a wait timeout does.
-		locker: tracedLocker{Locker: lockMetrics.Wrap(admission.Wrap(backend, cfg.LockMaxWaiters)),
-			backend: cfg.LockBackend},
+		locker: instrument.Wrap(backend, instrument.Options{Backend: cfg.LockBackend, Metrics: lockMetrics,
+			MaxWaiters: cfg.LockMaxWaiters}),
 		metrics:      lockMetrics,
 		retry:        optimistic.DefaultPolicy,
 		retryMetrics: optimistic.NewMetrics(reg),

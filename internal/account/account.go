@@ -23,7 +23,7 @@ import (
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -117,7 +117,7 @@ type Options struct {
 	// LockOptions are passed to every acquisition (TTL, wait timeout).
 	LockOptions []lockkit.Option
 	// Metrics, if set, counts fenced writes.
-	Metrics *lockmetrics.Metrics
+	Metrics *instrument.Metrics
 	// CriticalSectionDelay is slept between the read and the write.
 	CriticalSectionDelay time.Duration
 	// Strategy is StrategyLock (default) or StrategyOptimistic.

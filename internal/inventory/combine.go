@@ -14,7 +14,7 @@ import (
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 )
 
 // combined is the lock strategy with the buyers of one SKU combined: the
@@ -38,7 +38,7 @@ import (
 type combined struct {
 	single   *locked // the path of a lone or limited purchase
 	store    *Store
-	metrics  *lockmetrics.Metrics
+	metrics  *instrument.Metrics
 	maxBatch int
 	// delay is the business work, once per batch: the read, decide and
 	// write it stands for are done once for the whole batch.

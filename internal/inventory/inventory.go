@@ -32,7 +32,7 @@ import (
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -146,7 +146,7 @@ type Options struct {
 	// Mirror is the Redis stock mirror, required by atomic-redis.
 	Mirror *Mirror
 	// Metrics, if set, counts fenced writes.
-	Metrics *lockmetrics.Metrics
+	Metrics *instrument.Metrics
 	// CriticalSectionDelay stands in for business work: between read and
 	// write under the lock; before the atomic write in the atomic strategies.
 	CriticalSectionDelay time.Duration

@@ -14,7 +14,7 @@ import (
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 )
 
 // DefaultPayTimeout is how long an order may await payment when Options
@@ -35,7 +35,7 @@ type Options struct {
 	// takes over at most this long after the old one died or stalled.
 	LeaderTTL time.Duration
 	// Metrics, if set, counts fenced writes.
-	Metrics *lockmetrics.Metrics
+	Metrics *instrument.Metrics
 	// CriticalSectionDelay is slept between the read and the write.
 	CriticalSectionDelay time.Duration
 	// MaxUnpaidUnits is how many units one user may hold in orders
