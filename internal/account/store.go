@@ -11,7 +11,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/storage"
 )
@@ -118,7 +118,7 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 				return err
 			}
 		}
-		return idem.Save(ctx, tx)
+		return keyed.Save(ctx, tx)
 	})
 }
 

@@ -3,7 +3,6 @@ package inventory
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,7 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/guard"
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/instrument"
@@ -157,7 +156,7 @@ func (c *combined) serve(sku string, batch []*queued) {
 	c.countFencedBuyers(err, len(live))
 	// A key that another run recorded rolled the whole batch back; alone,
 	// it is refused by itself and the others are sold their units.
-	if errors.Is(err, errNotCombinable) || errors.Is(err, idem.ErrKeyTaken) {
+	if errors.Is(err, errNotCombinable) || errors.Is(err, keyed.ErrKeyTaken) {
 		for _, o := range live {
 			c.serveAlone(sku, o)
 		}
@@ -372,8 +371,8 @@ func (s *Store) writeBatch(ctx context.Context, sku string, prod Product, fence 
 // sells to each buyer on the single path.
 func saveAnswers(tx *gorm.DB, buyers []context.Context, rows []Purchase) error {
 	for i, ctx := range buyers {
-		idem.Answer(ctx, http.StatusCreated, rows[i])
-		if err := idem.Save(ctx, tx); err != nil {
+		keyed.Result(ctx, &rows[i])
+		if err := keyed.Save(ctx, tx); err != nil {
 			return err
 		}
 	}

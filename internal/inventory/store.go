@@ -10,7 +10,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/storage"
 )
@@ -107,7 +107,7 @@ func writeSale(ctx context.Context, tx *gorm.DB, prod Product, p *Purchase, fenc
 	if err := insertInSale(tx, p); err != nil {
 		return err
 	}
-	return idem.Save(ctx, tx)
+	return keyed.Save(ctx, tx)
 }
 
 // products are the fenced rows of this store (storage.Fenced says how a
@@ -174,7 +174,7 @@ func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 		if err := insertInSale(tx, p); err != nil {
 			return err
 		}
-		return idem.Save(ctx, tx)
+		return keyed.Save(ctx, tx)
 	})
 }
 

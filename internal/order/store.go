@@ -11,7 +11,7 @@ import (
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/events"
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/storage"
 )
@@ -198,7 +198,7 @@ func (s *Store) writeNew(ctx context.Context, tx *gorm.DB, o *Order, f Fences) e
 	}
 	// The token's record, so that a retry finds this order even when
 	// Redis has lost the token.
-	return idem.Save(ctx, tx)
+	return keyed.Save(ctx, tx)
 }
 
 // placedByAnotherRun reads into o the order that the run whose commit beat
