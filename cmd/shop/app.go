@@ -84,30 +84,35 @@ type readyCheck struct {
 	ping func(context.Context) error
 }
 
+// openApp wires a new app, and closes what wire opened if it fails.
+func openApp(wire func(*app) error) (*app, error) {
+	a := &app{}
+	if err := wire(a); err != nil {
+		_ = a.close()
+		return nil, err
+	}
+	return a, nil
+}
+
 // newApp opens the stores, the lock backend and the domains of cfg, and
 // starts the order closer. On error it closes what it opened.
-func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, err error) {
-	a = &app{}
-	// Not a: an error return sets it to nil before this runs.
-	opened := a
-	defer func() {
-		if err != nil {
-			_ = opened.close()
-		}
-	}()
+func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, error) {
+	return openApp(func(a *app) error { return a.wireServe(ctx, cfg, log) })
+}
 
+func (a *app) wireServe(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	db, rdb, err := a.openStores(ctx, cfg, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	reg := newRegistry()
 	locks, err := a.openLocking(ctx, cfg, db, rdb, reg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	domains, orders, err := a.newDomains(ctx, cfg, db, rdb, locks)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, d := range domains {
 		if c, ok := d.(interface{ Collectors() []prometheus.Collector }); ok {
@@ -115,16 +120,16 @@ func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, e
 		}
 	}
 	if err := a.openEvents(ctx, cfg, db, locks, reg, orders.Store, log); err != nil {
-		return nil, err
+		return err
 	}
 	a.startCloser(orders.Service, log)
 	a.startPruner(locks.locker, cfg.LockTTL, log)
 	a.records.RegisterMetrics(reg)
 	if err := a.consumeInServe(cfg, db, locks, reg, log); err != nil {
-		return nil, err
+		return err
 	}
 	a.newHandlers(cfg, log, domains, reg, db)
-	return a, nil
+	return nil
 }
 
 // consumeInServe runs the loyalty consumer inside shop serve, as make run
