@@ -23,9 +23,11 @@ package instrument
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -197,3 +199,207 @@ func closed(ch <-chan struct{}) bool {
 
 // metric label of an acquisition's class.
 func metricClass(class string) string { return label(lockkey.Class(class)) }
+
+// label is the label value of class c: its name, so that a class
+// declared in lockkey is labelled without a change here. The closer's
+// leader lease keeps "other", its label from before classes were
+// declared: dashboards and alerts select on these values.
+func label(c lockkey.Class) string {
+	if c == "" || c == lockkey.OrderCloser {
+		return "other"
+	}
+	return string(c)
+}
+
+// Metrics holds the collectors of one backend: how long acquisitions wait,
+// how long leases are held, how many leases are lost behind their holder's
+// back, and (reported by the stores) how many writes a fence refused.
+// Create it once per process.
+//
+// They are labelled by backend and by key class (stock, account, like,
+// order; the leader lease, and a key taken without a class, is "other"),
+// never by the key itself: one series per SKU or account would grow
+// without bound.
+type Metrics struct {
+	backend  string
+	wait     *prometheus.HistogramVec
+	hold     *prometheus.HistogramVec
+	failures *prometheus.CounterVec
+	lost     *prometheus.CounterVec
+	fenced   *prometheus.CounterVec
+}
+
+// NewMetrics registers the lock metrics with reg, labelled with backend.
+// It panics if they are already registered there, as
+// prometheus.MustRegister does.
+func NewMetrics(reg prometheus.Registerer, backend string) *Metrics {
+	// From 100µs (an uncontended local lock) to ~6s (a long queue).
+	buckets := prometheus.ExponentialBuckets(0.0001, 3, 11)
+	m := &Metrics{
+		backend: backend,
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shop_lock_wait_seconds",
+			Help:    "Time from asking for a lock to holding it (successful acquisitions).",
+			Buckets: buckets,
+		}, []string{"backend", "class"}),
+		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shop_lock_hold_seconds",
+			Help:    "Time from holding a lock to releasing it.",
+			Buckets: buckets,
+		}, []string{"backend", "class"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_lock_acquire_failures_total",
+			Help: "Acquisitions that did not get the lock, by reason: busy (wait timeout), unavailable, cancelled, error.",
+		}, []string{"backend", "class", "reason"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_lock_lost_total",
+			Help: "Leases that ended before their holder released them (expired, taken away, renewal failed).",
+		}, []string{"backend", "class"}),
+		fenced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_fenced_writes_total",
+			Help: "Writes a store refused because their fencing token was stale.",
+		}, []string{"backend", "class"}),
+	}
+	reg.MustRegister(m.wait, m.hold, m.failures, m.lost, m.fenced)
+	return m
+}
+
+// Fenced counts one write of class refused by a fence.
+func (m *Metrics) Fenced(class lockkey.Class) {
+	if m == nil {
+		return
+	}
+	m.fenced.WithLabelValues(m.backend, label(class)).Inc()
+}
+
+// A nil *Metrics counts nothing.
+
+func (m *Metrics) failed(class, reason string) {
+	if m != nil {
+		m.failures.WithLabelValues(m.backend, metricClass(class), reason).Inc()
+	}
+}
+
+func (m *Metrics) waited(class string, d time.Duration) {
+	if m != nil {
+		m.wait.WithLabelValues(m.backend, metricClass(class)).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) held(class string, d time.Duration, lost bool) {
+	if m == nil {
+		return
+	}
+	if lost {
+		m.lost.WithLabelValues(m.backend, metricClass(class)).Inc()
+	}
+	m.hold.WithLabelValues(m.backend, metricClass(class)).Observe(d.Seconds())
+}
+
+// admission turns lock waiters away instead of queueing them past what a
+// hot key can serve.
+//
+// A lock serializes one key: past the rate its critical section allows,
+// every extra buyer only lengthens the queue, and everyone's wait grows
+// until the whole queue times out together. admission bounds, per key and
+// per process, the number of requests waiting, and refuses at once a
+// request whose expected wait (the waiters ahead of it in this process
+// times the recent time a holder keeps the key) already exceeds its wait
+// timeout; the wait timeout bounds the rest. Refusals are
+// lockkit.ErrNotAcquired, which shop answers with 503 lock-busy and
+// Retry-After; the buyers who are admitted keep a wait near one queue's
+// length.
+//
+// The estimate counts only this process's waiters, so with several
+// processes it is low, never high: it refuses early only what the wait
+// timeout would refuse late, and never a request that would have been
+// served in time.
+type admission struct {
+	max  int // waiters per key; 0: no bound
+	mu   sync.Mutex
+	keys map[string]*queue
+}
+
+// ewmaWeight is the weight of the newest hold in the estimate: enough
+// history to ride over one slow hand-off, short enough to follow a load
+// change within a few dozen grants.
+const ewmaWeight = 0.1
+
+// queue is one key's traffic in this process.
+type queue struct {
+	waiting, holding int
+	// hold estimates how long a holder of this process keeps the key:
+	// what each waiter ahead of a newcomer costs it at the least.
+	hold     time.Duration
+	lastUsed time.Time
+}
+
+func newAdmission(maxWaiters int) *admission {
+	return &admission{max: maxWaiters, keys: map[string]*queue{}}
+}
+
+// enter queues a waiter for key, or refuses it when the queue is full or
+// its expected wait outlasts waitTimeout (0: no estimate is used). The
+// admitted waiter calls leave once its wait ended.
+func (a *admission) enter(key string, waitTimeout time.Duration) (*queue, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	q := a.keys[key]
+	if q == nil {
+		a.sweep()
+		q = &queue{}
+		a.keys[key] = q
+	}
+	if a.max > 0 && q.waiting >= a.max {
+		return nil, fmt.Errorf("%w: %d requests of this instance already wait for %s", lockkit.ErrNotAcquired, q.waiting, key)
+	}
+	if expected := time.Duration(q.waiting) * q.hold; waitTimeout > 0 && expected > waitTimeout {
+		return nil, fmt.Errorf("%w: the wait for %s is expected to take %s, more than the %s allowed",
+			lockkit.ErrNotAcquired, key, expected.Round(time.Millisecond), waitTimeout)
+	}
+	q.waiting++
+	return q, nil
+}
+
+// leave ends q's wait: granted, the waiter now holds the key.
+func (a *admission) leave(q *queue, granted bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	q.waiting--
+	if granted {
+		q.holding++
+	}
+}
+
+// released ends a hold of q that began at granted, and learns its length.
+func (a *admission) released(q *queue, granted time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	q.holding--
+	now := time.Now()
+	if d := now.Sub(granted); q.hold == 0 {
+		q.hold = d
+	} else {
+		q.hold += time.Duration(ewmaWeight * float64(d-q.hold))
+	}
+	q.lastUsed = now
+}
+
+// Keys idle for idleAfter are dropped once the map holds sweepAbove of
+// them: an idle key's estimate is stale anyway, and the keys (SKUs,
+// accounts) are as many as the clients like.
+const (
+	sweepAbove = 4096
+	idleAfter  = time.Minute
+)
+
+func (a *admission) sweep() {
+	if len(a.keys) < sweepAbove {
+		return
+	}
+	for key, q := range a.keys {
+		if q.waiting == 0 && q.holding == 0 && time.Since(q.lastUsed) > idleAfter {
+			delete(a.keys, key)
+		}
+	}
+}
