@@ -119,9 +119,11 @@ func (a *app) wireServe(ctx context.Context, cfg config.Config, log *slog.Logger
 			reg.MustRegister(c.Collectors()...)
 		}
 	}
-	if err := a.openEvents(ctx, cfg, db, locks, reg, orders.Store, log); err != nil {
+	delivery, err := a.openEvents(ctx, cfg, db, locks, reg, log)
+	if err != nil {
 		return err
 	}
+	a.deliverEvents(cfg, delivery, orders.Store)
 	a.startCloser(orders.Service, log)
 	a.startPruner(locks.locker, cfg.LockTTL, log)
 	a.records.RegisterMetrics(reg)

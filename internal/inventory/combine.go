@@ -205,7 +205,7 @@ func (c *combined) sellBatch(sku string, live []*queued) (purchases []Purchase, 
 		for i, o := range live {
 			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: f.Of(k)}
 		}
-		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay, buyers)
+		return c.store.updateMany(ctx, sku, f.Of(k), batch{purchases: purchases, sold: sold, buyers: buyers}, c.delay)
 	})
 	return purchases, sold, err
 }
@@ -267,19 +267,26 @@ func batchResult(err error, sold bool, p Purchase, o *queued) queuedResult {
 // queued; they take the single path.
 var errNotCombinable = errors.New("inventory: product has a per-user limit; not combined")
 
-// updateMany is Update for several purchases of one SKU under one fence:
-// it claims the row, reads it, sells to each purchase in order while stock
-// lasts (sold[i]), and writes the stock with one insert of every sold
+// batch is the buyers of one SKU served under one grant: purchases[i] is
+// the request buyers[i]'s, sold to it if sold[i].
+type batch struct {
+	purchases []Purchase
+	sold      []bool
+	buyers    []context.Context
+}
+
+// updateMany is Update for a batch of purchases of one SKU under one
+// fence: it claims the row, reads it, sells to each purchase in order
+// while stock lasts, and writes the stock with one insert of every sold
 // purchase in one transaction, with the idempotency record of each keyed
-// buyer (buyers[i] is ps[i]'s request). Nothing is written if none is
-// sold.
-func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []Purchase, sold []bool, delay time.Duration,
-	buyers []context.Context) error {
+// buyer. Nothing is written if none is sold.
+func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, b batch, delay time.Duration) error {
+	ps, sold := b.purchases, b.sold
 	prod, err := s.claimCombinable(ctx, sku, fence)
 	if err != nil {
 		return err
 	}
-	rows, rowBuyers := allot(&prod, ps, sold, buyers)
+	rows, rowBuyers := allot(&prod, ps, sold, b.buyers)
 	if len(rows) == 0 {
 		return nil
 	}
