@@ -15,7 +15,7 @@ import (
 const KindOrder = "order"
 
 // Claim raises account id's fence to fence before the caller reads or
-// writes it, as Update does for its own read-modify-write (see there for
+// writes it, as Update does for its own read-modify-write (storage.Fenced says
 // why the claim comes first). A fence of 0 claims nothing. It returns
 // ErrNotFound, or lockkit.ErrFenced when a newer token holds the row.
 func (s *Store) Claim(ctx context.Context, id int64, fence uint64) error {

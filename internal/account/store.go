@@ -53,14 +53,8 @@ func (s *Store) Get(ctx context.Context, id int64) (Account, error) {
 // With a fence, the write lands only if no newer token has claimed the row
 // since this Update claimed it; otherwise nothing is written and Update
 // returns lockkit.ErrFenced (also when a newer token had claimed it before:
-// then nothing is read). The claim comes before the read because a fence
-// checked only at write time lets a lost update through: a stale holder
-// that read and stalled, and a new holder that read the same row before
-// the stale write landed, would both pass "fence < token" in turn, and the
-// newer write would overwrite the stale one from a stale read. Claiming
-// first shows the store the newer token before its holder reads, so every
-// older write that lands later is refused, and every older write that
-// landed earlier is in what the newer holder reads.
+// then nothing is read). storage.Fenced says why the claim comes before
+// the read.
 //
 // The claim is its own autocommit statement and the read is a plain
 // SELECT, neither in the write's transaction nor FOR UPDATE: no row lock is

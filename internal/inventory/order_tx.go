@@ -21,7 +21,7 @@ const (
 )
 
 // Claim raises sku's fence to fence before the caller writes it, as
-// Update does (see there for why the claim comes first). A fence of 0
+// Update does (storage.Fenced says why the claim comes first). A fence of 0
 // claims nothing. It returns ErrNotFound, or lockkit.ErrFenced when a
 // newer token holds the row.
 func (s *Store) Claim(ctx context.Context, sku string, fence uint64) error {

@@ -59,13 +59,10 @@ func (s *Store) Get(ctx context.Context, sku string) (Product, error) {
 // return lockkit.ErrFenced with nothing written; a fence of 0 skips the
 // claim and writes unfenced.
 //
-// The claim comes before the read for the reason account.Store.Update
-// gives: checked only at write time, a stale holder's decrement lands and
-// is then overwritten by a newer holder that read the stock before it
-// landed, and the unit is sold twice. The claim is its own autocommit
-// statement and the read a plain SELECT outside the transaction: no row
-// lock is held while fn runs; the caller's lock serializes, the fence
-// catches a holder whose lock ran out.
+// The claim comes before the read (storage.Fenced says why). The claim is
+// its own autocommit statement and the read a plain SELECT outside the
+// transaction: no row lock is held while fn runs; the caller's lock
+// serializes, the fence catches a holder whose lock ran out.
 func (s *Store) Update(ctx context.Context, p *Purchase, fence uint64, fn func(ctx context.Context, prod *Product) error) error {
 	p.Fence = fence
 	if err := s.claim(ctx, p.SKU, fence); err != nil {

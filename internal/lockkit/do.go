@@ -2,6 +2,7 @@ package lockkit
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -57,7 +58,7 @@ func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, 
 // callers locking the same keys in any order never deadlock. fn receives each
 // key's fence. Duplicate keys are locked once.
 func DoMany(ctx context.Context, l Locker, keys []string, fn func(ctx context.Context, fences map[string]uint64) error, opts ...Option) error {
-	sorted := sortedUnique(keys)
+	sorted := slices.Compact(slices.Sorted(slices.Values(keys)))
 	fences := make(map[string]uint64, len(sorted))
 	var run func(ctx context.Context, i int) error
 	run = func(ctx context.Context, i int) error {

@@ -22,10 +22,15 @@ import (
 //  2. Update writes the row only while its fence is still that token: no
 //     newer holder has claimed it since this one read it.
 //
-// The claim comes before the read because a fence checked only at the
-// write ("fence < token") lets two holders that read the same row, the
-// stale one first, both write in turn. A token of 0 (a backend that
-// cannot fence, or none) claims nothing and writes unchecked: that is
+// The claim comes before the read because a fence checked only at write
+// time lets a lost update through: a stale holder that read and stalled,
+// and a new holder that read the same row before the stale write landed,
+// would both pass "fence < token" in turn, and the newer write would
+// overwrite the stale one from a stale read. Claiming first shows the
+// store the newer token before its holder reads, so every older write
+// that lands later is refused, and every older write that landed earlier
+// is in what the newer holder reads. A token of 0 (a backend that cannot
+// fence, or none) claims nothing and writes unchecked: that is
 // what lets the none baseline lose updates.
 type Fenced struct {
 	Table string // accounts, products, orders
