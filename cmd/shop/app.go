@@ -29,8 +29,7 @@ import (
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/admission"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/loyalty"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/order"
@@ -87,47 +86,54 @@ type readyCheck struct {
 	ping func(context.Context) error
 }
 
+// openApp wires a new app, and closes what wire opened if it fails.
+func openApp(wire func(*app) error) (*app, error) {
+	a := &app{}
+	if err := wire(a); err != nil {
+		_ = a.close()
+		return nil, err
+	}
+	return a, nil
+}
+
 // newApp opens the stores, the lock backend and the domains of cfg, and
 // starts the order closer. On error it closes what it opened.
-func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, err error) {
-	a = &app{}
-	// Not a: an error return sets it to nil before this runs.
-	opened := a
-	defer func() {
-		if err != nil {
-			_ = opened.close()
-		}
-	}()
+func newApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, error) {
+	return openApp(func(a *app) error { return a.wireServe(ctx, cfg, log) })
+}
 
+func (a *app) wireServe(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	db, rdb, err := a.openStores(ctx, cfg, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	reg := newRegistry()
 	locks, err := a.openLocking(ctx, cfg, db, rdb, reg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	domains, orders, err := a.newDomains(ctx, cfg, db, rdb, locks)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, d := range domains {
 		if c, ok := d.(interface{ Collectors() []prometheus.Collector }); ok {
 			reg.MustRegister(c.Collectors()...)
 		}
 	}
-	if err := a.openEvents(ctx, cfg, db, locks, reg, orders.Store, log); err != nil {
-		return nil, err
+	delivery, err := a.openEvents(ctx, cfg, db, locks, reg, log)
+	if err != nil {
+		return err
 	}
+	a.deliverEvents(cfg, delivery, orders.Store)
 	a.startCloser(orders.Service, log)
 	a.startPruner(locks.locker, cfg.LockTTL, log)
 	a.records.RegisterMetrics(reg)
 	if err := a.consumeInServe(cfg, db, locks, reg, log); err != nil {
-		return nil, err
+		return err
 	}
 	a.newHandlers(cfg, log, domains, reg, db)
-	return a, nil
+	return nil
 }
 
 // consumeInServe runs the loyalty consumer inside shop serve, as make run
@@ -248,7 +254,7 @@ func migrateAll(ctx context.Context, db *storage.DB) error {
 type locking struct {
 	locker       lockkit.Locker
 	options      []lockkit.Option
-	metrics      *lockmetrics.Metrics
+	metrics      *instrument.Metrics
 	retry        optimistic.Policy
 	retryMetrics *optimistic.Metrics
 }
@@ -266,12 +272,10 @@ func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB
 		a.ready = append(a.ready, readyCheck{"lock backend " + cfg.LockBackend, p.Ping})
 	}
 
-	lockMetrics := lockmetrics.New(reg, cfg.LockBackend)
+	lockMetrics := instrument.NewMetrics(reg, cfg.LockBackend)
 	l := locking{
-		// Admission sits inside the metrics, so that its refusals count as
-		// lock-busy like a wait timeout does.
-		locker: tracedLocker{Locker: lockMetrics.Wrap(admission.Wrap(backend, cfg.LockMaxWaiters)),
-			backend: cfg.LockBackend},
+		locker: instrument.Wrap(backend, instrument.Options{Backend: cfg.LockBackend, Metrics: lockMetrics,
+			MaxWaiters: cfg.LockMaxWaiters}),
 		metrics:      lockMetrics,
 		retry:        optimistic.DefaultPolicy,
 		retryMetrics: optimistic.NewMetrics(reg),

@@ -70,35 +70,32 @@ func (a *app) startConsumer(c *events.Consumer, js jetstream.JetStream, log *slo
 // newConsumeApp is shop consume's wiring: the database, the lock backend
 // (for the lock dedup), the consumer, and an HTTP handler with only the
 // probes and /metrics. It serves no API and runs no closer or relay.
-func newConsumeApp(ctx context.Context, cfg config.Config, log *slog.Logger) (a *app, err error) {
-	a = &app{}
-	opened := a
-	defer func() {
-		if err != nil {
-			_ = opened.close()
-		}
-	}()
+func newConsumeApp(ctx context.Context, cfg config.Config, log *slog.Logger) (*app, error) {
+	return openApp(func(a *app) error { return a.wireConsume(ctx, cfg, log) })
+}
+
+func (a *app) wireConsume(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	db, rdb, err := a.openStores(ctx, cfg, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	reg := newRegistry()
 	locks, err := a.openLocking(ctx, cfg, db, rdb, reg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	consumer, err := newLoyaltyConsumer(cfg, db, locks, reg, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	js, err := a.connectJetStream(cfg, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	a.startConsumer(consumer, js, log)
 	a.metrics = a.metricsHandler(reg)
 	a.handler = probesOnly(cfg, a)
-	return a, nil
+	return nil
 }
 
 // probesOnly serves /healthz, /readyz and (unless SHOP_METRICS_ADDR moves

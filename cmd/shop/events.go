@@ -25,20 +25,20 @@ import (
 const streamCheckTimeout = 5 * time.Second
 
 // openEvents connects to the broker (SHOP_NATS_URL, or an embedded
-// nats-server), creates or updates the stream, and delivers the orders'
-// events as cfg says: the relay for outbox, a publish after each commit
-// for direct. A broker that refuses the stream stops the start; one that
-// does not answer does not: orders are taken and their events wait in the
-// outbox, and /readyz and shop_events_broker_connected say so.
+// nats-server), creates or updates the stream, and returns what the
+// delivery of the events needs (deliverEvents). A broker that refuses the
+// stream stops the start; one that does not answer does not: orders are
+// taken and their events wait in the outbox, and /readyz and
+// shop_events_broker_connected say so.
 func (a *app) openEvents(ctx context.Context, cfg config.Config, db *storage.DB, l locking,
-	reg prometheus.Registerer, orders *order.Store, log *slog.Logger) error {
+	reg prometheus.Registerer, log *slog.Logger) (events.RelayOptions, error) {
 	url, err := a.natsURL(cfg, log)
 	if err != nil {
-		return err
+		return events.RelayOptions{}, err
 	}
 	nc, err := nats.Connect(url, natsOptions(cfg, log)...)
 	if err != nil {
-		return fmt.Errorf("events: connect to %s: %w", redactNATS(url), err)
+		return events.RelayOptions{}, fmt.Errorf("events: connect to %s: %w", redactNATS(url), err)
 	}
 	a.closers = append(a.closers, func() error { nc.Close(); return nil })
 	a.degraded = append(a.degraded, readyCheck{"nats broker", func(context.Context) error {
@@ -49,7 +49,7 @@ func (a *app) openEvents(ctx context.Context, cfg config.Config, db *storage.DB,
 	}})
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(events.DefaultPublishTimeout))
 	if err != nil {
-		return fmt.Errorf("events: %w", err)
+		return events.RelayOptions{}, fmt.Errorf("events: %w", err)
 	}
 	a.broker = js
 	e := cfg.Events
@@ -58,7 +58,7 @@ func (a *app) openEvents(ctx context.Context, cfg config.Config, db *storage.DB,
 	defer cancel()
 	if err := events.EnsureStream(sctx, js, stream); err != nil {
 		if events.BrokerRefused(err) {
-			return fmt.Errorf("events: the broker at %s refused the stream (check SHOP_EVENTS_REPLICAS and the account's JetStream limits): %w",
+			return events.RelayOptions{}, fmt.Errorf("events: the broker at %s refused the stream (check SHOP_EVENTS_REPLICAS and the account's JetStream limits): %w",
 				redactNATS(url), err)
 		}
 		log.Warn("events: broker not answering at start; orders are taken and their events wait in the outbox",
@@ -68,9 +68,16 @@ func (a *app) openEvents(ctx context.Context, cfg config.Config, db *storage.DB,
 	o := events.RelayOptions{Outbox: outbox, JS: js, Locker: l.locker, LeaderTTL: cfg.LockTTL,
 		Interval: e.RelayInterval, Batch: e.RelayBatch, MaxBackoff: e.RelayMaxBackoff, Stream: stream,
 		Metrics: events.NewMetrics(reg, outbox, nc.IsConnected), Log: log}
-	if e.Delivery == config.DeliveryDirect {
+	return o, nil
+}
+
+// deliverEvents delivers the events of the orders' commits as cfg says:
+// the relay, woken by each commit, for outbox; a publish after each commit
+// for direct.
+func (a *app) deliverEvents(cfg config.Config, o events.RelayOptions, orders *order.Store) {
+	if cfg.Events.Delivery == config.DeliveryDirect {
 		orders.OnCommit(events.NewDirect(o).Publish)
-		return nil
+		return
 	}
 	relay := events.NewRelay(o)
 	orders.OnCommit(func(context.Context, ...string) { relay.Wake() })
@@ -78,7 +85,6 @@ func (a *app) openEvents(ctx context.Context, cfg config.Config, db *storage.DB,
 	var wg sync.WaitGroup
 	wg.Go(func() { relay.Run(rctx) })
 	a.closers = append(a.closers, func() error { stop(); wg.Wait(); return nil })
-	return nil
 }
 
 // natsURL is SHOP_NATS_URL, or the URL of an embedded nats-server started

@@ -46,7 +46,7 @@ func TestABatchedDuplicateOfAKeyDoesNotFailItsNeighbours(t *testing.T) {
 
 	first := make(chan int, 1)
 	go func() {
-		res, _ := send(t, nil, srv, path, u1, key, body)
+		res, _ := send(t, nil, srv, post{path, u1, key, body})
 		first <- res.StatusCode
 	}()
 	for rdb.Exists(context.Background(), rec+":run").Val() == 0 {
@@ -59,10 +59,10 @@ func TestABatchedDuplicateOfAKeyDoesNotFailItsNeighbours(t *testing.T) {
 	var neighbour int
 	var neighbourBody string
 	wg.Add(2)
-	go func() { defer wg.Done(); send(t, nil, srv, path, u1, key, body) }()
+	go func() { defer wg.Done(); send(t, nil, srv, post{path, u1, key, body}) }()
 	go func() {
 		defer wg.Done()
-		res, b := send(t, nil, srv, path, u2, other, body)
+		res, b := send(t, nil, srv, post{path, u2, other, body})
 		neighbour, neighbourBody = res.StatusCode, b
 	}()
 	wg.Wait()
@@ -72,11 +72,11 @@ func TestABatchedDuplicateOfAKeyDoesNotFailItsNeighbours(t *testing.T) {
 	if neighbour != http.StatusCreated {
 		t.Errorf("the neighbour in the batch: %d %s; want 201", neighbour, neighbourBody)
 	}
-	again, againBody := send(t, nil, srv, path, u2, other, body)
+	again, againBody := send(t, nil, srv, post{path, u2, other, body})
 	if again.StatusCode != http.StatusCreated {
 		t.Errorf("the neighbour's retry: %d %s; want its sale", again.StatusCode, againBody)
 	}
-	retry, retryBody := send(t, nil, srv, path, u1, key, body)
+	retry, retryBody := send(t, nil, srv, post{path, u1, key, body})
 	if retry.StatusCode != http.StatusCreated {
 		t.Errorf("the duplicate's retry: %d %s; want the first run's sale", retry.StatusCode, retryBody)
 	}
@@ -112,14 +112,14 @@ func TestAnOrderRetriedAfterRedisLostItsTokenReplays(t *testing.T) {
 	}
 	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "POST", path: "/api/v1/idempotency-tokens", token: u1, status: 201}), &tok)
 	const path, body = "/api/v1/orders", `{"sku":"order-lost","quantity":1,"pay":true}`
-	first, firstBody := send(t, c, srv, path, u1, tok.Token, body)
+	first, firstBody := send(t, c, srv, post{path, u1, tok.Token, body})
 	if first.StatusCode != http.StatusCreated {
 		t.Fatalf("the order: %d %s", first.StatusCode, firstBody)
 	}
 	sum := sha256.Sum256([]byte(tok.Token))
 	rec := fmt.Sprintf("%sidem:{1}:%s", prefix, hex.EncodeToString(sum[:16]))
 	rdb.Del(context.Background(), rec, rec+":run")
-	again, againBody := send(t, c, srv, path, u1, tok.Token, body)
+	again, againBody := send(t, c, srv, post{path, u1, tok.Token, body})
 	if again.StatusCode != http.StatusCreated || againBody != firstBody || again.Header.Get(idem.ReplayedHeader) != "true" {
 		t.Fatalf("the retry after Redis lost the token: %d %s; want the first answer, %d %s, replayed",
 			again.StatusCode, againBody, first.StatusCode, firstBody)
@@ -132,7 +132,7 @@ func TestAnOrderRetriedAfterRedisLostItsTokenReplays(t *testing.T) {
 			t.Errorf("the retry after Redis lost the token: %s %q, want the first answer's %q", h, got, want)
 		}
 	}
-	other, _ := send(t, c, srv, path, u1, tok.Token, `{"sku":"order-lost","quantity":2,"pay":true}`)
+	other, _ := send(t, c, srv, post{path, u1, tok.Token, `{"sku":"order-lost","quantity":2,"pay":true}`})
 	if other.StatusCode != http.StatusUnprocessableEntity {
 		t.Fatalf("another request with the token: %d, want 422", other.StatusCode)
 	}
@@ -160,14 +160,14 @@ func TestAnAdminResetDeletesTheIdempotencyRecords(t *testing.T) {
 	}
 	_ = json.Unmarshal(c.run(t, srv, apiCase{method: "POST", path: "/api/v1/idempotency-tokens", token: u1, status: 201}), &tok)
 	const path, body = "/api/v1/orders", `{"sku":"reset-item","quantity":1}`
-	if first, b := send(t, c, srv, path, u1, tok.Token, body); first.StatusCode != http.StatusCreated {
+	if first, b := send(t, c, srv, post{path, u1, tok.Token, body}); first.StatusCode != http.StatusCreated {
 		t.Fatalf("the order: %d %s", first.StatusCode, b)
 	}
 	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
 	sum := sha256.Sum256([]byte(tok.Token))
 	rec := fmt.Sprintf("%sidem:{1}:%s", prefix, hex.EncodeToString(sum[:16]))
 	rdb.Del(context.Background(), rec, rec+":run")
-	retry, retryBody := send(t, c, srv, path, u1, tok.Token, body)
+	retry, retryBody := send(t, c, srv, post{path, u1, tok.Token, body})
 	if retry.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(retryBody, "idempotency-key-unknown") {
 		t.Fatalf("the retry after the reset: %d %s; want 422 idempotency-key-unknown", retry.StatusCode, retryBody)
 	}

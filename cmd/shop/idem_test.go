@@ -21,11 +21,15 @@ import (
 	"github.com/lockbench/shop/internal/testenv"
 )
 
-// send is one exchange with an optional Idempotency-Key, checked against
-// openapi.yaml unless c is nil (the contract is not safe for concurrent
-// use).
-func send(t *testing.T, c *contract, srv *httptest.Server, path, token, key, body string) (*http.Response, string) {
+// post is a POST to path as the user of token, with key as its
+// Idempotency-Key unless "".
+type post struct{ path, token, key, body string }
+
+// send is one exchange, checked against openapi.yaml unless c is nil (the
+// contract is not safe for concurrent use).
+func send(t *testing.T, c *contract, srv *httptest.Server, p post) (*http.Response, string) {
 	t.Helper()
+	path, token, key, body := p.path, p.token, p.key, p.body
 	req, err := http.NewRequest("POST", srv.URL+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -93,13 +97,13 @@ func (tc idempotentRoute) checkRetriesReplay(t *testing.T, c *contract, srv *htt
 	t.Helper()
 	key := randomKey()
 	before := snapshot(t, c, srv)
-	first, firstBody := send(t, c, srv, tc.path, token, key, tc.body)
+	first, firstBody := send(t, c, srv, post{tc.path, token, key, tc.body})
 	if first.StatusCode != tc.status || first.Header.Get(idem.ReplayedHeader) != "" {
 		t.Fatalf("first: %d %v %s", first.StatusCode, first.Header, firstBody)
 	}
 	moved := snapshot(t, c, srv)
 	for _, body := range []string{tc.body, tc.respelt} {
-		again, againBody := send(t, c, srv, tc.path, token, key, body)
+		again, againBody := send(t, c, srv, post{tc.path, token, key, body})
 		if again.StatusCode != tc.status || againBody != firstBody || again.Header.Get(idem.ReplayedHeader) != "true" ||
 			again.Header.Get(idem.ReplayedRequestIDHeader) != first.Header.Get(problem.RequestIDHeader) ||
 			again.Header.Get(problem.RequestIDHeader) == first.Header.Get(problem.RequestIDHeader) {
@@ -126,7 +130,7 @@ func (tc idempotentRoute) checkConcurrentCopies(t *testing.T, srv *httptest.Serv
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, _ := send(t, nil, srv, tc.path, token, key, tc.body)
+			res, _ := send(t, nil, srv, post{tc.path, token, key, tc.body})
 			codes <- res.StatusCode
 		}()
 	}
@@ -194,7 +198,7 @@ func (tc keyedFlow) run(t *testing.T, c *contract, srv *httptest.Server, tokens 
 	// keep their fence counters (one per account or product, not
 	// per request), and each user's token index appears.
 	for u := 1; u <= keyedUsers; u++ {
-		send(t, c, srv, tc.path(u), tokens[u], tc.key(u), tc.body)
+		send(t, c, srv, post{tc.path(u), tokens[u], tc.key(u), tc.body})
 	}
 	const n = keyedRequests
 	before, beforeNoTTL := rk.count(t)
@@ -202,7 +206,7 @@ func (tc keyedFlow) run(t *testing.T, c *contract, srv *httptest.Server, tokens 
 		u := 1 + i%keyedUsers
 		path, key := tc.path(u), tc.key(u)
 		for range 2 { // the request and its retry
-			if res, b := send(t, c, srv, path, tokens[u], key, tc.body); res.StatusCode != tc.status {
+			if res, b := send(t, c, srv, post{path, tokens[u], key, tc.body}); res.StatusCode != tc.status {
 				t.Fatalf("request %d: %d %s", i, res.StatusCode, b)
 			}
 		}

@@ -34,77 +34,44 @@ import (
 	"github.com/lockbench/shop/internal/storage"
 )
 
-// command is one row of shop's command table.
-type command struct {
-	name     string
-	synopsis string // its form in shop's usage, after "shop "
-	summary  string // its line in shop's usage
-	help     string // printed by shop <name> -help
-	args     []string
-	// config: run needs the configuration and the logger; they are read
-	// only after the arguments are checked, so that a wrong argument is
-	// reported as such whatever the environment holds.
-	config bool
-	// bind declares the command's flags on fs and returns its check of the
-	// parsed arguments (already counted against args) and its run.
-	bind func(fs *flag.FlagSet) (check func(args []string) error, run func(c call) int)
-}
-
-// call is what a command runs with.
-type call struct {
-	args           []string
-	getenv         func(string) string
-	cfg            config.Config // zero unless the command's config is set
-	log            *slog.Logger
-	stdout, stderr io.Writer
-}
-
-func commands() []command {
-	return []command{
-		{name: "serve", synopsis: "serve", summary: "run the HTTP service (config: SHOP_* variables, docs/config.md)",
-			config: true, bind: noFlags(runServe),
-			help: `Runs the HTTP service until SIGTERM or SIGINT. Configuration comes from the
+// commands are shop's commands as its usage lists them; run dispatches
+// them.
+var commands = []struct{ name, synopsis, summary, help string }{
+	{"serve", "serve", "run the HTTP service (config: SHOP_* variables, docs/config.md)",
+		`Runs the HTTP service until SIGTERM or SIGINT. Configuration comes from the
 SHOP_* variables (docs/config.md); SHOP_ENV defaults to production, which
 needs SHOP_JWT_SECRET and SHOP_ADMIN_TOKEN of 32 bytes or more. For a
 developer's machine: SHOP_ENV=dev shop serve.
 `},
-		{name: "consume", synopsis: "consume", summary: "run the order-event consumer (loyalty points) until SIGTERM",
-			config: true, bind: noFlags(runConsume),
-			help: `Runs the loyalty-points consumer of the order events on SHOP_NATS_URL until
+	{"consume", "consume", "run the order-event consumer (loyalty points) until SIGTERM",
+		`Runs the loyalty-points consumer of the order events on SHOP_NATS_URL until
 SIGTERM or SIGINT: a durable JetStream pull consumer that credits each paid
 order's points once, deduplicating as SHOP_EVENTS_DEDUP says (docs/events.md).
 It serves /healthz, /readyz and /metrics on SHOP_HTTP_ADDR, and no API.
 Several may run: they share the durable consumer.
 `},
-		{name: "migrate", synopsis: "migrate", summary: "create or extend the database tables, then exit",
-			config: true, bind: noFlags(runMigrate),
-			help: `Creates or extends the tables of the database SHOP_MYSQL_DSN or
+	{"migrate", "migrate", "create or extend the database tables, then exit",
+		`Creates or extends the tables of the database SHOP_MYSQL_DSN or
 SHOP_SQLITE_PATH names (never drops or narrows one), then exits.
 `},
-		{name: "token", synopsis: "token <user id> [-ttl 24h]", summary: "print a user token signed with SHOP_JWT_SECRET",
-			args: []string{"user id"}, config: true, bind: bindToken,
-			help: `Prints a user token for <user id> (a positive integer), signed with
+	{"token", "token <user id> [-ttl 24h]", "print a user token signed with SHOP_JWT_SECRET",
+		`Prints a user token for <user id> (a positive integer), signed with
 SHOP_JWT_SECRET, valid for -ttl.
 `},
-		{name: "healthcheck", synopsis: "healthcheck", summary: "exit 0 if the shop at SHOP_HTTP_ADDR on this host is ready, else 1",
-			bind: noFlags(runHealthcheck),
-			help: `GET /readyz of the shop at SHOP_HTTP_ADDR on this host: exit 0 on 200, else
+	{"healthcheck", "healthcheck", "exit 0 if the shop at SHOP_HTTP_ADDR on this host is ready, else 1",
+		`GET /readyz of the shop at SHOP_HTTP_ADDR on this host: exit 0 on 200, else
 1 and the reason on stderr. It reads no other variable.
 `},
-		{name: "version", synopsis: "version", summary: "print the version, VCS revision and Go version",
-			bind: noFlags(runVersion),
-			help: `Prints the version, VCS revision and Go version of this binary.
+	{"version", "version", "print the version, VCS revision and Go version",
+		`Prints the version, VCS revision and Go version of this binary.
 `},
-	}
 }
 
-func (c command) usage() string { return "usage: shop " + c.synopsis + "\n\n" + c.help }
-
-// usage is shop's own help, one line per command from the table.
+// usage is shop's own help, one line per command.
 func usage() string {
 	var b strings.Builder
 	b.WriteString("usage:\n")
-	for _, c := range commands() {
+	for _, c := range commands {
 		fmt.Fprintf(&b, "  shop %-25s %s\n", c.synopsis, c.summary)
 	}
 	b.WriteString("  shop <command> -help          that command's help\n\n")
@@ -112,13 +79,22 @@ func usage() string {
 	return b.String()
 }
 
-func lookup(name string) (command, bool) {
-	for _, c := range commands() {
+// commandUsage is the help of command name, "" for no command.
+func commandUsage(name string) string {
+	for _, c := range commands {
 		if c.name == name {
-			return c, true
+			return "usage: shop " + c.synopsis + "\n\n" + c.help
 		}
 	}
-	return command{}, false
+	return ""
+}
+
+// call is what a command runs with.
+type call struct {
+	getenv         func(string) string
+	cfg            config.Config // read by configured
+	log            *slog.Logger
+	stdout, stderr io.Writer
 }
 
 func main() {
@@ -135,43 +111,103 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprint(stderr, usage())
 		return 2
 	}
+	c := call{getenv: getenv, stdout: stdout, stderr: stderr}
 	name, rest := args[0], args[1:]
 	switch name {
 	case "help", "-h", "-help", "--help":
-		help(rest, stdout)
-		return 0
-	}
-	cmd, ok := lookup(name)
-	if !ok {
-		fmt.Fprintf(stderr, "shop: unknown command %q\n%s", name, usage())
-		return 2
-	}
-	c := call{getenv: getenv, stdout: stdout, stderr: stderr}
-	exec, err := cmd.parse(rest, &c)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, cmd.usage())
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "shop %s: %v\n%s", name, err, cmd.usage())
-		return 2
-	}
-	if cmd.config {
-		if err := c.configure(); err != nil {
-			fmt.Fprintf(stderr, "shop: invalid configuration:\n%v\n", err)
-			return 2
+		if u := commandUsage(strings.Join(rest, " ")); u != "" {
+			fmt.Fprint(stdout, u)
+		} else {
+			fmt.Fprint(stdout, usage())
 		}
+		return 0
+	case "serve":
+		return c.plain(name, rest, func(c call) int { return c.configured(runServe) })
+	case "consume":
+		return c.plain(name, rest, func(c call) int { return c.configured(runConsume) })
+	case "migrate":
+		return c.plain(name, rest, func(c call) int { return c.configured(runMigrate) })
+	case "token":
+		return c.token(rest)
+	case "healthcheck":
+		return c.plain(name, rest, runHealthcheck)
+	case "version":
+		return c.plain(name, rest, runVersion)
 	}
-	return exec(c)
+	fmt.Fprintf(stderr, "shop: unknown command %q\n%s", name, usage())
+	return 2
 }
 
-// help prints the help of the command args name, or shop's own.
-func help(args []string, stdout io.Writer) {
-	if c, ok := lookup(strings.Join(args, " ")); ok {
-		fmt.Fprint(stdout, c.usage())
-		return
+// plain runs command name, which takes no flags and no arguments.
+func (c call) plain(name string, args []string, run func(call) int) int {
+	if _, code, ok := c.parse(name, flagSet(name), args, nil); !ok {
+		return code
 	}
-	fmt.Fprint(stdout, usage())
+	return run(c)
+}
+
+// token checks its user id and -ttl before it reads the configuration.
+func (c call) token(args []string) int {
+	fs := flagSet("token")
+	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid")
+	pos, code, ok := c.parse("token", fs, args, []string{"user id"})
+	if !ok {
+		return code
+	}
+	id, err := userID(pos[0])
+	if err == nil && *ttl <= 0 {
+		err = fmt.Errorf("-ttl must be positive, not %s", *ttl)
+	}
+	if err != nil {
+		return c.refuse("token", err)
+	}
+	return c.configured(func(c call) int { return token(c.cfg, id, *ttl, c.stdout, c.stderr) })
+}
+
+func flagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parse reads command name's flags (declared on fs) and its positional
+// arguments, one for each of want. Unless ok, it has answered: the
+// command's help (exit 0), or what is wrong with the command line (exit 2).
+func (c call) parse(name string, fs *flag.FlagSet, args, want []string) (pos []string, code int, ok bool) {
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(c.stdout, commandUsage(name))
+		return nil, 0, false
+	}
+	switch n := len(want); {
+	case err != nil:
+	case len(pos) < n:
+		err = fmt.Errorf("missing the %s", strings.Join(want[len(pos):], ", the "))
+	case len(pos) == n+1:
+		err = fmt.Errorf("unexpected argument %q", pos[n])
+	case len(pos) > n:
+		err = fmt.Errorf("unexpected arguments %q", pos[n:])
+	}
+	if err != nil {
+		return nil, c.refuse(name, err), false
+	}
+	return pos, 0, true
+}
+
+// refuse reports a wrong command line: exit 2.
+func (c call) refuse(name string, err error) int {
+	fmt.Fprintf(c.stderr, "shop %s: %v\n%s", name, err, commandUsage(name))
+	return 2
+}
+
+// configured runs run with the configuration and the logger, or reports
+// the configuration's errors: exit 2.
+func (c call) configured(run func(call) int) int {
+	if err := c.configure(); err != nil {
+		fmt.Fprintf(c.stderr, "shop: invalid configuration:\n%v\n", err)
+		return 2
+	}
+	return run(c)
 }
 
 // configure reads the configuration and makes the process's logger.
@@ -185,31 +221,6 @@ func (c *call) configure() (err error) {
 	// JSON log stream; route them through slog.
 	redis.SetLogger(redisLogger{c.log})
 	return nil
-}
-
-// parse reads the command's flags and arguments into c, checks them, and
-// returns the command's run.
-func (cmd command) parse(args []string, c *call) (func(call) int, error) {
-	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	check, exec := cmd.bind(fs)
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return nil, err
-	}
-	switch want := len(cmd.args); {
-	case len(pos) < want:
-		return nil, fmt.Errorf("missing the %s", strings.Join(cmd.args[len(pos):], ", the "))
-	case len(pos) == want+1:
-		return nil, fmt.Errorf("unexpected argument %q", pos[want])
-	case len(pos) > want:
-		return nil, fmt.Errorf("unexpected arguments %q", pos[want:])
-	}
-	if err := check(pos); err != nil {
-		return nil, err
-	}
-	c.args = pos
-	return exec, nil
 }
 
 // parseInterspersed returns the positional arguments in their order, with
@@ -229,14 +240,6 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 			return append(pos, left...), nil
 		}
 		pos, args = append(pos, left[0]), left[1:]
-	}
-}
-
-// noFlags binds a command that takes no flags and whose arguments need no
-// check beyond their count.
-func noFlags(run func(call) int) func(*flag.FlagSet) (func([]string) error, func(call) int) {
-	return func(*flag.FlagSet) (func([]string) error, func(call) int) {
-		return func([]string) error { return nil }, run
 	}
 }
 
@@ -297,23 +300,6 @@ func runHealthcheck(c call) int {
 		return 1
 	}
 	return 0
-}
-
-func bindToken(fs *flag.FlagSet) (func([]string) error, func(call) int) {
-	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid")
-	check := func(args []string) error {
-		if _, err := userID(args[0]); err != nil {
-			return err
-		}
-		if *ttl <= 0 {
-			return fmt.Errorf("-ttl must be positive, not %s", *ttl)
-		}
-		return nil
-	}
-	return check, func(c call) int {
-		id, _ := userID(c.args[0])
-		return token(c.cfg, id, *ttl, c.stdout, c.stderr)
-	}
 }
 
 func userID(s string) (int64, error) {

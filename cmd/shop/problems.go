@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/like"
 	"github.com/lockbench/shop/internal/lockkit"
@@ -35,7 +36,7 @@ var errShuttingDown = errors.New("this instance is shutting down")
 func problems() problem.Table {
 	return slices.Concat(
 		lockProblems(),
-		account.Problems(), inventory.Problems(), like.Problems(), order.Problems(), audit.Problems(),
+		account.Problems(), inventory.Problems(), like.Problems(), order.Problems(), audit.Problems(), idem.Problems(),
 		dependencyProblems(),
 	)
 }

@@ -15,15 +15,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/lockbench/shop/internal/guard"
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -117,7 +116,7 @@ type Options struct {
 	// LockOptions are passed to every acquisition (TTL, wait timeout).
 	LockOptions []lockkit.Option
 	// Metrics, if set, counts fenced writes.
-	Metrics *lockmetrics.Metrics
+	Metrics *instrument.Metrics
 	// CriticalSectionDelay is slept between the read and the write.
 	CriticalSectionDelay time.Duration
 	// Strategy is StrategyLock (default) or StrategyOptimistic.
@@ -193,7 +192,7 @@ func (s *service) Deposit(ctx context.Context, id, amount int64, pre Preconditio
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
 	var out Account
-	idem.Answer(ctx, http.StatusOK, &out)
+	keyed.Result(ctx, &out)
 	err := s.update(ctx, "deposit", []int64{id}, func(ctx context.Context, accts []*Account) error {
 		a := accts[0]
 		if err := pre.apply(a); err != nil {
@@ -214,7 +213,7 @@ func (s *service) Withdraw(ctx context.Context, id, amount int64, pre Preconditi
 		return Account{}, fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
 	var out Account
-	idem.Answer(ctx, http.StatusOK, &out)
+	keyed.Result(ctx, &out)
 	err := s.update(ctx, "withdraw", []int64{id}, func(ctx context.Context, accts []*Account) error {
 		a := accts[0]
 		if err := pre.apply(a); err != nil {
@@ -241,7 +240,7 @@ func (s *service) Transfer(ctx context.Context, from, to, amount int64) (Transfe
 		return Transfer{}, err
 	}
 	out := Transfer{From: from, To: to, Amount: amount}
-	idem.Answer(ctx, http.StatusOK, &out)
+	keyed.Result(ctx, &out)
 	err := s.update(ctx, KindTransfer, []int64{from, to}, func(ctx context.Context, accts []*Account) error {
 		src, dst := accts[0], accts[1]
 		if src.Balance < amount {

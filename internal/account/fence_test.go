@@ -17,7 +17,7 @@ import (
 
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/problem"
@@ -45,10 +45,10 @@ func newInstance(t *testing.T, db *storage.DB, redisAddr, prefix string, ttl tim
 	t.Cleanup(func() { locker.Close(); client.Close() })
 
 	reg := prometheus.NewRegistry()
-	m := lockmetrics.New(reg, "redis")
+	m := instrument.NewMetrics(reg, "redis")
 	store := NewStore(db.DB)
 	d := &Domain{Store: store, Service: NewService(store, Options{
-		Locker:      m.Wrap(lockkit.Reentrant(locker)),
+		Locker:      instrument.Wrap(lockkit.Reentrant(locker), instrument.Options{Backend: "redis", Metrics: m}),
 		LockOptions: []lockkit.Option{lockkit.WithTTL(ttl), lockkit.WithWaitTimeout(10 * time.Second)},
 		Metrics:     m,
 	})}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/problem"
 )
 
@@ -120,13 +122,20 @@ func (d *Domain) change(c *gin.Context, op func(context.Context, int64, int64, P
 	if err := positive("amount_cents", req.Amount); err != nil {
 		return err
 	}
+	keyed.Decide(c.Request.Context(), changed)
 	a, err := op(c.Request.Context(), id, *req.Amount, pre)
 	if err != nil {
 		return err
 	}
-	c.JSON(http.StatusOK, a)
+	idem.Reply(c, changed(&a))
 	return nil
 }
+
+// changed is a balance change's answer, sent and recorded alike.
+func changed(a *Account) keyed.Answer { return keyed.Answer{Status: http.StatusOK, Body: a} }
+
+// transferred is a transfer's answer, sent and recorded alike.
+func transferred(t *Transfer) keyed.Answer { return keyed.Answer{Status: http.StatusOK, Body: t} }
 
 func (d *Domain) transfer(c *gin.Context) error {
 	var req transferRequest
@@ -148,11 +157,12 @@ func (d *Domain) transfer(c *gin.Context) error {
 	if err := auth.RequireSelf(c, *req.From); err != nil {
 		return err
 	}
+	keyed.Decide(c.Request.Context(), transferred)
 	t, err := d.Service.Transfer(c.Request.Context(), *req.From, *req.To, *req.Amount)
 	if err != nil {
 		return err
 	}
-	c.JSON(http.StatusOK, t)
+	idem.Reply(c, transferred(&t))
 	return nil
 }
 

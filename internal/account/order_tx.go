@@ -8,14 +8,14 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // KindOrder is the ledger kind of an order's payment.
 const KindOrder = "order"
 
 // Claim raises account id's fence to fence before the caller reads or
-// writes it, as Update does for its own read-modify-write (see there for
+// writes it, as Update does for its own read-modify-write (storage.Fenced says
 // why the claim comes first). A fence of 0 claims nothing. It returns
 // ErrNotFound, or lockkit.ErrFenced when a newer token holds the row.
 func (s *Store) Claim(ctx context.Context, id int64, fence uint64) error {
@@ -32,17 +32,15 @@ func Debit(tx *gorm.DB, id, amount int64, fence uint64, order int64) error {
 	if amount <= 0 {
 		return fmt.Errorf("%w: amount_cents must be a positive integer, got %d", ErrInvalidAmount, amount)
 	}
-	q := "UPDATE accounts SET balance = balance - ?, version = version + 1, updated_at = ? WHERE id = ? AND balance >= ?"
-	args := []any{amount, time.Now().UTC(), id, amount}
-	if fence != 0 {
-		q += " AND fence = ?"
-		args = append(args, fence)
+	written, err := accounts.Update(tx, id, fence, storage.Change{
+		Set:   "balance = balance - ?, version = version + 1, updated_at = ?",
+		Guard: "balance >= ?",
+		Args:  []any{amount, time.Now().UTC(), amount},
+	})
+	if err != nil {
+		return err
 	}
-	res := tx.Exec(q, args...)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected == 0 {
+	if !written {
 		var a Account
 		err := tx.Take(&a, id).Error
 		switch {
@@ -51,7 +49,7 @@ func Debit(tx *gorm.DB, id, amount int64, fence uint64, order int64) error {
 		case err != nil:
 			return err
 		case fence != 0 && a.Fence != fence:
-			return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, id, fence)
+			return accounts.Refused(id, fence)
 		}
 		return fmt.Errorf("%w: balance is %d cents, the order costs %d", ErrInsufficientFunds, a.Balance, amount)
 	}

@@ -11,8 +11,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/lockbench/shop/internal/idem"
-	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/storage"
 )
@@ -54,14 +53,8 @@ func (s *Store) Get(ctx context.Context, id int64) (Account, error) {
 // With a fence, the write lands only if no newer token has claimed the row
 // since this Update claimed it; otherwise nothing is written and Update
 // returns lockkit.ErrFenced (also when a newer token had claimed it before:
-// then nothing is read). The claim comes before the read because a fence
-// checked only at write time lets a lost update through: a stale holder
-// that read and stalled, and a new holder that read the same row before
-// the stale write landed, would both pass "fence < token" in turn, and the
-// newer write would overwrite the stale one from a stale read. Claiming
-// first shows the store the newer token before its holder reads, so every
-// older write that lands later is refused, and every older write that
-// landed earlier is in what the newer holder reads.
+// then nothing is read). storage.Fenced says why the claim comes before
+// the read.
 //
 // The claim is its own autocommit statement and the read is a plain
 // SELECT, neither in the write's transaction nor FOR UPDATE: no row lock is
@@ -119,33 +112,23 @@ func (s *Store) Update(ctx context.Context, kind string, ids []int64, fences map
 				return err
 			}
 		}
-		return idem.Save(ctx, tx)
+		return keyed.Save(ctx, tx)
 	})
 }
 
-// claim raises each fenced row's fence to its token, in id order, before
-// Update reads the rows. It refuses a token that does not beat the row's
-// fence: an older holder's, or one that has claimed the row already. So a
-// token claims a row at most once, and as nothing retries the write inside
-// Update, it also writes a row at most once: a repeated Update under the
-// same grant is refused instead of applied twice.
+// accounts are the fenced rows of this store (storage.Fenced says how a
+// claim and a fenced write keep a stale holder out).
+var accounts = storage.Fenced{Table: "accounts", Key: "id", Noun: "account", NotFound: ErrNotFound}
+
+// claim claims each fenced row, in id order, before Update reads the rows.
+// A token claims a row at most once, so a repeated Update under the same
+// grant is refused instead of applied twice.
 func (s *Store) claim(ctx context.Context, ids []int64, fences map[int64]uint64) error {
 	sorted := slices.Clone(ids)
 	slices.Sort(sorted)
 	for _, id := range slices.Compact(sorted) {
-		fence := fences[id]
-		if fence == 0 {
-			continue
-		}
-		res := s.db.WithContext(ctx).Exec("UPDATE accounts SET fence = ? WHERE id = ? AND fence < ?", fence, id, fence)
-		if res.Error != nil {
-			return res.Error
-		}
-		if res.RowsAffected == 0 {
-			if _, err := s.Get(ctx, id); err != nil {
-				return err // ErrNotFound, or the database's error
-			}
-			return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, id, fence)
+		if err := accounts.Claim(ctx, s.db, id, fences[id]); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -163,22 +146,15 @@ func (s *Store) claim(ctx context.Context, ids []int64, fences map[int64]uint64)
 // version whatever the fence: the client's precondition holds even where
 // the lock does not.
 func writeBalance(tx *gorm.DB, a *Account, fence uint64) error {
-	now := time.Now().UTC()
-	var res *gorm.DB
-	switch {
-	case fence == 0 && a.pinned:
-		res = tx.Exec("UPDATE accounts SET balance = ?, version = version + 1, updated_at = ? WHERE id = ? AND version = ?",
-			a.Balance, now, a.ID, a.Version)
-	case fence == 0:
-		res = tx.Exec("UPDATE accounts SET balance = ?, version = version + 1, updated_at = ? WHERE id = ?", a.Balance, now, a.ID)
-	default:
-		res = tx.Exec("UPDATE accounts SET balance = ?, version = version + 1, updated_at = ? WHERE id = ? AND fence = ? AND version = ?",
-			a.Balance, now, a.ID, fence, a.Version)
+	c := storage.Change{Set: "balance = ?, version = version + 1, updated_at = ?", Args: []any{a.Balance, time.Now().UTC()}}
+	if fence != 0 || a.pinned {
+		c.Guard, c.Args = "version = ?", append(c.Args, a.Version)
 	}
-	if res.Error != nil {
-		return res.Error
+	written, err := accounts.Update(tx, a.ID, fence, c)
+	if err != nil {
+		return err
 	}
-	if res.RowsAffected == 0 {
+	if !written {
 		var cur Account
 		err := tx.Take(&cur, a.ID).Error
 		switch {
@@ -187,7 +163,7 @@ func writeBalance(tx *gorm.DB, a *Account, fence uint64) error {
 		case err != nil:
 			return err
 		case fence != 0 && cur.Fence != fence:
-			return fmt.Errorf("%w: account %d, token %d", lockkit.ErrFenced, a.ID, fence)
+			return accounts.Refused(a.ID, fence)
 		case a.pinned:
 			return fmt.Errorf("%w: account %d moved from ETag %s to %s while this change was written",
 				ErrPreconditionFailed, a.ID, ETag(a.Version), ETag(cur.Version))

@@ -2,7 +2,7 @@
 // of the rows the flow touches (sorted, so that two flows never wait on
 // each other in a cycle), hand their fencing tokens to the flow as an
 // argument, and count the writes a fence refused by class. Each key is
-// taken with its class (lockkit.WithClass), which the metrics and the
+// taken with its class (lockkit.WithKeyClass), which the metrics and the
 // traces label it by.
 //
 // The flow gives its store the tokens explicitly, in the shape of
@@ -20,12 +20,11 @@ package guard
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 )
 
 // FencedDomain is a domain whose stores keep fencing tokens in their rows.
@@ -45,14 +44,14 @@ type Guard struct {
 	class   lockkey.Class
 	locker  lockkit.Locker
 	opts    []lockkit.Option
-	metrics *lockmetrics.Metrics
+	metrics *instrument.Metrics
 }
 
 // New returns the guard of a domain whose refused writes count under
 // class. locker takes the keys (lockkit.None() is the unsafe baseline),
 // opts are passed to every acquisition, and m, if not nil, counts the
 // writes a fence refused.
-func New(class lockkey.Class, locker lockkit.Locker, opts []lockkit.Option, m *lockmetrics.Metrics) *Guard {
+func New(class lockkey.Class, locker lockkit.Locker, opts []lockkit.Option, m *instrument.Metrics) *Guard {
 	if locker == nil {
 		locker = lockkit.None()
 	}
@@ -74,14 +73,13 @@ func (f Fences) Of(k lockkey.Key) uint64 { return f[k] }
 // write a fence refused (lockkit.ErrFenced) is counted under the guard's
 // class.
 func (g *Guard) Do(ctx context.Context, keys []lockkey.Key, fn func(ctx context.Context, f Fences) error) error {
-	l := classed{Locker: g.locker, keys: keys}
-	err := lockkit.DoManyFenced(ctx, l, lockkey.Strings(keys), func(ctx context.Context, tokens map[string]uint64) error {
+	err := lockkit.DoManyFenced(ctx, g.locker, lockkey.Strings(keys), func(ctx context.Context, tokens map[string]uint64) error {
 		f := make(Fences, len(keys))
 		for _, k := range keys {
 			f[k] = tokens[k.String()]
 		}
 		return fn(ctx, f)
-	}, g.opts...)
+	}, g.options(keys)...)
 	if g.metrics != nil && errors.Is(err, lockkit.ErrFenced) {
 		g.metrics.Fenced(g.class)
 	}
@@ -92,35 +90,20 @@ func (g *Guard) Do(ctx context.Context, keys []lockkey.Key, fn func(ctx context.
 // half-way. Nothing is written, so nothing is fenced: a lease lost while
 // fn ran makes Hold return lockkit.ErrLeaseLost (lockkit.DoMany).
 func (g *Guard) Hold(ctx context.Context, keys []lockkey.Key, fn func(ctx context.Context) error) error {
-	l := classed{Locker: g.locker, keys: keys}
-	return lockkit.DoMany(ctx, l, lockkey.Strings(keys), func(ctx context.Context, _ map[string]uint64) error {
+	return lockkit.DoMany(ctx, g.locker, lockkey.Strings(keys), func(ctx context.Context, _ map[string]uint64) error {
 		return fn(ctx)
-	}, g.opts...)
+	}, g.options(keys)...)
 }
 
-// classed takes each of a flow's keys with its class.
-type classed struct {
-	lockkit.Locker
-	keys []lockkey.Key
-}
-
-func (c classed) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	return c.Locker.Acquire(ctx, key, c.withClass(key, opts)...)
-}
-
-func (c classed) TryAcquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
-	return c.Locker.TryAcquire(ctx, key, c.withClass(key, opts)...)
-}
-
-// withClass appends key's class to opts in a new array: opts are the
-// guard's, shared by every flow running at once.
-func (c classed) withClass(key string, opts []lockkit.Option) []lockkit.Option {
-	for _, k := range c.keys {
-		if k.String() == key {
-			return append(slices.Clip(opts), lockkit.WithClass(string(k.Class())))
-		}
+// options are the guard's, with each of keys' class, in a new array: the
+// guard's are shared by every flow running at once.
+func (g *Guard) options(keys []lockkey.Key) []lockkit.Option {
+	classes := make(map[string]string, len(keys))
+	for _, k := range keys {
+		classes[k.String()] = string(k.Class())
 	}
-	return opts
+	class := func(key string) string { return classes[key] }
+	return append(g.opts[:len(g.opts):len(g.opts)], lockkit.WithKeyClass(class))
 }
 
 // Work stands in for the business work between a flow's read and its

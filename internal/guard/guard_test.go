@@ -13,8 +13,8 @@ import (
 	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/lockkit/local"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -49,10 +49,10 @@ func count(t *testing.T, reg *prometheus.Registry, name, class string) float64 {
 func TestDoLabelsEachKeyByItsClass(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	m := lockmetrics.New(reg, "local")
+	m := instrument.NewMetrics(reg, "local")
 	inner := local.New()
 	defer inner.Close()
-	g := guard.New(lockkey.Order, m.Wrap(inner), nil, m)
+	g := guard.New(lockkey.Order, instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m}), nil, m)
 
 	stock, acct := lockkey.Stock.Key("x"), lockkey.Account.Key("1")
 	err := g.Do(ctx, []lockkey.Key{stock, acct}, func(_ context.Context, f guard.Fences) error {
@@ -86,10 +86,10 @@ func TestDoLabelsEachKeyByItsClass(t *testing.T) {
 func TestDoCountsFencedWritesUnderTheGuardsClass(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	m := lockmetrics.New(reg, "local")
+	m := instrument.NewMetrics(reg, "local")
 	inner := local.New()
 	defer inner.Close()
-	g := guard.New(lockkey.Order, m.Wrap(inner), nil, m)
+	g := guard.New(lockkey.Order, instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m}), nil, m)
 	keys := []lockkey.Key{lockkey.Order.Key("1"), lockkey.Stock.Key("x")}
 
 	refused := fmt.Errorf("order 1: %w", lockkit.ErrFenced)

@@ -38,11 +38,12 @@
 // while its first request runs is 409 idempotency-key-in-use.
 //
 // The proof that a keyed change happened is in the database, not in Redis:
-// the store that writes a change calls Save in the change's transaction,
-// with the answer the service gave Answer and the headers the handler
-// gave HeaderFor, and a Record (user and key as primary key, fingerprint,
-// status, headers, body) commits with the change or not at all. A request that Redis lets run looks for that record first and
-// replays it (a commit whose reply was lost, a record Redis lost); a
+// the store that writes a change calls keyed.Save in the change's
+// transaction, and a keyed.Record (user and key as primary key,
+// fingerprint, status, headers, body: the answer the handler decided with
+// keyed.Decide) commits with the change or not at all. A request that
+// Redis lets run looks for that record first and replays it (a commit
+// whose reply was lost, a record Redis lost); a
 // second run of one key cannot commit, its record colliding on the key.
 //
 // Which responses are stored in Redis: every response of a request that
@@ -87,10 +88,8 @@ package idem
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -101,6 +100,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
+
+	"github.com/lockbench/shop/internal/idem/keyed"
 )
 
 // Header names.
@@ -221,17 +222,12 @@ func New(client redis.UniversalClient, o Options) (*Idem, error) {
 // keys are a key's record and its lease. The key itself is hashed: it may
 // hold any character, braces included, and Redis need not see it.
 func (m *Idem) keys(user int64, key string) (record, lease string) {
-	record = m.userTag(user) + recordName(key)
+	record = m.userTag(user) + keyed.KeyHash(key)
 	return record, record + ":run"
 }
 
 func (m *Idem) userTag(user int64) string {
 	return m.o.Prefix + "idem:{" + strconv.FormatInt(user, 10) + "}:"
-}
-
-func recordName(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:16])
 }
 
 // Issue mints a token bound to user, valid for the configured TTL, or
@@ -247,7 +243,7 @@ func (m *Idem) Issue(ctx context.Context, user int64) (Token, error) {
 	// The index scores by this instance's clock: instances whose clocks
 	// differ by d count a token d early or late against the cap, no more.
 	res, err := issueScript.Run(ctx, m.client, []string{m.userTag(user) + "tokens", rec},
-		now.UnixMilli(), t.ExpiresAt.UnixMilli(), m.o.TTL.Milliseconds(), m.o.MaxTokens, recordName(t.Key)).Slice()
+		now.UnixMilli(), t.ExpiresAt.UnixMilli(), m.o.TTL.Milliseconds(), m.o.MaxTokens, keyed.KeyHash(t.Key)).Slice()
 	if err != nil {
 		return Token{}, fmt.Errorf("idem: issue: %w", err)
 	}

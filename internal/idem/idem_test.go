@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/problem"
 	"github.com/lockbench/shop/internal/testenv"
 )
@@ -201,7 +202,7 @@ func wantReplay(t *testing.T, first, again *httptest.ResponseRecorder) {
 		again.Header().Get(problem.RequestIDHeader) == firstID {
 		t.Fatalf("replay headers %v; first X-Request-Id %q", again.Header(), firstID)
 	}
-	for _, h := range storedHeaders {
+	for _, h := range keyed.StoredHeaders {
 		if again.Header().Get(h) != first.Header().Get(h) {
 			t.Fatalf("replayed %s %q, first %q", h, again.Header().Get(h), first.Header().Get(h))
 		}

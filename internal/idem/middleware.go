@@ -16,25 +16,10 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/problem"
 )
-
-// storedHeaders are the response headers a replay sends again. Others
-// (Date, X-Request-Id, Retry-After) belong to the answer they were sent with.
-var storedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
-
-// storedHeaderJSON is the JSON of h's storedHeaders, as a record keeps them.
-func storedHeaderJSON(h http.Header) string {
-	kept := map[string]string{}
-	for _, name := range storedHeaders {
-		if v := h.Get(name); v != "" {
-			kept[name] = v
-		}
-	}
-	j, _ := json.Marshal(kept) // a map of strings always encodes
-	return string(j)
-}
 
 // maxStoredBody caps what is kept per key; a larger response is sent but
 // not stored, and the key is freed.
@@ -142,6 +127,16 @@ func keepBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
+// keyedRun is one request whose key Redis let it claim.
+type keyedRun struct {
+	policy           Policy
+	user             int64
+	key, fp          string
+	run              string // the run number that fences the key's record in Redis
+	claimed          time.Time
+	recKey, leaseKey string
+}
+
 // admit claims key for the request: it runs, or is answered from the
 // key's record, or is refused.
 func (m *Idem) admit(c *gin.Context, p Policy, user int64, key, fp string) {
@@ -162,7 +157,9 @@ func (m *Idem) admit(c *gin.Context, p Policy, user int64, key, fp string) {
 		problem.Write(c, reused())
 	default:
 		c.Set(tokenKey, key)
-		m.runOrReplay(c, p, user, key, run, fp, claimed)
+		r := keyedRun{policy: p, user: user, key: key, fp: fp, run: run, claimed: claimed}
+		r.recKey, r.leaseKey = m.keys(user, key)
+		m.runOrReplay(c, r)
 	}
 }
 
@@ -171,25 +168,24 @@ func (m *Idem) admit(c *gin.Context, p Policy, user int64, key, fp string) {
 // Redis lost its answer (a restart, a failover, a store that failed) or
 // never had it (the commit's reply was lost, answered 503). Then the
 // record answers, and Redis keeps it again.
-func (m *Idem) runOrReplay(c *gin.Context, p Policy, user int64, key, run, fp string, claimed time.Time) {
-	rec, found, err := m.lookup(c.Request.Context(), user, key)
+func (m *Idem) runOrReplay(c *gin.Context, r keyedRun) {
+	rec, found, err := m.lookup(c.Request.Context(), r.user, r.key)
 	if err == nil && !found {
-		m.run(c, p, user, key, run, fp, claimed)
+		m.run(c, r)
 		return
 	}
-	recKey, leaseKey := m.keys(user, key)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), finishTimeout)
 	defer cancel()
 	switch {
 	case err != nil:
-		_ = releaseScript.Run(ctx, m.client, []string{recKey, leaseKey}, run).Err()
+		m.free(ctx, r)
 		problem.Write(c, err)
-	case rec.fp != fp:
-		_ = releaseScript.Run(ctx, m.client, []string{recKey, leaseKey}, run).Err()
+	case rec.fp != r.fp:
+		m.free(ctx, r)
 		problem.Write(c, reused())
 	default:
-		if err := storeScript.Run(ctx, m.client, []string{recKey, leaseKey}, run, rec.fp, rec.status, rec.header, rec.body, rec.rid).Err(); err != nil {
-			slog.WarnContext(ctx, "idem: copy the database's record to Redis", "key", recKey, "err", err)
+		if err := storeScript.Run(ctx, m.client, []string{r.recKey, r.leaseKey}, r.run, rec.fp, rec.status, rec.header, rec.body, rec.rid).Err(); err != nil {
+			slog.WarnContext(ctx, "idem: copy the database's record to Redis", "key", r.recKey, "err", err)
 		}
 		replay(c, rec)
 	}
@@ -237,9 +233,10 @@ func reused() error {
 		"the Idempotency-Key was used for a different request (method, path or body); use a new key for a new request"), "Idempotency-Key reused")
 }
 
+const inUseDetail = "a request with this Idempotency-Key is still running; retry later to get its response"
+
 func inUseError() error {
-	e := titled(problem.New(http.StatusConflict, "idempotency-key-in-use",
-		"a request with this Idempotency-Key is still running; retry later to get its response"), "Idempotency-Key in use")
+	e := titled(problem.New(http.StatusConflict, "idempotency-key-in-use", inUseDetail), "Idempotency-Key in use")
 	e.RetryAfter = 1
 	return e
 }
@@ -278,20 +275,19 @@ func (p Policy) stores(c *gin.Context, status int) bool {
 // run calls the handler with a context that ends if the key's lease is lost
 // (a duplicate may then run: the handler's own fences and uniqueness must
 // hold the line), captures its response, and stores it or frees the key.
-func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, claimed time.Time) {
-	recKey, leaseKey := m.keys(user, key)
+func (m *Idem) run(c *gin.Context, r keyedRun) {
 	parent := c.Request.Context()
 	w := &capture{ResponseWriter: c.Writer}
 	c.Writer = w
-	a := &attempt{user: user, key: key, fp: fp, rid: w.Header().Get(problem.RequestIDHeader)}
-	panicked, stack := leased(c, a, m.lease(recKey, leaseKey, run, claimed), recKey, run)
+	kr := &keyed.Run{User: r.user, Key: r.key, Fingerprint: r.fp, RequestID: w.Header().Get(problem.RequestIDHeader)}
+	panicked, stack := leased(c, kr, m.lease(r.recKey, r.leaseKey, r.run, r.claimed), r)
 	// The writes after the handler get their own time, from when it ends:
 	// a handler may wait long for its locks.
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(parent), finishTimeout)
 	defer fcancel()
 	if panicked != nil {
-		if p.RerunServerErrors {
-			m.free(fctx, recKey, leaseKey, run)
+		if r.policy.RerunServerErrors {
+			m.free(fctx, r)
 			c.Writer = w.ResponseWriter
 			panic(panicked) // Recover, further out, answers 500
 		}
@@ -301,28 +297,28 @@ func (m *Idem) run(c *gin.Context, p Policy, user int64, key, run, fp string, cl
 		answerPanic(fctx, c, w, panicked, stack)
 	}
 	c.Writer = w.ResponseWriter
-	// a.taken: another run of this key recorded its change first; this
+	// kr.Taken: another run of this key recorded its change first; this
 	// one's 409 sends the client back for that run's answer.
-	if !p.stores(c, w.Status()) || w.overflow || a.taken {
-		m.free(fctx, recKey, leaseKey, run)
+	if !r.policy.stores(c, w.Status()) || w.overflow || kr.Taken {
+		m.free(fctx, r)
 		return
 	}
-	m.store(fctx, w, recKey, leaseKey, run, fp)
+	m.store(fctx, w, r)
 }
 
-// leased runs the rest of the chain for attempt a under lease, with a
-// context that ends if the lease is lost, and returns what it panicked
-// with. After leased, nothing renews the lease.
-func leased(c *gin.Context, a *attempt, lease *runLease, recKey, run string) (panicked any, stack []byte) {
+// leased runs the rest of the chain for kr under lease, with a context
+// that ends if the lease is lost, and returns what it panicked with.
+// After leased, nothing renews the lease.
+func leased(c *gin.Context, kr *keyed.Run, lease *runLease, r keyedRun) (panicked any, stack []byte) {
 	parent := c.Request.Context()
 	ctx, stop := lockkit.Watch(parent, lease)
 	logLost := context.AfterFunc(ctx, func() {
 		if errors.Is(context.Cause(ctx), lockkit.ErrLeaseLost) {
-			slog.WarnContext(ctx, "idem: lease lost: "+lease.why(), "key", recKey, "run", run)
+			slog.WarnContext(ctx, "idem: lease lost: "+lease.why(), "key", r.recKey, "run", r.run)
 		}
 	})
 	defer logLost()
-	c.Request = c.Request.WithContext(withAttempt(ctx, a))
+	c.Request = c.Request.WithContext(keyed.With(ctx, kr))
 	panicked, stack = next(c)
 	logLost()
 	stop()
@@ -346,28 +342,28 @@ func answerPanic(ctx context.Context, c *gin.Context, w *capture, panicked any, 
 }
 
 // free releases the key for a retry to run, unless a later run claimed it.
-func (m *Idem) free(ctx context.Context, recKey, leaseKey, run string) {
-	if err := releaseScript.Run(ctx, m.client, []string{recKey, leaseKey}, run).Err(); err != nil {
+func (m *Idem) free(ctx context.Context, r keyedRun) {
+	if err := releaseScript.Run(ctx, m.client, []string{r.recKey, r.leaseKey}, r.run).Err(); err != nil {
 		// The lease expires on its own; the key is blocked until then.
-		slog.WarnContext(ctx, "idem: free key", "key", recKey, "run", run, "err", err)
+		slog.WarnContext(ctx, "idem: free key", "key", r.recKey, "run", r.run, "err", err)
 	}
 }
 
 // store keeps the response captured in w as the key's answer, unless a
 // later run claimed the key.
-func (m *Idem) store(ctx context.Context, w *capture, recKey, leaseKey, run, fp string) {
-	hj := storedHeaderJSON(w.Header())
+func (m *Idem) store(ctx context.Context, w *capture, r keyedRun) {
+	hj := keyed.HeaderJSON(w.Header())
 	rid := w.Header().Get(problem.RequestIDHeader)
 	status := w.Status()
-	stored, err := storeScript.Run(ctx, m.client, []string{recKey, leaseKey}, run, fp, status, hj, w.body.Bytes(), rid).Int()
+	stored, err := storeScript.Run(ctx, m.client, []string{r.recKey, r.leaseKey}, r.run, r.fp, status, hj, w.body.Bytes(), rid).Int()
 	switch {
 	case err != nil:
 		// The client has its answer; a retry once the lease expires runs
 		// again, and the handler's own fences and uniqueness must catch it.
-		slog.ErrorContext(ctx, "idem: store response", "key", recKey, "status", status, "err", err)
+		slog.ErrorContext(ctx, "idem: store response", "key", r.recKey, "status", status, "err", err)
 	case stored == 0:
 		slog.WarnContext(ctx, "idem: response not stored: the key expired, or was claimed again after this request's lease lapsed",
-			"key", recKey, "run", run, "status", status)
+			"key", r.recKey, "run", r.run, "status", status)
 	}
 }
 

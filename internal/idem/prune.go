@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/storage"
@@ -55,7 +56,7 @@ func (m *Idem) Prune(ctx context.Context) (int64, error) {
 	cutoff := time.Now().Add(-m.o.TTL)
 	var pruned int64
 	for ctx.Err() == nil {
-		var rows []Record
+		var rows []keyed.Record
 		err := m.o.DB.WithContext(ctx).Select("user_id", "key_hash").Where("created_at < ?", cutoff).
 			Order("created_at").Limit(pruneBatch).Find(&rows).Error
 		if err != nil || len(rows) == 0 {
@@ -67,7 +68,7 @@ func (m *Idem) Prune(ctx context.Context) (int64, error) {
 		}
 		// Selected first, then deleted by key: MariaDB allows no LIMIT in
 		// an IN subquery, and SQLite no LIMIT on DELETE.
-		res := m.o.DB.WithContext(ctx).Where("(user_id, key_hash) IN ? AND created_at < ?", keys, cutoff).Delete(&Record{})
+		res := m.o.DB.WithContext(ctx).Where("(user_id, key_hash) IN ? AND created_at < ?", keys, cutoff).Delete(&keyed.Record{})
 		if res.Error != nil {
 			return pruned, fmt.Errorf("idem: prune records: %w", res.Error)
 		}
@@ -86,7 +87,7 @@ func (m *Idem) Reset(ctx context.Context, _ string) error {
 	if m.o.DB == nil {
 		return nil
 	}
-	return storage.Conn(ctx, m.o.DB).Where("1 = 1").Delete(&Record{}).Error
+	return storage.Conn(ctx, m.o.DB).Where("1 = 1").Delete(&keyed.Record{}).Error
 }
 
 // RunPruner runs the pruner loop until ctx ends: every interval it tries

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/lockbench/shop/internal/storage"
@@ -39,9 +40,9 @@ func recordDBs(t *testing.T) map[string]func(t *testing.T) *storage.DB {
 // insertRecords inserts n records of user created at createdAt.
 func insertRecords(t *testing.T, db *storage.DB, user int64, n int, createdAt time.Time) {
 	t.Helper()
-	rows := make([]Record, n)
+	rows := make([]keyed.Record, n)
 	for i := range rows {
-		rows[i] = Record{UserID: user, KeyHash: shoptest.Random(16), Fingerprint: "fp", Status: 201,
+		rows[i] = keyed.Record{UserID: user, KeyHash: shoptest.Random(16), Fingerprint: "fp", Status: 201,
 			Header: "{}", Body: "{}", CreatedAt: createdAt}
 	}
 	if err := db.CreateInBatches(rows, 200).Error; err != nil {
@@ -52,7 +53,7 @@ func insertRecords(t *testing.T, db *storage.DB, user int64, n int, createdAt ti
 func countRecords(t *testing.T, db *storage.DB, user int64) int64 {
 	t.Helper()
 	var n int64
-	if err := db.Model(&Record{}).Where("user_id = ?", user).Count(&n).Error; err != nil {
+	if err := db.Model(&keyed.Record{}).Where("user_id = ?", user).Count(&n).Error; err != nil {
 		t.Fatal(err)
 	}
 	return n

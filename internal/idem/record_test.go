@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/storage"
 )
 
@@ -31,19 +32,20 @@ func TestASecondRunOfOneKeyCannotCommitItsChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	move := func() error {
-		run := withAttempt(ctx, &attempt{user: 1, key: "k", fp: "fp"})
-		Answer(run, http.StatusOK, map[string]int{"moved": 250})
+		run := keyed.With(ctx, &keyed.Run{User: 1, Key: "k", Fingerprint: "fp"})
+		keyed.Decide(run, func(m *map[string]int) keyed.Answer { return keyed.Answer{Status: http.StatusOK, Body: m} })
+		keyed.Result(run, &map[string]int{"moved": 250})
 		return db.Transaction(func(tx *gorm.DB) error {
 			if err := tx.Exec("INSERT INTO moves (amount) VALUES (250)").Error; err != nil {
 				return err
 			}
-			return Save(run, tx)
+			return keyed.Save(run, tx)
 		})
 	}
 	if err := move(); err != nil {
 		t.Fatal(err)
 	}
-	if err := move(); !errors.Is(err, ErrKeyTaken) {
+	if err := move(); !errors.Is(err, keyed.ErrKeyTaken) {
 		t.Fatalf("the second run: %v, want ErrKeyTaken", err)
 	}
 	var moves int64
@@ -70,12 +72,14 @@ func TestARecordKeepsTheHeadersItsHandlerAnswersWith(t *testing.T) {
 		t.Fatal(err)
 	}
 	type placed struct{ ID int64 }
-	run := withAttempt(ctx, &attempt{user: 1, key: "k", fp: "fp"})
-	HeaderFor(run, func(p *placed) http.Header { return http.Header{"Location": {fmt.Sprintf("/orders/%d", p.ID)}} })
+	run := keyed.With(ctx, &keyed.Run{User: 1, Key: "k", Fingerprint: "fp"})
+	keyed.Decide(run, func(p *placed) keyed.Answer {
+		return keyed.Answer{Status: http.StatusCreated, Body: p, Header: http.Header{"Location": {fmt.Sprintf("/orders/%d", p.ID)}}}
+	})
 	var p placed
-	Answer(run, http.StatusCreated, &p)
+	keyed.Result(run, &p)
 	p.ID = 42 // assigned by the insert, before Save
-	if err := db.Transaction(func(tx *gorm.DB) error { return Save(run, tx) }); err != nil {
+	if err := db.Transaction(func(tx *gorm.DB) error { return keyed.Save(run, tx) }); err != nil {
 		t.Fatal(err)
 	}
 	rec, found, err := (&Idem{o: Options{DB: db.DB}}).lookup(ctx, 1, "k")

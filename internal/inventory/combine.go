@@ -3,7 +3,6 @@ package inventory
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,10 +10,10 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/guard"
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 )
 
 // combined is the lock strategy with the buyers of one SKU combined: the
@@ -38,7 +37,7 @@ import (
 type combined struct {
 	single   *locked // the path of a lone or limited purchase
 	store    *Store
-	metrics  *lockmetrics.Metrics
+	metrics  *instrument.Metrics
 	maxBatch int
 	// delay is the business work, once per batch: the read, decide and
 	// write it stands for are done once for the whole batch.
@@ -157,7 +156,7 @@ func (c *combined) serve(sku string, batch []*queued) {
 	c.countFencedBuyers(err, len(live))
 	// A key that another run recorded rolled the whole batch back; alone,
 	// it is refused by itself and the others are sold their units.
-	if errors.Is(err, errNotCombinable) || errors.Is(err, idem.ErrKeyTaken) {
+	if errors.Is(err, errNotCombinable) || errors.Is(err, keyed.ErrKeyTaken) {
 		for _, o := range live {
 			c.serveAlone(sku, o)
 		}
@@ -206,7 +205,7 @@ func (c *combined) sellBatch(sku string, live []*queued) (purchases []Purchase, 
 		for i, o := range live {
 			purchases[i] = Purchase{SKU: sku, UserID: o.user, Quantity: o.quantity, Strategy: StrategyLock, Fence: f.Of(k)}
 		}
-		return c.store.updateMany(ctx, sku, f.Of(k), purchases, sold, c.delay, buyers)
+		return c.store.updateMany(ctx, sku, f.Of(k), batch{purchases: purchases, sold: sold, buyers: buyers}, c.delay)
 	})
 	return purchases, sold, err
 }
@@ -268,19 +267,26 @@ func batchResult(err error, sold bool, p Purchase, o *queued) queuedResult {
 // queued; they take the single path.
 var errNotCombinable = errors.New("inventory: product has a per-user limit; not combined")
 
-// updateMany is Update for several purchases of one SKU under one fence:
-// it claims the row, reads it, sells to each purchase in order while stock
-// lasts (sold[i]), and writes the stock with one insert of every sold
+// batch is the buyers of one SKU served under one grant: purchases[i] is
+// the request buyers[i]'s, sold to it if sold[i].
+type batch struct {
+	purchases []Purchase
+	sold      []bool
+	buyers    []context.Context
+}
+
+// updateMany is Update for a batch of purchases of one SKU under one
+// fence: it claims the row, reads it, sells to each purchase in order
+// while stock lasts, and writes the stock with one insert of every sold
 // purchase in one transaction, with the idempotency record of each keyed
-// buyer (buyers[i] is ps[i]'s request). Nothing is written if none is
-// sold.
-func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, ps []Purchase, sold []bool, delay time.Duration,
-	buyers []context.Context) error {
+// buyer. Nothing is written if none is sold.
+func (s *Store) updateMany(ctx context.Context, sku string, fence uint64, b batch, delay time.Duration) error {
+	ps, sold := b.purchases, b.sold
 	prod, err := s.claimCombinable(ctx, sku, fence)
 	if err != nil {
 		return err
 	}
-	rows, rowBuyers := allot(&prod, ps, sold, buyers)
+	rows, rowBuyers := allot(&prod, ps, sold, b.buyers)
 	if len(rows) == 0 {
 		return nil
 	}
@@ -372,8 +378,8 @@ func (s *Store) writeBatch(ctx context.Context, sku string, prod Product, fence 
 // sells to each buyer on the single path.
 func saveAnswers(tx *gorm.DB, buyers []context.Context, rows []Purchase) error {
 	for i, ctx := range buyers {
-		idem.Answer(ctx, http.StatusCreated, rows[i])
-		if err := idem.Save(ctx, tx); err != nil {
+		keyed.Result(ctx, &rows[i])
+		if err := keyed.Save(ctx, tx); err != nil {
 			return err
 		}
 	}

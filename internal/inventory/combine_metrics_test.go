@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/lockkit/local"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 )
 
 // staleLocker grants through local but hands out a token the product row
@@ -55,7 +55,7 @@ func TestCombinedCountsEveryFencedBuyer(t *testing.T) {
 	defer inner.Close()
 	locker := &staleLocker{Locker: inner}
 	reg := prometheus.NewRegistry()
-	m := lockmetrics.New(reg, "local")
+	m := instrument.NewMetrics(reg, "local")
 	svc, err := NewService(store, Options{Strategy: StrategyLock, Locker: locker, Combine: 8, Metrics: m})
 	if err != nil {
 		t.Fatal(err)

@@ -72,7 +72,7 @@ func TestStaleBatchIsRefusedWhole(t *testing.T) {
 	}
 	ps := []Purchase{{SKU: "b", UserID: 1, Quantity: 1, Fence: 8}, {SKU: "b", UserID: 2, Quantity: 1, Fence: 8}}
 	sold := make([]bool, len(ps))
-	if err := store.updateMany(ctx, "b", 8, ps, sold, 0, make([]context.Context, len(ps))); !errors.Is(err, lockkit.ErrFenced) {
+	if err := store.updateMany(ctx, "b", 8, batch{purchases: ps, sold: sold, buyers: make([]context.Context, len(ps))}, 0); !errors.Is(err, lockkit.ErrFenced) {
 		t.Fatalf("stale batch: %v, want ErrFenced", err)
 	}
 	if p, _ := store.Get(ctx, "b"); p.Stock != 10 || sold[0] || sold[1] {

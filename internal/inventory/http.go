@@ -10,6 +10,8 @@ import (
 
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/problem"
 )
 
@@ -109,13 +111,17 @@ func (d *Domain) purchase(c *gin.Context) error {
 	if req.Quantity == nil {
 		return problem.BadRequest("quantity is required: a positive integer")
 	}
+	keyed.Decide(c.Request.Context(), purchased)
 	p, err := d.Service.Purchase(c.Request.Context(), auth.UserID(c), c.Param("sku"), *req.Quantity)
 	if err != nil {
 		return err
 	}
-	c.JSON(http.StatusCreated, p)
+	idem.Reply(c, purchased(&p))
 	return nil
 }
+
+// purchased is a purchase's answer, sent and recorded alike.
+func purchased(p *Purchase) keyed.Answer { return keyed.Answer{Status: http.StatusCreated, Body: p} }
 
 func (d *Domain) put(c *gin.Context) error {
 	var req putRequest

@@ -23,16 +23,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/lockbench/shop/internal/guard"
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -146,7 +145,7 @@ type Options struct {
 	// Mirror is the Redis stock mirror, required by atomic-redis.
 	Mirror *Mirror
 	// Metrics, if set, counts fenced writes.
-	Metrics *lockmetrics.Metrics
+	Metrics *instrument.Metrics
 	// CriticalSectionDelay stands in for business work: between read and
 	// write under the lock; before the atomic write in the atomic strategies.
 	CriticalSectionDelay time.Duration
@@ -221,7 +220,7 @@ func (s *locked) Purchase(ctx context.Context, user int64, sku string, quantity 
 	var out Purchase
 	err := s.guard.Do(ctx, []lockkey.Key{k}, func(ctx context.Context, f guard.Fences) error {
 		p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyLock}
-		idem.Answer(ctx, http.StatusCreated, &p)
+		keyed.Result(ctx, &p)
 		err := s.store.Update(ctx, &p, f.Of(k), func(ctx context.Context, prod *Product) error {
 			if prod.Stock < quantity {
 				return soldOut(prod.Stock, quantity)
@@ -260,7 +259,7 @@ func (s *atomicSQL) Purchase(ctx context.Context, user int64, sku string, quanti
 		return Purchase{}, err
 	}
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicSQL}
-	idem.Answer(ctx, http.StatusCreated, &p)
+	keyed.Result(ctx, &p)
 	return p, s.store.Decrement(ctx, &p)
 }
 
@@ -291,7 +290,7 @@ func (s *atomicRedis) Purchase(ctx context.Context, user int64, sku string, quan
 		return Purchase{}, err
 	}
 	p := Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyAtomicRedis}
-	idem.Answer(ctx, http.StatusCreated, &p)
+	keyed.Result(ctx, &p)
 	err = s.store.Decrement(ctx, &p)
 	s.settle(ctx, sku, quantity, from, taken, err)
 	return p, err
@@ -306,7 +305,7 @@ func (s *atomicRedis) settle(ctx context.Context, sku string, quantity int64, fr
 	}
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	if taken && (errors.Is(err, ErrLimitExceeded) || errors.Is(err, idem.ErrKeyTaken)) {
+	if taken && (errors.Is(err, ErrLimitExceeded) || errors.Is(err, keyed.ErrKeyTaken)) {
 		// A refusal the database decided (a limit, a key another run
 		// recorded) wrote nothing: the units go back.
 		s.mirror.GiveBack(gctx, sku, quantity, from)

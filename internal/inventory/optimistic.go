@@ -3,13 +3,12 @@ package inventory
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/guard"
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -52,7 +51,7 @@ func (s *optimisticPurchase) Purchase(ctx context.Context, user int64, sku strin
 			return err
 		}
 		p = Purchase{SKU: sku, UserID: user, Quantity: quantity, Strategy: StrategyOptimistic}
-		idem.Answer(ctx, http.StatusCreated, &p)
+		keyed.Result(ctx, &p)
 		return s.store.writeVersioned(ctx, &p, prod, prod.Stock-quantity)
 	})
 	return p, err
@@ -88,6 +87,6 @@ func (s *Store) writeVersioned(ctx context.Context, p *Purchase, read Product, s
 		if err := insertInSale(tx, p); err != nil {
 			return err
 		}
-		return idem.Save(ctx, tx)
+		return keyed.Save(ctx, tx)
 	})
 }

@@ -8,7 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/storage"
 )
 
 // Strategies of the purchase rows orders write.
@@ -21,7 +21,7 @@ const (
 )
 
 // Claim raises sku's fence to fence before the caller writes it, as
-// Update does (see there for why the claim comes first). A fence of 0
+// Update does (storage.Fenced says why the claim comes first). A fence of 0
 // claims nothing. It returns ErrNotFound, or lockkit.ErrFenced when a
 // newer token holds the row.
 func (s *Store) Claim(ctx context.Context, sku string, fence uint64) error {
@@ -124,22 +124,13 @@ var errOtherSale = errors.New("inventory: the product's sale has changed")
 // version like every write of the stock, so that an optimistic writer
 // that read the row before sees it changed.
 func moveStock(tx *gorm.DB, sku string, delta int64, fence uint64, sale *int64) error {
-	q := "UPDATE products SET stock = stock + ?, version = version + 1, updated_at = ? WHERE sku = ? AND stock + ? >= 0"
-	args := []any{delta, time.Now().UTC(), sku, delta}
-	if fence != 0 {
-		q += " AND fence = ?"
-		args = append(args, fence)
-	}
+	c := storage.Change{Set: "stock = stock + ?, version = version + 1, updated_at = ?", Guard: "stock + ? >= 0",
+		Args: []any{delta, time.Now().UTC(), delta}}
 	if sale != nil {
-		q += " AND sale = ?"
-		args = append(args, *sale)
+		c.Guard, c.Args = c.Guard+" AND sale = ?", append(c.Args, *sale)
 	}
-	res := tx.Exec(q, args...)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected > 0 {
-		return nil
+	if written, err := products.Update(tx, sku, fence, c); written || err != nil {
+		return err
 	}
 	return whyNotMoved(tx, sku, delta, fence, sale)
 }
@@ -155,7 +146,7 @@ func whyNotMoved(tx *gorm.DB, sku string, delta int64, fence uint64, sale *int64
 	case err != nil:
 		return err
 	case fence != 0 && prod.Fence != fence:
-		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, sku, fence)
+		return products.Refused(sku, fence)
 	case sale != nil && prod.Sale != *sale:
 		return fmt.Errorf("%w: %q is in sale %d, not %d", errOtherSale, sku, prod.Sale, *sale)
 	}

@@ -10,8 +10,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/lockbench/shop/internal/idem"
-	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/storage"
 )
@@ -60,13 +59,10 @@ func (s *Store) Get(ctx context.Context, sku string) (Product, error) {
 // return lockkit.ErrFenced with nothing written; a fence of 0 skips the
 // claim and writes unfenced.
 //
-// The claim comes before the read for the reason account.Store.Update
-// gives: checked only at write time, a stale holder's decrement lands and
-// is then overwritten by a newer holder that read the stock before it
-// landed, and the unit is sold twice. The claim is its own autocommit
-// statement and the read a plain SELECT outside the transaction: no row
-// lock is held while fn runs; the caller's lock serializes, the fence
-// catches a holder whose lock ran out.
+// The claim comes before the read (storage.Fenced says why). The claim is
+// its own autocommit statement and the read a plain SELECT outside the
+// transaction: no row lock is held while fn runs; the caller's lock
+// serializes, the fence catches a holder whose lock ran out.
 func (s *Store) Update(ctx context.Context, p *Purchase, fence uint64, fn func(ctx context.Context, prod *Product) error) error {
 	p.Fence = fence
 	if err := s.claim(ctx, p.SKU, fence); err != nil {
@@ -108,29 +104,18 @@ func writeSale(ctx context.Context, tx *gorm.DB, prod Product, p *Purchase, fenc
 	if err := insertInSale(tx, p); err != nil {
 		return err
 	}
-	return idem.Save(ctx, tx)
+	return keyed.Save(ctx, tx)
 }
 
-// claim raises the product's fence to the token before Update reads it,
-// refusing a token that does not beat the row's: an older holder's, or one
-// that has claimed the row already. So a token claims a row at most once,
-// and as nothing retries the write inside Update, it writes it at most
-// once: a replay under the same grant is refused, not applied twice.
+// products are the fenced rows of this store (storage.Fenced says how a
+// claim and a fenced write keep a stale holder out).
+var products = storage.Fenced{Table: "products", Key: "sku", Noun: "product", NotFound: ErrNotFound}
+
+// claim claims the product before Update reads it: a token claims a row at
+// most once, so a replay under the same grant is refused, not applied
+// twice.
 func (s *Store) claim(ctx context.Context, sku string, fence uint64) error {
-	if fence == 0 {
-		return nil
-	}
-	res := s.db.WithContext(ctx).Exec("UPDATE products SET fence = ? WHERE sku = ? AND fence < ?", fence, sku, fence)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected == 0 {
-		if _, err := s.Get(ctx, sku); err != nil {
-			return err // ErrNotFound, or the database's error
-		}
-		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, sku, fence)
-	}
-	return nil
+	return products.Claim(ctx, s.db, sku, fence)
 }
 
 // writeStock is the fenced write: it lands only while the row's fence is
@@ -142,18 +127,15 @@ func (s *Store) claim(ctx context.Context, sku string, fence uint64) error {
 // is what lets the none baseline lose updates; it still bumps the version
 // so that optimistic writers see it.
 func writeStock(tx *gorm.DB, prod Product, fence uint64) error {
-	now := time.Now().UTC()
-	var res *gorm.DB
-	if fence == 0 {
-		res = tx.Exec("UPDATE products SET stock = ?, version = version + 1, updated_at = ? WHERE sku = ?", prod.Stock, now, prod.SKU)
-	} else {
-		res = tx.Exec("UPDATE products SET stock = ?, version = version + 1, updated_at = ? WHERE sku = ? AND fence = ? AND version = ?",
-			prod.Stock, now, prod.SKU, fence, prod.Version)
+	c := storage.Change{Set: "stock = ?, version = version + 1, updated_at = ?", Args: []any{prod.Stock, time.Now().UTC()}}
+	if fence != 0 {
+		c.Guard, c.Args = "version = ?", append(c.Args, prod.Version)
 	}
-	if res.Error != nil {
-		return res.Error
+	written, err := products.Update(tx, prod.SKU, fence, c)
+	if err != nil {
+		return err
 	}
-	if res.RowsAffected == 0 {
+	if !written {
 		if fence == 0 {
 			return fmt.Errorf("%w: product %q was deleted while in use", ErrNotFound, prod.SKU)
 		}
@@ -161,7 +143,7 @@ func writeStock(tx *gorm.DB, prod Product, fence uint64) error {
 		if err := tx.Where("sku = ?", prod.SKU).Take(&cur).Error; err == nil && cur.Fence == fence {
 			return fmt.Errorf("%w: product %q was written outside lock %d", optimistic.ErrConflict, prod.SKU, fence)
 		}
-		return fmt.Errorf("%w: product %q, token %d", lockkit.ErrFenced, prod.SKU, fence)
+		return products.Refused(prod.SKU, fence)
 	}
 	return nil
 }
@@ -189,7 +171,7 @@ func (s *Store) Decrement(ctx context.Context, p *Purchase) error {
 		if err := insertInSale(tx, p); err != nil {
 			return err
 		}
-		return idem.Save(ctx, tx)
+		return keyed.Save(ctx, tx)
 	})
 }
 

@@ -33,7 +33,7 @@ import (
 	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 )
 
 // Errors of the like domain, mapped to statuses in http.go.
@@ -138,7 +138,7 @@ type Options struct {
 	// writes of the lock strategy, widening the window the lock closes.
 	CriticalSectionDelay time.Duration
 	// Metrics, if set, counts the writes a fence refused.
-	Metrics *lockmetrics.Metrics
+	Metrics *instrument.Metrics
 }
 
 // Service is the like domain. It is safe for concurrent use.

@@ -22,8 +22,10 @@ type Options struct {
 	AutoRenew bool
 	// Unfenced is set by WithoutFence.
 	Unfenced bool
-	// Class is set by WithClass; backends ignore it.
-	Class string
+	// Class is set by WithClass, KeyClass by WithKeyClass; backends
+	// ignore both.
+	Class    string
+	KeyClass func(key string) string
 }
 
 // WithTTL sets an explicit lease length and turns the watchdog off: the lease
@@ -56,11 +58,23 @@ func WithoutFence() Option { return func(o *Options) { o.Unfenced = true } }
 // would grow without bound, and a key is not parsed back into its class.
 func WithClass(class string) Option { return func(o *Options) { o.Class = class } }
 
-// ClassOf is the class opts name (WithClass), "" if none.
-func ClassOf(opts []Option) string {
+// WithKeyClass names the class of each key of a call that takes keys of
+// several classes (DoMany: an order locks its stock and its account).
+func WithKeyClass(class func(key string) string) Option {
+	return func(o *Options) { o.KeyClass = class }
+}
+
+// ClassOf is the class opts name for key (WithKeyClass, else WithClass),
+// "" if none.
+func ClassOf(key string, opts []Option) string {
 	var o Options
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.KeyClass != nil {
+		if c := o.KeyClass(key); c != "" {
+			return c
+		}
 	}
 	return o.Class
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/problem"
 )
 
@@ -92,20 +92,19 @@ func (d *Domain) place(c *gin.Context) error {
 	if req.SKU == nil || req.Quantity == nil {
 		return problem.BadRequest("sku and quantity are required")
 	}
-	idem.HeaderFor(c.Request.Context(), placedHeader)
+	keyed.Decide(c.Request.Context(), placed)
 	o, _, err := d.Service.Place(c.Request.Context(), auth.UserID(c), idem.Key(c), *req.SKU, *req.Quantity, req.Pay)
 	if err != nil {
 		return err
 	}
-	maps.Copy(c.Writer.Header(), placedHeader(&o))
-	c.JSON(http.StatusCreated, o)
+	idem.Reply(c, placed(&o))
 	return nil
 }
 
-// placedHeader is what a placed order's answer carries besides its body,
-// in the answer and in its idempotency record alike.
-func placedHeader(o *Order) http.Header {
-	return http.Header{"Location": {"/api/v1/orders/" + strconv.FormatInt(o.ID, 10)}}
+// placed is a placed order's answer, sent and recorded alike.
+func placed(o *Order) keyed.Answer {
+	return keyed.Answer{Status: http.StatusCreated, Body: o,
+		Header: http.Header{"Location": {"/api/v1/orders/" + strconv.FormatInt(o.ID, 10)}}}
 }
 
 func (d *Domain) pay(c *gin.Context) error {

@@ -5,16 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"time"
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/guard"
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 )
 
 // DefaultPayTimeout is how long an order may await payment when Options
@@ -35,7 +34,7 @@ type Options struct {
 	// takes over at most this long after the old one died or stalled.
 	LeaderTTL time.Duration
 	// Metrics, if set, counts fenced writes.
-	Metrics *lockmetrics.Metrics
+	Metrics *instrument.Metrics
 	// CriticalSectionDelay is slept between the read and the write.
 	CriticalSectionDelay time.Duration
 	// MaxUnpaidUnits is how many units one user may hold in orders
@@ -96,7 +95,7 @@ func (s *Service) Place(ctx context.Context, user int64, key, sku string, quanti
 	}
 	stock, acct := inventory.Key(sku), account.Key(user)
 	o = Order{UserID: user, IdempotencyKey: key, SKU: sku, Quantity: quantity}
-	idem.Answer(ctx, http.StatusCreated, &o)
+	keyed.Result(ctx, &o)
 	err = s.guard.Do(ctx, keys, func(ctx context.Context, f guard.Fences) error {
 		existing, err = s.store.Create(ctx, &o, Fences{Stock: f.Of(stock), Account: f.Of(acct)}, s.decide(quantity, pay))
 		return err

@@ -11,9 +11,8 @@ import (
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/events"
-	"github.com/lockbench/shop/internal/idem"
+	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/inventory"
-	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/storage"
 )
 
@@ -199,7 +198,7 @@ func (s *Store) writeNew(ctx context.Context, tx *gorm.DB, o *Order, f Fences) e
 	}
 	// The token's record, so that a retry finds this order even when
 	// Redis has lost the token.
-	return idem.Save(ctx, tx)
+	return keyed.Save(ctx, tx)
 }
 
 // placedByAnotherRun reads into o the order that the run whose commit beat
@@ -323,23 +322,13 @@ func (s *Store) ready(ctx context.Context) error {
 	return nil
 }
 
-// claim raises order id's fence to the token before Update reads it, for
-// the reason account.Store.Update gives; 0 claims nothing.
+// orders are the fenced rows of this store (storage.Fenced says how a
+// claim and a fenced write keep a stale holder out).
+var orders = storage.Fenced{Table: "orders", Key: "id", Noun: "order", NotFound: ErrNotFound}
+
+// claim claims order id before Update reads it; 0 claims nothing.
 func (s *Store) claim(ctx context.Context, id int64, fence uint64) error {
-	if fence == 0 {
-		return nil
-	}
-	res := s.db.WithContext(ctx).Exec("UPDATE orders SET fence = ? WHERE id = ? AND fence < ?", fence, id, fence)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected == 0 {
-		if _, err := s.Get(ctx, id); err != nil {
-			return err
-		}
-		return fmt.Errorf("%w: order %d, token %d", lockkit.ErrFenced, id, fence)
-	}
-	return nil
+	return orders.Claim(ctx, s.db, id, fence)
 }
 
 // writeStatus is the order's fenced write: it lands only while the row
@@ -348,21 +337,18 @@ func (s *Store) claim(ctx context.Context, id int64, fence uint64) error {
 // fence are what keep two changes apart, so that the none baseline shows
 // what they prevent (an order both paid and cancelled).
 func writeStatus(tx *gorm.DB, o Order, fence uint64) error {
-	q := "UPDATE orders SET status = ?, paid_at = ?, cancelled_at = ?, updated_at = ? WHERE id = ?"
-	args := []any{o.Status, o.PaidAt, o.CancelledAt, time.Now().UTC(), o.ID}
-	if fence != 0 {
-		q += " AND fence = ?"
-		args = append(args, fence)
+	written, err := orders.Update(tx, o.ID, fence, storage.Change{
+		Set:  "status = ?, paid_at = ?, cancelled_at = ?, updated_at = ?",
+		Args: []any{o.Status, o.PaidAt, o.CancelledAt, time.Now().UTC()},
+	})
+	if err != nil {
+		return err
 	}
-	res := tx.Exec(q, args...)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected == 0 {
+	if !written {
 		if fence == 0 {
 			return fmt.Errorf("%w: order %d was deleted while in use", ErrNotFound, o.ID)
 		}
-		return fmt.Errorf("%w: order %d, token %d", lockkit.ErrFenced, o.ID, fence)
+		return orders.Refused(o.ID, fence)
 	}
 	return nil
 }

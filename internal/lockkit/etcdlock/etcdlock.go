@@ -219,8 +219,9 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		}
 		// One revision per txn: it is our key's create revision.
 		rev := resp.Header.Revision
+		t := ticket{key: key, dir: dir, me: me, rev: rev, s: s, o: o, watchdog: watchdog}
 		if resp.Succeeded {
-			return l.grant(key, me, rev, s, o, watchdog), nil
+			return l.grant(t), nil
 		}
 		if resp.Responses[0].GetResponsePut().PrevKv != nil {
 			// A key we thought deleted: the put kept its older create
@@ -241,7 +242,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if newest := resp.Responses[1].GetResponseRange().Kvs; len(newest) == 2 && newest[0].CreateRevision == rev {
 			ahead = newest[1]
 		}
-		lease, err := l.queue(ctx, waitCtx, key, dir, me, rev, ahead, s, o, watchdog)
+		lease, err := l.queue(ctx, waitCtx, t, ahead)
 		if !errors.Is(err, errRequeue) {
 			return lease, err
 		}
@@ -249,9 +250,20 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 	}
 }
 
-// queue waits until no key older than ours is left in dir. first, if not
-// nil, is the key just ahead of ours as our put found it, at revision rev.
-func (l *Locker) queue(ctx, waitCtx context.Context, key, dir, me string, rev int64, first *mvccpb.KeyValue, s *session, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
+// ticket is one acquisition's key in the queue of key's directory dir:
+// me, created at revision rev in session s.
+type ticket struct {
+	key, dir, me string
+	rev          int64
+	s            *session
+	o            lockkit.Options
+	watchdog     bool
+}
+
+// queue waits until no key older than t's is left in its dir. first, if
+// not nil, is the key just ahead of t's as its put found it.
+func (l *Locker) queue(ctx, waitCtx context.Context, t ticket, first *mvccpb.KeyValue) (lockkit.Lease, error) {
+	dir, me, rev, s := t.dir, t.me, t.rev, t.s
 	for {
 		mine, foreign, ahead, readRev := true, false, []*mvccpb.KeyValue{first}, rev
 		if first == nil {
@@ -284,7 +296,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, dir, me string, rev in
 			}
 			return nil, errRequeue
 		case len(ahead) == 0:
-			return l.grant(key, me, rev, s, o, watchdog), nil
+			return l.grant(t), nil
 		case l.strayOfOurs(string(ahead[0].Key), dir, s):
 			// Nothing here would ever delete it while the session lives.
 			// Its name is retired first: an acquisition claiming it
@@ -299,7 +311,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, dir, me string, rev in
 		handed, err := l.waitDelete(waitCtx, ahead[0], readRev, &successor{key: me, rev: rev}, s)
 		switch {
 		case handed:
-			return l.grant(key, me, rev, s, o, watchdog), nil
+			return l.grant(t), nil
 		case errors.Is(err, errRequeue):
 			return nil, err
 		case err != nil:

@@ -15,14 +15,15 @@ import (
 
 // grant hands the lease no Gone channel, which would cost a goroutine per
 // lease: watchSession ends it if the session is lost.
-func (l *Locker) grant(key, me string, rev int64, s *session, o lockkit.Options, watchdog bool) lockkit.Lease {
+func (l *Locker) grant(t ticket) lockkit.Lease {
+	key, me, rev, s, o := t.key, t.me, t.rev, t.s, t.o
 	h := &held{session: s}
 	sent := time.Now()
 	l.mu.Lock()
 	// Under mu: expire and extend must see both the timer and the lease.
 	h.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(me, rev, h) })
 	h.lease = backend.NewLease(backend.Grant{
-		Key: key, Fence: uint64(rev), TTL: o.TTL, Watchdog: watchdog, Sent: sent,
+		Key: key, Fence: uint64(rev), TTL: o.TTL, Watchdog: t.watchdog, Sent: sent,
 		Extend:  func(ctx context.Context, ttl time.Duration) error { return l.extend(ctx, me, rev, h, ttl) },
 		Release: func(ctx context.Context) error { return l.release(ctx, me, rev, h) },
 		Closed:  l.closed,

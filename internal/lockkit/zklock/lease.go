@@ -25,7 +25,8 @@ import (
 // beyond the list we read anyway (a node's czxid would cost a read after the
 // grant); sequence numbers would not do: they restart if the directory is
 // ever recreated.
-func (l *Locker) grant(key, node string, e *entry, epoch uint64, session int64, fence uint64, o lockkit.Options, watchdog bool) (lockkit.Lease, error) {
+func (l *Locker) grant(t ticket, e *entry, epoch, fence uint64) (lockkit.Lease, error) {
+	key, node, o := t.key, t.node, t.o
 	sent := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -35,10 +36,10 @@ func (l *Locker) grant(key, node string, e *entry, epoch uint64, session int64, 
 		close(e.gone)
 	}
 	// Under mu: expire and extend must see both the timer and the lease.
-	e.session = session
+	e.session = t.session
 	e.timer = time.AfterFunc(time.Until(sent.Add(o.TTL)), func() { l.expire(node, e) })
 	e.lease = backend.NewLease(backend.Grant{
-		Key: key, Fence: fence, TTL: o.TTL, Watchdog: watchdog, Sent: sent,
+		Key: key, Fence: fence, TTL: o.TTL, Watchdog: t.watchdog, Sent: sent,
 		Extend:  func(_ context.Context, ttl time.Duration) error { return l.extend(node, e, ttl) },
 		Release: func(ctx context.Context) error { return l.release(ctx, node, e) },
 		Gone:    e.gone,

@@ -257,16 +257,26 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []lockkit.Option,
 		if err != nil {
 			return nil, err
 		}
-		session := l.conn.SessionID()
-		lease, err := l.queue(ctx, waitCtx, key, node, session, o, watchdog, wait)
+		t := ticket{key: key, node: node, session: l.conn.SessionID(), o: o, watchdog: watchdog, wait: wait}
+		lease, err := l.queue(ctx, waitCtx, t)
 		if !errors.Is(err, errVanished) {
 			return lease, err
 		}
 	}
 }
 
-// queue waits until node is the lowest in its directory and grants it.
-func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session int64, o lockkit.Options, watchdog, wait bool) (_ lockkit.Lease, err error) {
+// ticket is one acquisition's node in key's queue, created in session;
+// wait: Acquire, not TryAcquire.
+type ticket struct {
+	key, node      string
+	session        int64
+	o              lockkit.Options
+	watchdog, wait bool
+}
+
+// queue waits until t's node is the lowest in its directory and grants it.
+func (l *Locker) queue(ctx, waitCtx context.Context, t ticket) (_ lockkit.Lease, err error) {
+	node, wait := t.node, t.wait
 	dir, name := path.Dir(node), path.Base(node)
 	e := &entry{}
 	l.mu.Lock()
@@ -299,7 +309,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 		case !found:
 			return nil, errVanished
 		case pred == "":
-			return l.grant(key, node, e, epoch, session, uint64(dirStat.Pzxid), o, watchdog)
+			return l.grant(t, e, epoch, uint64(dirStat.Pzxid))
 		case !wait:
 			l.abandon(node)
 			return nil, lockkit.ErrNotAcquired
@@ -323,7 +333,7 @@ func (l *Locker) queue(ctx, waitCtx context.Context, key, node string, session i
 			return nil, err
 		}
 		if fence, epoch, ok := l.inherit(waitCtx, e, ahead, ev); ok {
-			return l.grant(key, node, e, epoch, session, fence, o, watchdog)
+			return l.grant(t, e, epoch, fence)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package lockmetrics_test
+package instrument_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/lockkit/local"
-	"github.com/lockbench/shop/internal/lockkit/lockmetrics"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -25,10 +25,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestLabels(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	m := lockmetrics.New(reg, "local")
+	m := instrument.NewMetrics(reg, "local")
 	inner := local.New()
 	defer inner.Close()
-	l := m.Wrap(inner)
+	l := instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m})
 	for _, tc := range []struct {
 		key   lockkey.Key
 		opts  []lockkit.Option
@@ -92,10 +92,10 @@ func value(t *testing.T, reg *prometheus.Registry, name string, want map[string]
 func TestRecords(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	m := lockmetrics.New(reg, "local")
+	m := instrument.NewMetrics(reg, "local")
 	inner := local.New()
 	defer inner.Close()
-	l := m.Wrap(inner)
+	l := instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m})
 	account := lockkit.WithClass("account")
 	acct := map[string]string{"backend": "local", "class": "account"}
 
@@ -145,12 +145,12 @@ func TestRecords(t *testing.T) {
 func TestLostCountedWithoutAWatcher(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	m := lockmetrics.New(reg, "local")
+	m := instrument.NewMetrics(reg, "local")
 	inner := local.New()
 	defer inner.Close()
 	const leases = 10
 	for i := range leases {
-		lease, err := m.Wrap(inner).Acquire(ctx, fmt.Sprintf("lock:stock:%d", i), lockkit.WithClass("stock"), lockkit.WithTTL(30*time.Millisecond))
+		lease, err := instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m}).Acquire(ctx, fmt.Sprintf("lock:stock:%d", i), lockkit.WithClass("stock"), lockkit.WithTTL(30*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package admission_test
+package instrument_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/admission"
+	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/lockkit/local"
 )
 
@@ -19,7 +19,7 @@ func TestWaitersPastTheBoundAreTurnedAway(t *testing.T) {
 	ctx := context.Background()
 	backend := newCounting()
 	defer backend.Close()
-	l := admission.Wrap(backend, 2)
+	l := instrument.Wrap(backend, instrument.Options{MaxWaiters: 2})
 
 	holder, err := l.Acquire(ctx, "k")
 	if err != nil {
@@ -68,7 +68,7 @@ func TestExpectedWaitPastTheTimeoutIsRefused(t *testing.T) {
 	ctx := context.Background()
 	backend := newCounting()
 	defer backend.Close()
-	l := admission.Wrap(backend, 0)
+	l := instrument.Wrap(backend, instrument.Options{})
 	const hold = 40 * time.Millisecond
 
 	// Holders teach the wrapper how long the key is kept.
