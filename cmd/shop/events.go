@@ -125,7 +125,7 @@ func natsOptions(cfg config.Config, log *slog.Logger) []nats.Option {
 		// A server that stops answering (paused, or cut off while its
 		// socket stays open) is left after 2 missed pings, 10-15 s, not
 		// the client's default of 2 minutes x 2 while events wait.
-		nats.PingInterval(5*time.Second),
+		nats.PingInterval(5 * time.Second),
 		nats.MaxPingsOutstanding(2),
 		// No buffer while disconnected: a publish then fails at once and
 		// the relay retries it later, rather than each retry queueing one
