@@ -12,7 +12,7 @@
 # usage: scripts/redis-instructions.sh LOCKBENCH_TEST_BINARY REDISCYCLES_BINARY [CYCLES] [RUNS]
 set -euo pipefail
 bin=$1 rediscycles=$2 cycles=${3:-1000} runs=${4:-2}
-subjects=(shop-redis shop-redis-unfenced shop-redis-fair bsm-redislock redsync)
+subjects=(shop-redis shop-redis-unfenced bsm-redislock redsync)
 work=$(mktemp -d) client_server=
 trap '[[ -z $client_server ]] || kill "$client_server"; rm -rf "$work"' EXIT
 

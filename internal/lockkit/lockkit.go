@@ -99,7 +99,7 @@ type Lease interface {
 type Capabilities struct {
 	Fencing      bool // Fence() > 0 and strictly increasing per key
 	WaitNoPoll   bool // waiters wake on release (pub/sub, watch, row lock), not on a timer
-	Fair         bool // waiters that ask WithFair are granted in arrival order (some backends always are)
+	Fair         bool // waiters are granted in arrival order, across processes; no newcomer goes first
 	LostSignal   bool // Lost() closes when the lease is taken away behind the holder's back
 	Reentrant    bool // the same owner (WithOwner) may acquire a key it holds
 	Expires      bool // a lease ends by itself when its holder dies

@@ -16,8 +16,6 @@ type Options struct {
 	TTL time.Duration
 	// WaitTimeout bounds Acquire's wait; zero waits until ctx is done.
 	WaitTimeout time.Duration
-	// Fair asks for first-come first-served grants where the backend can.
-	Fair bool
 	// AutoRenew is set by WithAutoRenew: the watchdog renews TTL.
 	AutoRenew bool
 	// Unfenced is set by WithoutFence.
@@ -43,9 +41,6 @@ func WithAutoRenew(ttl time.Duration) Option {
 
 // WithWaitTimeout bounds how long Acquire waits before ErrNotAcquired.
 func WithWaitTimeout(d time.Duration) Option { return func(o *Options) { o.WaitTimeout = d } }
-
-// WithFair asks for a first-come first-served grant order.
-func WithFair() Option { return func(o *Options) { o.Fair = true } }
 
 // WithoutFence asks for a grant without a fencing token, for a caller whose
 // store cannot check one: a backend that pays for its token (Redis: a

@@ -32,9 +32,9 @@ func TestResolve(t *testing.T) {
 			}
 		})
 	}
-	o, _ := backend.Resolve([]lockkit.Option{lockkit.WithWaitTimeout(time.Second), lockkit.WithFair()})
-	if o.WaitTimeout != time.Second || !o.Fair {
-		t.Fatalf("Resolve = %+v, want the wait timeout and Fair", o)
+	o, _ := backend.Resolve([]lockkit.Option{lockkit.WithWaitTimeout(time.Second)})
+	if o.WaitTimeout != time.Second {
+		t.Fatalf("Resolve = %+v, want the wait timeout", o)
 	}
 }
 

@@ -116,7 +116,6 @@ func redisGroup() group {
 		},
 		subjects: []subject{
 			{name: "shop-redis", backend: "redis", open: shared(ours(lockkit.WithTTL(10 * time.Second)))},
-			{name: "shop-redis-fair", backend: "redis", open: shared(ours(lockkit.WithTTL(10*time.Second), lockkit.WithFair()))},
 			{name: "redsync", open: shared(func(b *testing.B) Acquirer {
 				rs := redsync.New(goredis.NewPool(newClient(b)))
 				return func(ctx context.Context, key string) (func() error, error) {

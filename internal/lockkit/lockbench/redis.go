@@ -28,7 +28,6 @@ func RedisSubjects() []RedisSubject {
 	return []RedisSubject{
 		{"shop-redis", openShop()},
 		{"shop-redis-unfenced", openShop(lockkit.WithoutFence())},
-		{"shop-redis-fair", openShop(lockkit.WithFair())},
 		{"bsm-redislock", openBSM},
 		{"redsync", openRedsync},
 	}

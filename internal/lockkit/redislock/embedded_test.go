@@ -7,8 +7,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/lockbench/shop/internal/lockkit"
 )
 
 // `make run` puts this backend on miniredis (cmd/shop/app.go), whose Lua is
@@ -19,28 +17,26 @@ func TestScriptsRunOnEmbeddedServer(t *testing.T) {
 	defer client.Close()
 	l := newLocker(t, client)
 	ctx := context.Background()
-	for _, opts := range [][]lockkit.Option{nil, {lockkit.WithFair()}} {
-		var last uint64
-		for range 3 {
-			lease := hold(t, l, "embedded", opts...)
-			if lease.Fence() <= last || lease.Fence() < uint64(time.Now().Add(-time.Hour).UnixMicro()) {
-				t.Errorf("token %d after %d", lease.Fence(), last)
-			}
-			last = lease.Fence()
-			waiter := acquireAsync(l, ctx, "embedded", opts...)
-			time.Sleep(20 * time.Millisecond)
-			if err := lease.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			got := <-waiter
-			if got.err != nil {
-				t.Fatal(got.err)
-			}
-			if got.lease.Fence() <= last {
-				t.Errorf("waiter's token %d after %d", got.lease.Fence(), last)
-			}
-			last = got.lease.Fence()
-			_ = got.lease.Release(ctx)
+	var last uint64
+	for range 3 {
+		lease := hold(t, l, "embedded")
+		if lease.Fence() <= last || lease.Fence() < uint64(time.Now().Add(-time.Hour).UnixMicro()) {
+			t.Errorf("token %d after %d", lease.Fence(), last)
 		}
+		last = lease.Fence()
+		waiter := acquireAsync(l, ctx, "embedded")
+		time.Sleep(20 * time.Millisecond)
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := <-waiter
+		if got.err != nil {
+			t.Fatal(got.err)
+		}
+		if got.lease.Fence() <= last {
+			t.Errorf("waiter's token %d after %d", got.lease.Fence(), last)
+		}
+		last = got.lease.Fence()
+		_ = got.lease.Release(ctx)
 	}
 }

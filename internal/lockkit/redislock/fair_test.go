@@ -3,7 +3,6 @@ package redislock_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,7 +15,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 )
 
-// A waiter that dies while queued must not stall the fair queue for longer
+// A waiter that dies while queued must not stall the queue for longer
 // than its waiter timeout: the next waiter passes it.
 func TestFairQueueSkipsDeadWaiter(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")
@@ -36,13 +35,13 @@ func TestFairQueueSkipsDeadWaiter(t *testing.T) {
 	ctx := context.Background()
 	key := "dead-waiter-" + time.Now().Format("150405.000000")
 
-	held, err := holder.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithFair())
+	held, err := holder.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadResult := make(chan error, 1)
 	go func() {
-		_, err := dead.Acquire(ctx, key, lockkit.WithFair())
+		_, err := dead.Acquire(ctx, key)
 		deadResult <- err
 	}()
 	time.Sleep(100 * time.Millisecond) // the doomed waiter is queued first
@@ -53,7 +52,7 @@ func TestFairQueueSkipsDeadWaiter(t *testing.T) {
 
 	got := make(chan error, 1)
 	go func() {
-		lease, err := alive.Acquire(ctx, key, lockkit.WithFair(), lockkit.WithWaitTimeout(10*waiterTimeout))
+		lease, err := alive.Acquire(ctx, key, lockkit.WithWaitTimeout(10*waiterTimeout))
 		if err == nil {
 			_ = lease.Release(ctx)
 		}
@@ -85,7 +84,7 @@ func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	}
 }
 
-// A free key whose fair queue is headed by a crashed waiter is passed on
+// A free key whose queue is headed by a crashed waiter is passed on
 // when that waiter's place expires; the live waiter behind it sleeps until
 // then instead of asking Redis every millisecond.
 func TestFairWaiterBehindDeadHeadDoesNotPoll(t *testing.T) {
@@ -100,7 +99,7 @@ func TestFairWaiterBehindDeadHeadDoesNotPoll(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 
-	held := hold(t, holder, key, lockkit.WithFair())
+	held := hold(t, holder, key)
 	// A waiter that crashed while queued: its place stays until its deadline.
 	now, err := admin.Time(ctx).Result()
 	if err != nil {
@@ -110,7 +109,7 @@ func TestFairWaiterBehindDeadHeadDoesNotPoll(t *testing.T) {
 	admin.RPush(ctx, base+":queue", "crashed-waiter")
 	admin.ZAdd(ctx, base+":waiters", redis.Z{Score: float64(now.Add(waiterTimeout).UnixMilli()), Member: "crashed-waiter"})
 
-	waiter := acquireAsync(alive, ctx, key, lockkit.WithFair(), lockkit.WithWaitTimeout(10*waiterTimeout))
+	waiter := acquireAsync(alive, ctx, key, lockkit.WithWaitTimeout(10*waiterTimeout))
 	time.Sleep(50 * time.Millisecond)
 	before := calls.n.Load()
 	if err := held.Release(ctx); err != nil {
@@ -126,7 +125,7 @@ func TestFairWaiterBehindDeadHeadDoesNotPoll(t *testing.T) {
 	_ = got.lease.Release(ctx)
 }
 
-// A fair waiter whose Locker closes leaves the queue at once: it does not
+// A waiter whose Locker closes leaves the queue at once: it does not
 // hold up the next waiter for a waiter timeout.
 func TestCloseLeavesFairQueue(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
@@ -139,9 +138,9 @@ func TestCloseLeavesFairQueue(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 
-	held := hold(t, holder, key, lockkit.WithFair())
+	held := hold(t, holder, key)
 	defer held.Release(ctx)
-	waiter := acquireAsync(l, ctx, key, lockkit.WithFair())
+	waiter := acquireAsync(l, ctx, key)
 	time.Sleep(100 * time.Millisecond)
 	_ = l.Close()
 	if got := <-waiter; !errors.Is(got.err, lockkit.ErrClosed) {
@@ -154,20 +153,9 @@ func TestCloseLeavesFairQueue(t *testing.T) {
 }
 
 // Fair means granted in arrival order, across Lockers (processes) that
-// each have several waiters.
+// each have several waiters: every waiter queues in Redis.
 func TestFairOrderAcrossLockers(t *testing.T) {
-	for _, fair := range []bool{false, true} {
-		t.Run(fmt.Sprintf("WithFair=%v", fair), func(t *testing.T) { fairOrderAcrossLockers(t, fair) })
-	}
-}
-
-// Every waiter queues in Redis, WithFair or not.
-func fairOrderAcrossLockers(t *testing.T, fair bool) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
-	var opts []lockkit.Option
-	if fair {
-		opts = append(opts, lockkit.WithFair())
-	}
 	admin := newClient(t, addr)
 	holder := newLocker(t, newClient(t, addr))
 	a, b := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
@@ -175,7 +163,7 @@ func fairOrderAcrossLockers(t *testing.T, fair bool) {
 	key := uniqueKey(t)
 	queue := "{" + testPrefix + key + "}:queue"
 
-	held := hold(t, holder, key, lockkit.WithFair())
+	held := hold(t, holder, key)
 	arrivals := []struct {
 		name string
 		l    *redislock.Locker
@@ -184,7 +172,7 @@ func fairOrderAcrossLockers(t *testing.T, fair bool) {
 	var wg sync.WaitGroup
 	for i, w := range arrivals {
 		wg.Go(func() {
-			lease, err := w.l.Acquire(ctx, key, append(opts, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(20*time.Second))...)
+			lease, err := w.l.Acquire(ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(20*time.Second))
 			if err != nil {
 				t.Errorf("%s: %v", w.name, err)
 				return

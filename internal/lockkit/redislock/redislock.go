@@ -215,8 +215,8 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...lockkit.Opt
 
 // Acquire waits for key. Refused on arrival, the waiter takes its place in
 // the key's queue in Redis, which orders the waiters of every process
-// (arrival order: every waiter is fair, WithFair or not), and waits to be
-// told that a release granted it the key (wait.go).
+// (arrival order), and waits to be told that a release granted it the key
+// (wait.go).
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...lockkit.Option) (lockkit.Lease, error) {
 	if !l.enter() {
 		return nil, lockkit.ErrClosed

@@ -124,8 +124,6 @@ func TestResentGrantIsOurs(t *testing.T) {
 	}{
 		{"Acquire", nil, false},
 		{"TryAcquire", nil, true},
-		{"FairAcquire", []lockkit.Option{lockkit.WithFair()}, false},
-		{"FairTryAcquire", []lockkit.Option{lockkit.WithFair()}, true},
 		{"UnfencedAcquire", []lockkit.Option{lockkit.WithoutFence()}, false},
 		{"UnfencedTryAcquire", []lockkit.Option{lockkit.WithoutFence()}, true},
 	}

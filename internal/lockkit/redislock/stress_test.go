@@ -16,7 +16,7 @@ import (
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 )
 
-// Two Lockers, plain and fair waiters, random cancellations, short and
+// Two Lockers, random cancellations, short and
 // long TTLs: never two holders at once, fences rising in grant order, and
 // the key free at the end with every lease released.
 func TestHandOverStressMutualExclusion(t *testing.T) {
@@ -51,9 +51,6 @@ func stressHandOver(t *testing.T, lockers []*redislock.Locker, unmarking bool) {
 			l := lockers[g%len(lockers)]
 			for time.Now().Before(deadline) {
 				opts := []lockkit.Option{lockkit.WithTTL(time.Duration(200+rand.IntN(2000)) * time.Millisecond)}
-				if g == 7 && !unmarking && rand.IntN(2) == 0 {
-					opts = append(opts, lockkit.WithFair())
-				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(30))*time.Millisecond)
 				lease, err := l.Acquire(ctx, key, opts...)
 				cancel()

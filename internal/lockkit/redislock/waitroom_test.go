@@ -160,30 +160,26 @@ func TestFailedSubscribeDoesNotEndTheLine(t *testing.T) {
 // once. A waiter whose key is unheard still looks every unheardPoll, as
 // promised: it must not wait behind that to send the SUBSCRIBE again.
 func TestUnheardWaiterGrantedWhileSubscriptionCannotOpen(t *testing.T) {
-	for name, opts := range map[string][]lockkit.Option{"plain": nil, "fair": {lockkit.WithFair()}} {
-		t.Run(name, func(t *testing.T) {
-			p, l, holder := stalledSubscription(t)
-			ctx := context.Background()
-			key := uniqueKey(t)
-			held := hold(t, holder, key, opts...)
-			defer p.stall(false) // before the Locker's Close
-			waiter := acquireAsync(l, ctx, key, append(opts, lockkit.WithWaitTimeout(30*time.Second))...)
-			time.Sleep(time.Second) // its SUBSCRIBE goes nowhere
-			released := time.Now()
-			if err := held.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			got := <-waiter
-			if got.err != nil {
-				t.Fatalf("waiter on a Redis that answers commands: %v", got.err)
-			}
-			_ = got.lease.Release(ctx)
-			// A look every 200 ms; the bound leaves room for a loaded
-			// machine, and waiting behind go-redis takes many seconds.
-			if d := got.at.Sub(released); d > 3*time.Second {
-				t.Errorf("unheard waiter granted %v after the release; want within about %v", d, 200*time.Millisecond)
-			}
-		})
+	p, l, holder := stalledSubscription(t)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	held := hold(t, holder, key)
+	defer p.stall(false) // before the Locker's Close
+	waiter := acquireAsync(l, ctx, key, lockkit.WithWaitTimeout(30*time.Second))
+	time.Sleep(time.Second) // its SUBSCRIBE goes nowhere
+	released := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := <-waiter
+	if got.err != nil {
+		t.Fatalf("waiter on a Redis that answers commands: %v", got.err)
+	}
+	_ = got.lease.Release(ctx)
+	// A look every 200 ms; the bound leaves room for a loaded machine, and
+	// waiting behind go-redis takes many seconds.
+	if d := got.at.Sub(released); d > 3*time.Second {
+		t.Errorf("unheard waiter granted %v after the release; want within about %v", d, 200*time.Millisecond)
 	}
 }
 
@@ -219,18 +215,18 @@ func TestWaitTimeoutKeptWhileSubscriptionCannotOpen(t *testing.T) {
 	}
 }
 
-// Close ends the waits of unheard keys, plain and fair, at once while the
-// subscription's connection cannot be opened, and leaves nothing behind.
+// Close ends the waits of unheard keys at once while the subscription's
+// connection cannot be opened, and leaves nothing behind.
 func TestCloseEndsUnheardWaitsAtOnce(t *testing.T) {
 	p, l, holder := stalledSubscription(t)
 	baseline := goleak.IgnoreCurrent()
 	ctx := context.Background()
 	key := uniqueKey(t)
 	hold(t, holder, key)
-	hold(t, holder, key+"-fair", lockkit.WithFair())
+	hold(t, holder, key+"-other")
 	defer p.stall(false)
 	waiters := []<-chan acquired{acquireAsync(l, ctx, key, lockkit.WithWaitTimeout(30*time.Second)),
-		acquireAsync(l, ctx, key+"-fair", lockkit.WithWaitTimeout(30*time.Second), lockkit.WithFair())}
+		acquireAsync(l, ctx, key+"-other", lockkit.WithWaitTimeout(30*time.Second))}
 	time.Sleep(time.Second) // their keys unheard
 	start := time.Now()
 	closed := make(chan error, 1)
@@ -312,51 +308,44 @@ func TestWaiterGrantedAfterSubscriptionKilled(t *testing.T) {
 func TestCancelAgainstBlackholedRedis(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	const budget, slack = 300 * time.Millisecond, 250 * time.Millisecond
-	for _, fair := range []bool{false, true} {
-		opts := []lockkit.Option{}
-		name := "plain"
-		if fair {
-			opts, name = append(opts, lockkit.WithFair()), "fair"
-		}
-		t.Run(name+"/waiting", func(t *testing.T) {
-			p := newProxy(t, addr)
-			holder := newLocker(t, newClient(t, addr))
-			l := newLocker(t, newClient(t, p.addr))
-			key := uniqueKey(t)
-			held := hold(t, holder, key, opts...)
-			defer held.Release(context.Background())
+	t.Run("waiting", func(t *testing.T) {
+		p := newProxy(t, addr)
+		holder := newLocker(t, newClient(t, addr))
+		l := newLocker(t, newClient(t, p.addr))
+		key := uniqueKey(t)
+		held := hold(t, holder, key)
+		defer held.Release(context.Background())
 
-			ctx, cancel := context.WithCancel(context.Background())
-			waiter := acquireAsync(l, ctx, key, opts...)
-			time.Sleep(200 * time.Millisecond)
-			p.blackhole(true)
-			cancelled := time.Now()
-			cancel()
-			got := <-waiter
-			if !errors.Is(got.err, context.Canceled) {
-				t.Fatalf("cancelled waiter: %v", got.err)
-			}
-			if d := got.at.Sub(cancelled); d > slack {
-				t.Errorf("cancelled waiter returned after %v", d)
-			}
-		})
-		t.Run(name+"/arriving", func(t *testing.T) {
-			p := newProxy(t, addr)
-			l := newLocker(t, newClient(t, p.addr))
-			key := uniqueKey(t)
-			p.blackhole(true)
-			ctx, cancel := context.WithTimeout(context.Background(), budget)
-			defer cancel()
-			start := time.Now()
-			_, err := l.Acquire(ctx, key, opts...)
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("acquire against a black hole: %v", err)
-			}
-			if d := time.Since(start); d > budget+slack {
-				t.Errorf("acquire with a %v budget returned after %v", budget, d)
-			}
-		})
-	}
+		ctx, cancel := context.WithCancel(context.Background())
+		waiter := acquireAsync(l, ctx, key)
+		time.Sleep(200 * time.Millisecond)
+		p.blackhole(true)
+		cancelled := time.Now()
+		cancel()
+		got := <-waiter
+		if !errors.Is(got.err, context.Canceled) {
+			t.Fatalf("cancelled waiter: %v", got.err)
+		}
+		if d := got.at.Sub(cancelled); d > slack {
+			t.Errorf("cancelled waiter returned after %v", d)
+		}
+	})
+	t.Run("arriving", func(t *testing.T) {
+		p := newProxy(t, addr)
+		l := newLocker(t, newClient(t, p.addr))
+		key := uniqueKey(t)
+		p.blackhole(true)
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		start := time.Now()
+		_, err := l.Acquire(ctx, key)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("acquire against a black hole: %v", err)
+		}
+		if d := time.Since(start); d > budget+slack {
+			t.Errorf("acquire with a %v budget returned after %v", budget, d)
+		}
+	})
 }
 
 // Close racing contended Acquires leaves no goroutine and no connection
@@ -373,17 +362,13 @@ func TestCloseRacingAcquireLeaksNothing(t *testing.T) {
 	defer held.Release(context.Background())
 	baseline := goleak.IgnoreCurrent()
 
-	for i := range 40 {
+	for range 40 {
 		l, err := redislock.New(client, redislock.WithPrefix(testPrefix))
 		if err != nil {
 			t.Fatal(err)
 		}
-		var opts []lockkit.Option
-		if i%2 == 1 {
-			opts = append(opts, lockkit.WithFair())
-		}
-		waiters := []<-chan acquired{acquireAsync(l, context.Background(), key, opts...),
-			acquireAsync(l, context.Background(), key, opts...)}
+		waiters := []<-chan acquired{acquireAsync(l, context.Background(), key),
+			acquireAsync(l, context.Background(), key)}
 		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
 		_ = l.Close()
 		for _, w := range waiters {

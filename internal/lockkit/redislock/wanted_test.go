@@ -22,39 +22,33 @@ func TestReleaseWithoutWaitersSendsNoMessage(t *testing.T) {
 	admin := newClient(t, addr)
 	l := newLocker(t, newClient(t, addr))
 	ctx := context.Background()
-	for _, fair := range []bool{false, true} {
-		var opts []lockkit.Option
-		if fair {
-			opts = append(opts, lockkit.WithFair())
-		}
-		key := uniqueKey(t)
-		channel := "redislock:end-" + key
-		sub := admin.PSubscribe(ctx, "redislock:*")
-		if _, err := sub.Receive(ctx); err != nil { // the confirmation
-			t.Fatal(err)
-		}
-		for range 3 {
-			_ = hold(t, l, key, opts...).Release(ctx)
-			lease, err := l.TryAcquire(ctx, key, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// A refused TryAcquire does not wait: no message is due either.
-			if _, err := l.TryAcquire(ctx, key, opts...); err == nil {
-				t.Fatal("TryAcquire of a held key succeeded")
-			}
-			_ = lease.Release(ctx)
-		}
-		admin.Publish(ctx, channel, "end")
-		msg, err := sub.ReceiveMessage(ctx)
+	key := uniqueKey(t)
+	channel := "redislock:end-" + key
+	sub := admin.PSubscribe(ctx, "redislock:*")
+	if _, err := sub.Receive(ctx); err != nil { // the confirmation
+		t.Fatal(err)
+	}
+	for range 3 {
+		_ = hold(t, l, key).Release(ctx)
+		lease, err := l.TryAcquire(ctx, key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if msg.Payload != "end" {
-			t.Errorf("fair=%v: a release nobody waited for sent %q", fair, msg.Payload)
+		// A refused TryAcquire does not wait: no message is due either.
+		if _, err := l.TryAcquire(ctx, key); err == nil {
+			t.Fatal("TryAcquire of a held key succeeded")
 		}
-		_ = sub.Close()
+		_ = lease.Release(ctx)
 	}
+	admin.Publish(ctx, channel, "end")
+	msg, err := sub.ReceiveMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.Payload != "end" {
+		t.Errorf("a release nobody waited for sent %q", msg.Payload)
+	}
+	_ = sub.Close()
 }
 
 // A waiter of another process is woken by the release message, not by
@@ -62,31 +56,25 @@ func TestReleaseWithoutWaitersSendsNoMessage(t *testing.T) {
 func TestReleaseWakesAWaiterOfAnotherProcess(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	ctx := context.Background()
-	for _, fair := range []bool{false, true} {
-		var opts []lockkit.Option
-		if fair {
-			opts = append(opts, lockkit.WithFair())
+	holder, waiter := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
+	key := uniqueKey(t)
+	lease := hold(t, holder, key, lockkit.WithTTL(time.Minute))
+	got := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		l, err := waiter.Acquire(wctx, key)
+		if err == nil {
+			err = l.Release(ctx)
 		}
-		holder, waiter := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
-		key := uniqueKey(t)
-		lease := hold(t, holder, key, append(opts, lockkit.WithTTL(time.Minute))...)
-		got := make(chan error, 1)
-		go func() {
-			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			l, err := waiter.Acquire(wctx, key, opts...)
-			if err == nil {
-				err = l.Release(ctx)
-			}
-			got <- err
-		}()
-		time.Sleep(200 * time.Millisecond) // refused and subscribed
-		if err := lease.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-got; err != nil {
-			t.Errorf("fair=%v: waiter: %v", fair, err)
-		}
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // refused and subscribed
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Errorf("waiter: %v", err)
 	}
 }
 
@@ -139,42 +127,36 @@ func TestWaitersHereHandOnWithTwoCallsEach(t *testing.T) {
 }
 
 // A waiter's mark sits in the holder's value (wait.lua): the holder
-// still extends and releases its lease, fair or plain, and the release
-// wakes the waiter of another process at once.
+// still extends and releases its lease, and the release wakes the waiter
+// of another process at once.
 func TestMarkedLeaseStaysItsHolders(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	admin := newClient(t, addr)
 	ctx := context.Background()
-	for _, fair := range []bool{false, true} {
-		var opts []lockkit.Option
-		if fair {
-			opts = append(opts, lockkit.WithFair())
-		}
-		holder, other := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
-		key := uniqueKey(t)
-		lease := hold(t, holder, key, opts...)
-		waiter := acquireAsync(other, ctx, key, append(opts, lockkit.WithWaitTimeout(30*time.Second))...)
-		lock := "{" + testPrefix + key + "}"
-		waitFor(t, 5*time.Second, "the waiter's mark", func() bool {
-			return strings.HasSuffix(admin.Get(ctx, lock).Val(), "!")
-		})
-		if err := lease.Extend(ctx, 2*time.Minute); err != nil {
-			t.Fatalf("fair=%v: extend of a marked lease: %v", fair, err)
-		}
-		if pttl := admin.PTTL(ctx, lock).Val(); pttl <= time.Minute {
-			t.Errorf("fair=%v: pttl %v after extending to 2m", fair, pttl)
-		}
-		if err := lease.Release(ctx); err != nil {
-			t.Fatalf("fair=%v: release of a marked lease: %v", fair, err)
-		}
-		released := time.Now()
-		got := <-waiter
-		if got.err != nil {
-			t.Fatalf("fair=%v: waiter: %v", fair, got.err)
-		}
-		if d := got.at.Sub(released); d > 2*time.Second {
-			t.Errorf("fair=%v: waiter granted %v after the release; want at once, not at the TTL", fair, d)
-		}
-		_ = got.lease.Release(ctx)
+	holder, other := newLocker(t, newClient(t, addr)), newLocker(t, newClient(t, addr))
+	key := uniqueKey(t)
+	lease := hold(t, holder, key)
+	waiter := acquireAsync(other, ctx, key, lockkit.WithWaitTimeout(30*time.Second))
+	lock := "{" + testPrefix + key + "}"
+	waitFor(t, 5*time.Second, "the waiter's mark", func() bool {
+		return strings.HasSuffix(admin.Get(ctx, lock).Val(), "!")
+	})
+	if err := lease.Extend(ctx, 2*time.Minute); err != nil {
+		t.Fatalf("extend of a marked lease: %v", err)
 	}
+	if pttl := admin.PTTL(ctx, lock).Val(); pttl <= time.Minute {
+		t.Errorf("pttl %v after extending to 2m", pttl)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("release of a marked lease: %v", err)
+	}
+	released := time.Now()
+	got := <-waiter
+	if got.err != nil {
+		t.Fatalf("waiter: %v", got.err)
+	}
+	if d := got.at.Sub(released); d > 2*time.Second {
+		t.Errorf("waiter granted %v after the release; want at once, not at the TTL", d)
+	}
+	_ = got.lease.Release(ctx)
 }
