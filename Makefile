@@ -104,7 +104,7 @@ bench: ## Every backend beside its peer and its server's raw round trips, conten
 		SHOP_BENCH_ROUND=$$r $(BIN)/lockbench.test -test.run "^$$" -test.bench "Uncontended" -test.benchtime=$(BENCH_UNCONTENDED) || exit 1; \
 		SHOP_BENCH_ROUND=$$r SHOP_BENCH_DURATION=$(BENCH_CONTENDED) $(BIN)/lockbench.test -test.run "^$$" -test.bench "Contended" -test.benchtime=1x -test.timeout 30m || exit 1; \
 		done; $(BIN)/lockbench.test -test.run "^$$" -test.bench "Herd" -test.benchtime=1x' | tee $(BIN)/bench-rounds.txt
-	scripts/redis-instructions.sh $(BIN)/lockbench.test $(BIN)/rediscycles $(BENCH_CYCLES) 3 | tee $(BIN)/bench-instructions.md
+	set -o pipefail; scripts/redis-instructions.sh $(BIN)/lockbench.test $(BIN)/rediscycles $(BENCH_CYCLES) 3 | tee $(BIN)/bench-instructions.md
 	@mkdir -p docs/results
 	@{ echo "# make bench, $$(date -u '+%Y-%m-%d %H:%M') UTC"; echo; \
 		echo "- Command: \`make bench BENCH_ROUNDS=$(BENCH_ROUNDS) BENCH_UNCONTENDED=$(BENCH_UNCONTENDED) BENCH_CONTENDED=$(BENCH_CONTENDED) BENCH_CYCLES=$(BENCH_CYCLES)\`"; \
