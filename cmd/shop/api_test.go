@@ -543,3 +543,37 @@ func TestTransferDoesNotTellWhichAccountsExist(t *testing.T) {
 		t.Errorf("an existing and a missing recipient answer differently:\n%+v\n%+v", answers[0], answers[1])
 	}
 }
+
+// TestHeadAnswersEveryGetRoute: HEAD is GET without the body (RFC 9110
+// §9.3.2), which a load balancer's probe may send; with two Authorization
+// headers the request is refused, since either one could be meant.
+func TestHeadAnswersEveryGetRoute(t *testing.T) {
+	srv, _ := newTestServer(t, nil)
+	c := newContract(t, srv.URL)
+	c.run(t, srv, apiCase{method: "POST", path: "/admin/v1/reset", token: testAdmin, status: 200})
+	u1 := shoptestToken(t, 1)
+	for _, path := range []string{"/healthz", "/readyz", "/api/v1/accounts/1", "/api/v1/orders"} {
+		req, _ := http.NewRequest("HEAD", srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+u1)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || len(b) != 0 {
+			t.Errorf("HEAD %s: %d with %d body bytes, want 200 and none", path, res.StatusCode, len(b))
+		}
+	}
+	req, _ := http.NewRequest("GET", srv.URL+"/api/v1/accounts/1", nil)
+	req.Header.Add("Authorization", "Bearer "+u1)
+	req.Header.Add("Authorization", "Bearer "+shoptestToken(t, 2))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("two Authorization headers: %d, want 401", res.StatusCode)
+	}
+}

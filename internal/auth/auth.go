@@ -144,9 +144,9 @@ func (a *Auth) checkLifetime(claims jwt.RegisteredClaims) error {
 // records the user id for UserID. Others get 401 with WWW-Authenticate.
 func (a *Auth) User() gin.HandlerFunc {
 	return func(c *gin.Context) {
-		token, ok := bearer(c)
-		if !ok {
-			problem.Write(c, unauthorized("send Authorization: Bearer <token>; `shop token <user>` prints one", ""))
+		token, perr := bearer(c, "send Authorization: Bearer <token>; `shop token <user>` prints one")
+		if perr != nil {
+			problem.Write(c, perr)
 			return
 		}
 		id, err := a.Verify(token)
@@ -162,9 +162,9 @@ func (a *Auth) User() gin.HandlerFunc {
 // Admin is middleware that admits requests bearing the admin token.
 func (a *Auth) Admin() gin.HandlerFunc {
 	return func(c *gin.Context) {
-		token, ok := bearer(c)
-		if !ok {
-			problem.Write(c, unauthorized("send Authorization: Bearer <SHOP_ADMIN_TOKEN>", ""))
+		token, perr := bearer(c, "send Authorization: Bearer <SHOP_ADMIN_TOKEN>")
+		if perr != nil {
+			problem.Write(c, perr)
 			return
 		}
 		got := sha256.Sum256([]byte(token))
@@ -190,12 +190,18 @@ func RequireSelf(c *gin.Context, account int64) error {
 	return nil
 }
 
-func bearer(c *gin.Context) (string, bool) {
+// bearer is the token of the request's one Authorization header, or a 401
+// that says missing when there is none. Two or more are refused, since
+// either could be meant (RFC 9110 §5.3 allows no list in this field).
+func bearer(c *gin.Context, missing string) (string, *problem.Error) {
+	if n := len(c.Request.Header.Values("Authorization")); n > 1 {
+		return "", unauthorized(fmt.Sprintf("send one Authorization header, not %d", n), "invalid_request")
+	}
 	scheme, token, ok := strings.Cut(c.GetHeader("Authorization"), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
-		return "", false
+		return "", unauthorized(missing, "")
 	}
-	return strings.TrimSpace(token), true
+	return strings.TrimSpace(token), nil
 }
 
 func unauthorized(detail, code string) *problem.Error {

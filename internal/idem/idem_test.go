@@ -608,3 +608,17 @@ func TestAClaimWhoseReplyIsLostStillRuns(t *testing.T) {
 		t.Fatal("no reply was lost: the test proves nothing")
 	}
 }
+
+// TestFingerprintReadsIDsAsTheHandlerDoes: a retry that spells the path's
+// id another way the handler parses to the same number (01, +1) is the
+// same request and replays; another id is another request.
+func TestFingerprintReadsIDsAsTheHandlerDoes(t *testing.T) {
+	f := newFixture(t, Options{})
+	key := uuid()
+	first := f.do("POST", "/api/v1/accounts/1/x", 1, key, `{"a":1}`)
+	want(t, first, http.StatusCreated, `"got":{"a":1}`)
+	for _, path := range []string{"/api/v1/accounts/01/x", "/api/v1/accounts/+1/x"} {
+		wantReplay(t, first, f.do("POST", path, 1, key, `{"a":1}`))
+	}
+	want(t, f.do("POST", "/api/v1/accounts/2/x", 1, key, `{"a":1}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
+}

@@ -23,7 +23,7 @@ func TestCrashedRunExpires(t *testing.T) {
 	f := newFixture(t, Options{Lease: 300 * time.Millisecond})
 	ctx := context.Background()
 	key, body := uuid(), `{"a":1}`
-	fp := fingerprint("POST", optional, "", 1, []byte(body))
+	fp := fingerprint("POST", "/api/v1/accounts/:id/x\x00id=1", "", 1, []byte(body)) // optional's route and id
 	v, crashedRun, _, err := f.idem.claim(ctx, 1, key, fp, false)
 	if err != nil || v != runIt {
 		t.Fatalf("claim: %v %v", v, err)

@@ -11,6 +11,8 @@ import (
 	"math"
 	"net/http"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -88,9 +90,30 @@ func (m *Idem) Guard(p Policy) gin.HandlerFunc {
 			problem.Write(c, err)
 			return
 		}
-		fp := fingerprint(c.Request.Method, c.Request.URL.EscapedPath(), c.Request.URL.Query().Encode(), user, body)
+		fp := fingerprint(c.Request.Method, routePath(c), c.Request.URL.Query().Encode(), user, body)
 		m.admit(c, p, user, key, fp)
 	}
+}
+
+// routePath is the request's path as the handler reads it: the route's
+// pattern with each parameter's value, a number in its one decimal form
+// (the handlers parse ids with strconv.ParseInt, so 01, +1 and 1 name one
+// row). Outside a route it is the escaped path.
+func routePath(c *gin.Context) string {
+	pattern := c.FullPath()
+	if pattern == "" {
+		return c.Request.URL.EscapedPath()
+	}
+	var b strings.Builder
+	b.WriteString(pattern)
+	for _, p := range c.Params {
+		v := p.Value
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			v = strconv.FormatInt(n, 10)
+		}
+		b.WriteString("\x00" + p.Key + "=" + v)
+	}
+	return b.String()
 }
 
 // headerKey reads the request's one Idempotency-Key from values; present

@@ -93,11 +93,21 @@ func DecodeJSON(c *gin.Context, dst any) error {
 		return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
 			"the request has a body but no Content-Type; send application/json")
 	case ct != "":
-		mt, _, err := mime.ParseMediaType(ct)
+		mt, params, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 			return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
 				fmt.Sprintf("Content-Type is %q; send application/json", ct))
 		}
+		// JSON is UTF-8 (RFC 8259 §8.1): a body declared as anything else
+		// would be read as UTF-8 all the same and mean something else.
+		if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+			return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+				fmt.Sprintf("Content-Type has charset %q; JSON is UTF-8: send charset=utf-8 or none", cs))
+		}
+	}
+	if ce := c.GetHeader("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("Content-Encoding %q is not supported; send the body uncompressed", ce))
 	}
 	body, err := io.ReadAll(c.Request.Body)
 	if err != nil {
@@ -117,7 +127,68 @@ func DecodeJSON(c *gin.Context, dst any) error {
 		}
 		return BadRequest("the body has data after the JSON object; send exactly one object")
 	}
-	return refuseRepeatedMember(body)
+	if err := refuseRepeatedMember(body); err != nil {
+		return err
+	}
+	return refuseInexactName(body, reflect.TypeOf(dst), "")
+}
+
+// refuseInexactName refuses a member whose name matches a field of t only
+// when case is ignored, as encoding/json matches them: the docs name each
+// member exactly, and a retry that spells one differently must not be
+// another request that does the same thing. body is one valid JSON value.
+func refuseInexactName(body []byte, t reflect.Type, at string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var members map[string]json.RawMessage
+	if t.Kind() != reflect.Struct || json.Unmarshal(body, &members) != nil {
+		return nil // not an object for a struct: nothing to match
+	}
+	for name, raw := range members {
+		f, exact := fieldNamed(t, name)
+		switch {
+		case f == nil:
+			continue // unknown fields were refused by the decoder
+		case !exact:
+			where := ""
+			if at != "" {
+				where = " in " + at
+			}
+			return BadRequest(fmt.Sprintf("unknown field %q%s; names are case-sensitive: %q", name, where, jsonName(*f)))
+		}
+		if err := refuseInexactName(raw, f.Type, at+"/"+escapePointer(name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fieldNamed finds t's field that name decodes into, and whether its JSON
+// name is exactly name.
+func fieldNamed(t reflect.Type, name string) (*reflect.StructField, bool) {
+	var folded *reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() || f.Tag.Get("json") == "-" {
+			continue
+		}
+		switch n := jsonName(f); {
+		case n == name:
+			return &f, true
+		case strings.EqualFold(n, name) && folded == nil:
+			folded = &f
+		}
+	}
+	return folded, false
+}
+
+// jsonName is the member name encoding/json gives f.
+func jsonName(f reflect.StructField) string {
+	if n, _, _ := strings.Cut(f.Tag.Get("json"), ","); n != "" {
+		return n
+	}
+	return f.Name
 }
 
 // refuseRepeatedMember refuses an object that names a member twice, also

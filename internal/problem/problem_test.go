@@ -124,6 +124,8 @@ func TestDecodeJSON(t *testing.T) {
 		{`{"n":1}`, "application/json; charset=utf-8", 0, ""},
 		{`{"n":1}`, "text/plain", 415, "send application/json"},
 		{`{"n":1}`, "", 415, "but no Content-Type; send application/json"},
+		{`{"n":1}`, "application/json; charset=latin1", 415, "charset"},
+		{`{"N":1}`, "application/json", 400, `unknown field "N"; names are case-sensitive: "n"`},
 		{``, "", 400, "body is empty"},
 		{`{"n":"1"}`, "application/json", 400, "n must be an integer"},
 		{`{"n":1e400}`, "application/json", 400, "got 1e400"},
@@ -155,6 +157,30 @@ func TestDecodeJSON(t *testing.T) {
 		var pe *Error
 		if !errors.As(got, &pe) || pe.Status != tc.status || !strings.Contains(pe.Detail, tc.detail) {
 			t.Errorf("%q: %v, want %d %q", tc.body, got, tc.status, tc.detail)
+		}
+	}
+}
+
+// TestDecodeJSONRefusesAContentCoding: a compressed body is refused for
+// what it is (415 naming the coding), not parsed as broken JSON.
+func TestDecodeJSONRefusesAContentCoding(t *testing.T) {
+	for coding, status := range map[string]int{"gzip": 415, "br, gzip": 415, "identity": 0, "": 0} {
+		gin.SetMode(gin.ReleaseMode)
+		r := gin.New()
+		var got error
+		r.POST("/", func(c *gin.Context) { var v struct{ N int }; got = DecodeJSON(c, &v) })
+		rq := httptest.NewRequest("POST", "/", strings.NewReader(`{"N":1}`))
+		rq.Header.Set("Content-Type", "application/json")
+		if coding != "" {
+			rq.Header.Set("Content-Encoding", coding)
+		}
+		r.ServeHTTP(httptest.NewRecorder(), rq)
+		var pe *Error
+		switch {
+		case status == 0 && got != nil:
+			t.Errorf("Content-Encoding %q: %v, want accepted", coding, got)
+		case status != 0 && (!errors.As(got, &pe) || pe.Status != status || !strings.Contains(pe.Detail, "Content-Encoding")):
+			t.Errorf("Content-Encoding %q: %v, want %d naming the coding", coding, got, status)
 		}
 	}
 }
