@@ -20,6 +20,7 @@ type Options struct {
 	Refine    int           `json:"refine"`     // halvings of the last step's gap once a step breaks
 	Max       float64       `json:"max_rate"`   // the search stops here
 	Rounds    int           `json:"rounds"`     // rounds past capacity (Round) once the rate held is known
+	WarmUp    int           `json:"warm_up"`    // most steps at Start before the search, until one holds (WarmUp)
 }
 
 // Step is one rate offered for one step.
@@ -87,6 +88,41 @@ func perAnswer(cpuSeconds float64, n int) float64 {
 		return 0
 	}
 	return cpuSeconds * 1e6 / float64(n)
+}
+
+// WarmUp offers c.Start, one step at a time, until a step holds or c.WarmUp
+// steps have run, and returns the steps for the log only: a row's first
+// purchases meet cold connection pools, a cold buffer pool and lock keys
+// that do not exist yet, and a first search step that pays for them finds
+// a rate the row does not have.
+func WarmUp(ctx context.Context, c Options, offer func(rate float64) Step) []Step {
+	var steps []Step
+	for len(steps) < c.WarmUp && ctx.Err() == nil {
+		s := offer(c.Start)
+		steps = append(steps, s)
+		if s.WithinSLO {
+			break
+		}
+	}
+	return steps
+}
+
+// FloodShare is the share of its sales a row keeps when offered four times
+// the rate it held, if sales took all the CPU at that rate: each sale's
+// slot now also pays for three refusals, so sales keep
+// perSale / (perSale + 3 perRefusal) of it. Both are CPU µs.
+func FloodShare(perSale, perRefusal float64) float64 {
+	if perSale <= 0 {
+		return 0
+	}
+	return perSale / (perSale + 3*max(perRefusal, 0))
+}
+
+// GoodputBound is the least goodput at 4× (Round.Goodput) a row must keep:
+// 0.9 of FloodShare with the CPU a bare server spends per refusal, so the
+// bar follows what the machine allows instead of a fixed share.
+func GoodputBound(perSale, bareRefusal float64) float64 {
+	return 0.9 * FloodShare(perSale, bareRefusal)
 }
 
 // Ceiling is what one client buying in a loop measured for a row: the

@@ -79,3 +79,53 @@ func TestSearchStopsWhenItsContextEnds(t *testing.T) {
 		t.Errorf("held %.0f after %d steps, want 400 after 3", held, len(steps))
 	}
 }
+
+func TestWarmUpStopsAtTheFirstStepThatHolds(t *testing.T) {
+	c := Options{Start: 20, WarmUp: 5}
+	cold := 2 // the first two steps meet a cold database
+	var rates []float64
+	steps := WarmUp(context.Background(), c, func(rate float64) Step {
+		rates = append(rates, rate)
+		cold--
+		return Step{Rate: rate, WithinSLO: cold < 0}
+	})
+	if len(steps) != 3 || !steps[2].WithinSLO {
+		t.Errorf("%d warm-up steps %+v, want 3, the last held", len(steps), steps)
+	}
+	for _, r := range rates {
+		if r != 20 {
+			t.Errorf("warm-up offered %.0f/s, want the start rate 20/s", r)
+		}
+	}
+}
+
+func TestWarmUpGivesUpAfterItsSteps(t *testing.T) {
+	c := Options{Start: 20, WarmUp: 3}
+	steps := WarmUp(context.Background(), c, func(rate float64) Step { return Step{Rate: rate} })
+	if len(steps) != 3 {
+		t.Errorf("%d warm-up steps, want 3", len(steps))
+	}
+	if steps := WarmUp(context.Background(), Options{Start: 20}, func(float64) Step {
+		t.Error("WarmUp 0 offered a step")
+		return Step{}
+	}); len(steps) != 0 {
+		t.Errorf("WarmUp 0 ran %d steps", len(steps))
+	}
+}
+
+func TestGoodputBoundFollowsTheCostOfARefusal(t *testing.T) {
+	for _, tc := range []struct{ perSale, perRefusal, share float64 }{
+		{1000, 0, 1},     // refusals are free: every sale is kept
+		{900, 100, 0.75}, // 900 / (900 + 300)
+		{600, 200, 0.5},  // a refusal costs a third of a sale: half the sales go
+		{2500, 50, 2500.0 / 2650},
+		{0, 50, 0}, // no sale measured: nothing to keep
+	} {
+		if got := FloodShare(tc.perSale, tc.perRefusal); math.Abs(got-tc.share) > 1e-9 {
+			t.Errorf("FloodShare(%.0f, %.0f) = %.4f, want %.4f", tc.perSale, tc.perRefusal, got, tc.share)
+		}
+		if got, want := GoodputBound(tc.perSale, tc.perRefusal), 0.9*tc.share; math.Abs(got-want) > 1e-9 {
+			t.Errorf("GoodputBound(%.0f, %.0f) = %.4f, want %.4f", tc.perSale, tc.perRefusal, got, want)
+		}
+	}
+}
