@@ -99,6 +99,10 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 		return res, err
 	}
 	offer := re.offerer(ctx, b, o.Probe)
+	for _, w := range capacity.WarmUp(ctx, o.Probe, offer) {
+		log.Info("warm-up step", "row", s.Name, "rate", fmt.Sprintf("%.0f", w.Rate), "p99_ms", fmt.Sprintf("%.1f", w.P99),
+			"errors", fmt.Sprintf("%.3f", w.ErrorRate), "held", w.WithinSLO)
+	}
 	res.Steps, res.Held = search(ctx, log, offer, s.Name, o.Probe)
 	res.Rounds, res.Flood = pastCapacity(ctx, log, offer, s.Name, o.Probe, res.Held, res.Ceiling.CeilingPerSec)
 	if s.Strategy == "optimistic" {
@@ -221,6 +225,12 @@ func optimisticCounters(ctx context.Context, url string) (attempts, requests flo
 
 func runCapacity(ctx context.Context, log *slog.Logger, o options, env testEnv, m report.Machine) int {
 	rep := report.CapacityReport{Options: o.Options, Machine: m, Command: command(os.Args[1:]), Commit: commit(ctx), At: time.Now().UTC()}
+	var err error
+	if rep.BareRefusalMicros, err = measureBareRefusal(ctx, log, refuserCommand(o), o.Probe); err != nil {
+		fmt.Fprintf(os.Stderr, "runner: the CPU of a bare refusal, which every row's verdict needs: %v\n", err)
+		return 1
+	}
+	log.Info("bare refusal", "cpu_us", fmt.Sprintf("%.1f", rep.BareRefusalMicros))
 	for _, name := range o.Rows {
 		s := rowSpec(name, o.Instances, []string{"seckill"})
 		log.Info("capacity row starting", "row", name, "backend", s.Backend, "strategy", s.Strategy)
