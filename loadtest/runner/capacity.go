@@ -70,7 +70,11 @@ func (re *rowEnv) cpu() time.Duration {
 func search(ctx context.Context, log *slog.Logger, offer func(rate float64) capacity.Step, row string, c capacity.Options) ([]capacity.Step, float64) {
 	return capacity.Search(ctx, c, func(rate float64, try int) capacity.Step {
 		r := offer(rate)
-		log.Info("capacity step", "row", row, "rate", fmt.Sprintf("%.0f", rate), "sold_per_s", fmt.Sprintf("%.0f", r.SalesPerS),
+		what := "capacity step"
+		if try == capacity.Settle {
+			what = "settle step"
+		}
+		log.Info(what, "row", row, "rate", fmt.Sprintf("%.0f", rate), "sold_per_s", fmt.Sprintf("%.0f", r.SalesPerS),
 			"p99_ms", fmt.Sprintf("%.1f", r.P99), "errors", fmt.Sprintf("%.3f", r.ErrorRate), "held", r.WithinSLO, "try", try+1)
 		return r
 	})

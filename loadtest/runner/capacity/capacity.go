@@ -133,19 +133,36 @@ type Ceiling struct {
 	CeilingPerSec    float64 `json:"ceiling_per_sec"`
 }
 
+// Settle is the try of a step that Search runs at the last rate held, right
+// after a step that broke and before the next one it judges: judged by
+// nothing, it lets the service recover from the break first.
+const Settle = -1
+
 // Search raises the rate step by step until a step breaks the SLO or the
 // error budget, then narrows the gap between the last rate held and the
 // first broken one by c.Refine geometric halvings, so that the rate held
 // is known to within Factor^(1/2^Refine) (1.06 with the defaults) rather
 // than to a whole step. offer runs one step. A step that breaks is run once
 // more before it counts as broken: on a shared machine one stall of a
-// neighbour can break a step that the service holds.
+// neighbour can break a step that the service holds. And a step that
+// follows a broken one comes after a Settle step at the last rate held: a
+// break leaves the service throttled for a while (its admission limit falls
+// with the latency it saw), and the step right after it would measure that
+// recovery, not its own rate.
 func Search(ctx context.Context, c Options, offer func(rate float64, try int) Step) (steps []Step, held float64) {
+	afterBreak := false
+	run := func(rate float64, try int) Step {
+		if afterBreak && held > 0 {
+			steps = append(steps, offer(held, Settle))
+		}
+		r := offer(rate, try)
+		steps = append(steps, r)
+		afterBreak = !r.WithinSLO
+		return r
+	}
 	holds := func(rate float64) bool {
 		for try := range 2 {
-			r := offer(rate, try)
-			steps = append(steps, r)
-			if r.WithinSLO || ctx.Err() != nil {
+			if r := run(rate, try); r.WithinSLO || ctx.Err() != nil {
 				return r.WithinSLO
 			}
 		}

@@ -41,12 +41,38 @@ func TestSearchRunsABrokenStepAgain(t *testing.T) {
 		}
 		return Step{Rate: rate, WithinSLO: rate <= 500}
 	})
-	// 100, 200 (broken), 200 again, 400, 800 twice, then sqrt(400*800) twice.
+	// 100, 200 (broken), 200 again, 400, 800 twice, then sqrt(400*800)
+	// twice, each step after a broken one behind a settle step at 100 or 400.
 	if want := 400.0; held != want {
 		t.Errorf("held %.1f, want %.1f", held, want)
 	}
-	if len(steps) != 8 {
-		t.Errorf("%d steps, want 8: %+v", len(steps), steps)
+	settles := 0
+	for _, s := range steps {
+		if s.Rate == 100 || s.Rate == 400 {
+			settles++
+		}
+	}
+	if len(steps) != 12 || settles != 2+4 {
+		t.Errorf("%d steps, %d at a rate held, want 12 and 6: %+v", len(steps), settles, steps)
+	}
+}
+
+// A step that breaks leaves the service throttled for the next step (its
+// admission limit falls with the latency it saw): a rerun right after it
+// would measure the recovery, not the rate.
+func TestSearchLetsTheServiceSettleBeforeItRunsABrokenStepAgain(t *testing.T) {
+	c := Options{Start: 100, Factor: 2, Max: 1000}
+	stalled, throttled := false, false
+	steps, held := Search(context.Background(), c, func(rate float64, try int) Step {
+		within := rate <= 500 && !throttled
+		if rate == 200 && !stalled { // a neighbour's stall breaks 200/s once
+			stalled, within = true, false
+		}
+		throttled = !within && !throttled
+		return Step{Rate: rate, WithinSLO: within}
+	})
+	if held != 400 {
+		t.Errorf("held %.1f, want 400: %+v", held, steps)
 	}
 }
 
