@@ -153,6 +153,15 @@ func pastCapacity(ctx context.Context, log *slog.Logger, offer func(rate float64
 	return rounds, flood
 }
 
+// loadAverage is /proc/loadavg's three load averages, "" where there is none.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], ", ")
+	}
+	return ""
+}
+
 // measureCeiling runs the ceiling command (-ceiling) with the row's
 // environment: the same servers, database and key prefix as its instances.
 func measureCeiling(ctx context.Context, command string, env []string) (capacity.Ceiling, error) {
@@ -229,6 +238,7 @@ func optimisticCounters(ctx context.Context, url string) (attempts, requests flo
 
 func runCapacity(ctx context.Context, log *slog.Logger, o options, env testEnv, m report.Machine) int {
 	rep := report.CapacityReport{Options: o.Options, Machine: m, Command: command(os.Args[1:]), Commit: commit(ctx), At: time.Now().UTC()}
+	rep.Load[0] = loadAverage()
 	var err error
 	if rep.BareRefusalMicros, err = measureBareRefusal(ctx, log, refuserCommand(o), o.Probe); err != nil {
 		fmt.Fprintf(os.Stderr, "runner: the CPU of a bare refusal, which every row's verdict needs: %v\n", err)
@@ -248,6 +258,7 @@ func runCapacity(ctx context.Context, log *slog.Logger, o options, env testEnv, 
 			break
 		}
 	}
+	rep.Load[1] = loadAverage()
 	if err := writeCapacity(o, rep); err != nil {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 1

@@ -39,15 +39,19 @@ type CapacityReport struct {
 	// BareRefusalMicros is r0, the CPU µs a bare net/http server spends
 	// answering one request 503, measured in the same run: every row's
 	// goodput at 4× is judged against capacity.GoodputBound with it.
-	BareRefusalMicros float64   `json:"bare_refusal_cpu_us"`
-	Command           string    `json:"command"`
-	Commit            string    `json:"commit,omitempty"`
-	At                time.Time `json:"at"`
+	BareRefusalMicros float64 `json:"bare_refusal_cpu_us"`
+	// Load is the machine's load average (1, 5, 15 min) when the run
+	// started and when it ended: on shared cores, what the figures were
+	// measured beside.
+	Load    [2]string `json:"load_average"`
+	Command string    `json:"command"`
+	Commit  string    `json:"commit,omitempty"`
+	At      time.Time `json:"at"`
 }
 
 var capacityColumns = []string{"row", "serialized ms/sale", "ceiling/s", "held/s", "× ceiling", "× atomic-sql", "p99 at held",
-	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "at 4×: p99 of sales", "at 4×: sold ÷ sold at held", "at 4×: least kept, 0.9·s/(s+3·r0)",
-	"service CPU µs: per sale / per refusal", "runner CPU µs per request", "retries/request", "verdict"}
+	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "at 4×: p99 of sales", "at 4×: sold ÷ sold at held",
+	"at 4×: least kept, 0.9·s/(s+3·r0)", "service CPU µs: per sale / per refusal", "runner CPU µs per request", "retries/request", "verdict"}
 
 // Markdown is the capacity report as a dated record.
 func (r CapacityReport) Markdown() string {
@@ -58,6 +62,9 @@ func (r CapacityReport) Markdown() string {
 		commit = "not recorded"
 	}
 	fmt.Fprintf(&b, "Machine: %s.\n\nCommand: `%s`\n\nCommit: %s\n\n", r.Machine, r.Command, commit)
+	if r.Load[0] != "" {
+		fmt.Fprintf(&b, "Load average (1, 5, 15 min): %s at the start, %s at the end.\n\n", r.Load[0], r.Load[1])
+	}
 	b.WriteString(r.method() + "\n\n")
 	var rows [][]string
 	for _, res := range r.Results {
