@@ -56,6 +56,7 @@ k6: ## Build the pinned k6 (v1.8.1) into bin/ (only if missing or another versio
 loadtest-shop:
 	$(GO) build -ldflags='$(LDFLAGS)' -o $(BIN)/shop ./cmd/shop
 	$(GO) build -o $(BIN)/ceiling ./loadtest/ceiling
+	$(GO) build -o $(BIN)/refuser ./loadtest/refuser
 
 loadtest: k6 loadtest-shop ## k6 against INSTANCES shops per backend (BACKENDS=all), then loadtest/results/report.{md,html} and docs/results/loadtest-<date>.md
 	$(WITH_SERVERS) $(LOADTEST) -backends "$(BACKENDS)" -duration $(DURATION) -record $(RECORD)

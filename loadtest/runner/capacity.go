@@ -70,7 +70,11 @@ func (re *rowEnv) cpu() time.Duration {
 func search(ctx context.Context, log *slog.Logger, offer func(rate float64) capacity.Step, row string, c capacity.Options) ([]capacity.Step, float64) {
 	return capacity.Search(ctx, c, func(rate float64, try int) capacity.Step {
 		r := offer(rate)
-		log.Info("capacity step", "row", row, "rate", fmt.Sprintf("%.0f", rate), "sold_per_s", fmt.Sprintf("%.0f", r.SalesPerS),
+		what := "capacity step"
+		if try == capacity.Settle {
+			what = "settle step"
+		}
+		log.Info(what, "row", row, "rate", fmt.Sprintf("%.0f", rate), "sold_per_s", fmt.Sprintf("%.0f", r.SalesPerS),
 			"p99_ms", fmt.Sprintf("%.1f", r.P99), "errors", fmt.Sprintf("%.3f", r.ErrorRate), "held", r.WithinSLO, "try", try+1)
 		return r
 	})
@@ -99,6 +103,10 @@ func runCapacityRow(ctx context.Context, log *slog.Logger, o options, env testEn
 		return res, err
 	}
 	offer := re.offerer(ctx, b, o.Probe)
+	for _, w := range capacity.WarmUp(ctx, o.Probe, offer) {
+		log.Info("warm-up step", "row", s.Name, "rate", fmt.Sprintf("%.0f", w.Rate), "p99_ms", fmt.Sprintf("%.1f", w.P99),
+			"errors", fmt.Sprintf("%.3f", w.ErrorRate), "held", w.WithinSLO)
+	}
 	res.Steps, res.Held = search(ctx, log, offer, s.Name, o.Probe)
 	res.Rounds, res.Flood = pastCapacity(ctx, log, offer, s.Name, o.Probe, res.Held, res.Ceiling.CeilingPerSec)
 	if s.Strategy == "optimistic" {
@@ -143,6 +151,15 @@ func pastCapacity(ctx context.Context, log *slog.Logger, offer func(rate float64
 		flood = &s
 	}
 	return rounds, flood
+}
+
+// loadAverage is /proc/loadavg's three load averages, "" where there is none.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], ", ")
+	}
+	return ""
 }
 
 // measureCeiling runs the ceiling command (-ceiling) with the row's
@@ -221,6 +238,13 @@ func optimisticCounters(ctx context.Context, url string) (attempts, requests flo
 
 func runCapacity(ctx context.Context, log *slog.Logger, o options, env testEnv, m report.Machine) int {
 	rep := report.CapacityReport{Options: o.Options, Machine: m, Command: command(os.Args[1:]), Commit: commit(ctx), At: time.Now().UTC()}
+	rep.Load[0] = loadAverage()
+	var err error
+	if rep.BareRefusalMicros, err = measureBareRefusal(ctx, log, refuserCommand(o), o.Probe); err != nil {
+		fmt.Fprintf(os.Stderr, "runner: the CPU of a bare refusal, which every row's verdict needs: %v\n", err)
+		return 1
+	}
+	log.Info("bare refusal", "cpu_us", fmt.Sprintf("%.1f", rep.BareRefusalMicros))
 	for _, name := range o.Rows {
 		s := rowSpec(name, o.Instances, []string{"seckill"})
 		log.Info("capacity row starting", "row", name, "backend", s.Backend, "strategy", s.Strategy)
@@ -234,6 +258,7 @@ func runCapacity(ctx context.Context, log *slog.Logger, o options, env testEnv, 
 			break
 		}
 	}
+	rep.Load[1] = loadAverage()
 	if err := writeCapacity(o, rep); err != nil {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 1

@@ -138,6 +138,7 @@ func (o *options) bindProbe(fs *flag.FlagSet) {
 	fs.Float64Var(&o.Probe.Factor, "factor", 1.25, "capacity: each step offers this times the previous rate")
 	fs.IntVar(&o.Probe.Refine, "refine", 2, "capacity: once a step breaks, halve the gap to the last rate held this many times")
 	fs.Float64Var(&o.Probe.Max, "max-rate", 3000, "capacity: highest rate tried")
+	fs.IntVar(&o.Probe.WarmUp, "warm-up", 5, "capacity: before each row's search, offer -start-rate for up to this many steps until one holds, results discarded")
 	fs.IntVar(&o.Probe.Rounds, "rounds", 3, "capacity: rounds of the rate held, 2× and 4× it, in alternating order; the verdict reads their medians")
 }
 

@@ -20,6 +20,7 @@ type Options struct {
 	Refine    int           `json:"refine"`     // halvings of the last step's gap once a step breaks
 	Max       float64       `json:"max_rate"`   // the search stops here
 	Rounds    int           `json:"rounds"`     // rounds past capacity (Round) once the rate held is known
+	WarmUp    int           `json:"warm_up"`    // most steps at Start before the search, until one holds (WarmUp)
 }
 
 // Step is one rate offered for one step.
@@ -89,6 +90,41 @@ func perAnswer(cpuSeconds float64, n int) float64 {
 	return cpuSeconds * 1e6 / float64(n)
 }
 
+// WarmUp offers c.Start, one step at a time, until a step holds or c.WarmUp
+// steps have run, and returns the steps for the log only: a row's first
+// purchases meet cold connection pools, a cold buffer pool and lock keys
+// that do not exist yet, and a first search step that pays for them finds
+// a rate the row does not have.
+func WarmUp(ctx context.Context, c Options, offer func(rate float64) Step) []Step {
+	var steps []Step
+	for len(steps) < c.WarmUp && ctx.Err() == nil {
+		s := offer(c.Start)
+		steps = append(steps, s)
+		if s.WithinSLO {
+			break
+		}
+	}
+	return steps
+}
+
+// FloodShare is the share of its sales a row keeps when offered four times
+// the rate it held, if sales took all the CPU at that rate: each sale's
+// slot now also pays for three refusals, so sales keep
+// perSale / (perSale + 3 perRefusal) of it. Both are CPU µs.
+func FloodShare(perSale, perRefusal float64) float64 {
+	if perSale <= 0 {
+		return 0
+	}
+	return perSale / (perSale + 3*max(perRefusal, 0))
+}
+
+// GoodputBound is the least goodput at 4× (Round.Goodput) a row must keep:
+// 0.9 of FloodShare with the CPU a bare server spends per refusal, so the
+// bar follows what the machine allows instead of a fixed share.
+func GoodputBound(perSale, bareRefusal float64) float64 {
+	return 0.9 * FloodShare(perSale, bareRefusal)
+}
+
 // Ceiling is what one client buying in a loop measured for a row: the
 // window in which the key is not free for others, and 1 / that window.
 type Ceiling struct {
@@ -97,19 +133,36 @@ type Ceiling struct {
 	CeilingPerSec    float64 `json:"ceiling_per_sec"`
 }
 
+// Settle is the try of a step that Search runs at the last rate held, right
+// after a step that broke and before the next one it judges: judged by
+// nothing, it lets the service recover from the break first.
+const Settle = -1
+
 // Search raises the rate step by step until a step breaks the SLO or the
 // error budget, then narrows the gap between the last rate held and the
 // first broken one by c.Refine geometric halvings, so that the rate held
 // is known to within Factor^(1/2^Refine) (1.06 with the defaults) rather
 // than to a whole step. offer runs one step. A step that breaks is run once
 // more before it counts as broken: on a shared machine one stall of a
-// neighbour can break a step that the service holds.
+// neighbour can break a step that the service holds. And a step that
+// follows a broken one comes after a Settle step at the last rate held: a
+// break leaves the service throttled for a while (its admission limit falls
+// with the latency it saw), and the step right after it would measure that
+// recovery, not its own rate.
 func Search(ctx context.Context, c Options, offer func(rate float64, try int) Step) (steps []Step, held float64) {
+	afterBreak := false
+	run := func(rate float64, try int) Step {
+		if afterBreak && held > 0 {
+			steps = append(steps, offer(held, Settle))
+		}
+		r := offer(rate, try)
+		steps = append(steps, r)
+		afterBreak = !r.WithinSLO
+		return r
+	}
 	holds := func(rate float64) bool {
 		for try := range 2 {
-			r := offer(rate, try)
-			steps = append(steps, r)
-			if r.WithinSLO || ctx.Err() != nil {
+			if r := run(rate, try); r.WithinSLO || ctx.Err() != nil {
 				return r.WithinSLO
 			}
 		}

@@ -41,12 +41,38 @@ func TestSearchRunsABrokenStepAgain(t *testing.T) {
 		}
 		return Step{Rate: rate, WithinSLO: rate <= 500}
 	})
-	// 100, 200 (broken), 200 again, 400, 800 twice, then sqrt(400*800) twice.
+	// 100, 200 (broken), 200 again, 400, 800 twice, then sqrt(400*800)
+	// twice, each step after a broken one behind a settle step at 100 or 400.
 	if want := 400.0; held != want {
 		t.Errorf("held %.1f, want %.1f", held, want)
 	}
-	if len(steps) != 8 {
-		t.Errorf("%d steps, want 8: %+v", len(steps), steps)
+	settles := 0
+	for _, s := range steps {
+		if s.Rate == 100 || s.Rate == 400 {
+			settles++
+		}
+	}
+	if len(steps) != 12 || settles != 2+4 {
+		t.Errorf("%d steps, %d at a rate held, want 12 and 6: %+v", len(steps), settles, steps)
+	}
+}
+
+// A step that breaks leaves the service throttled for the next step (its
+// admission limit falls with the latency it saw): a rerun right after it
+// would measure the recovery, not the rate.
+func TestSearchLetsTheServiceSettleBeforeItRunsABrokenStepAgain(t *testing.T) {
+	c := Options{Start: 100, Factor: 2, Max: 1000}
+	stalled, throttled := false, false
+	steps, held := Search(context.Background(), c, func(rate float64, try int) Step {
+		within := rate <= 500 && !throttled
+		if rate == 200 && !stalled { // a neighbour's stall breaks 200/s once
+			stalled, within = true, false
+		}
+		throttled = !within && !throttled
+		return Step{Rate: rate, WithinSLO: within}
+	})
+	if held != 400 {
+		t.Errorf("held %.1f, want 400: %+v", held, steps)
 	}
 }
 
@@ -77,5 +103,55 @@ func TestSearchStopsWhenItsContextEnds(t *testing.T) {
 	})
 	if held != 400 || len(steps) != 3 {
 		t.Errorf("held %.0f after %d steps, want 400 after 3", held, len(steps))
+	}
+}
+
+func TestWarmUpStopsAtTheFirstStepThatHolds(t *testing.T) {
+	c := Options{Start: 20, WarmUp: 5}
+	cold := 2 // the first two steps meet a cold database
+	var rates []float64
+	steps := WarmUp(context.Background(), c, func(rate float64) Step {
+		rates = append(rates, rate)
+		cold--
+		return Step{Rate: rate, WithinSLO: cold < 0}
+	})
+	if len(steps) != 3 || !steps[2].WithinSLO {
+		t.Errorf("%d warm-up steps %+v, want 3, the last held", len(steps), steps)
+	}
+	for _, r := range rates {
+		if r != 20 {
+			t.Errorf("warm-up offered %.0f/s, want the start rate 20/s", r)
+		}
+	}
+}
+
+func TestWarmUpGivesUpAfterItsSteps(t *testing.T) {
+	c := Options{Start: 20, WarmUp: 3}
+	steps := WarmUp(context.Background(), c, func(rate float64) Step { return Step{Rate: rate} })
+	if len(steps) != 3 {
+		t.Errorf("%d warm-up steps, want 3", len(steps))
+	}
+	if steps := WarmUp(context.Background(), Options{Start: 20}, func(float64) Step {
+		t.Error("WarmUp 0 offered a step")
+		return Step{}
+	}); len(steps) != 0 {
+		t.Errorf("WarmUp 0 ran %d steps", len(steps))
+	}
+}
+
+func TestGoodputBoundFollowsTheCostOfARefusal(t *testing.T) {
+	for _, tc := range []struct{ perSale, perRefusal, share float64 }{
+		{1000, 0, 1},     // refusals are free: every sale is kept
+		{900, 100, 0.75}, // 900 / (900 + 300)
+		{600, 200, 0.5},  // a refusal costs a third of a sale: half the sales go
+		{2500, 50, 2500.0 / 2650},
+		{0, 50, 0}, // no sale measured: nothing to keep
+	} {
+		if got := FloodShare(tc.perSale, tc.perRefusal); math.Abs(got-tc.share) > 1e-9 {
+			t.Errorf("FloodShare(%.0f, %.0f) = %.4f, want %.4f", tc.perSale, tc.perRefusal, got, tc.share)
+		}
+		if got, want := GoodputBound(tc.perSale, tc.perRefusal), 0.9*tc.share; math.Abs(got-want) > 1e-9 {
+			t.Errorf("GoodputBound(%.0f, %.0f) = %.4f, want %.4f", tc.perSale, tc.perRefusal, got, want)
+		}
 	}
 }

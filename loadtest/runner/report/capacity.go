@@ -36,14 +36,22 @@ type CapacityReport struct {
 	Options Options       `json:"options"`
 	Machine Machine       `json:"machine"`
 	Results []CapacityRow `json:"results"`
-	Command string        `json:"command"`
-	Commit  string        `json:"commit,omitempty"`
-	At      time.Time     `json:"at"`
+	// BareRefusalMicros is r0, the CPU µs a bare net/http server spends
+	// answering one request 503, measured in the same run: every row's
+	// goodput at 4× is judged against capacity.GoodputBound with it.
+	BareRefusalMicros float64 `json:"bare_refusal_cpu_us"`
+	// Load is the machine's load average (1, 5, 15 min) when the run
+	// started and when it ended: on shared cores, what the figures were
+	// measured beside.
+	Load    [2]string `json:"load_average"`
+	Command string    `json:"command"`
+	Commit  string    `json:"commit,omitempty"`
+	At      time.Time `json:"at"`
 }
 
 var capacityColumns = []string{"row", "serialized ms/sale", "ceiling/s", "held/s", "× ceiling", "× atomic-sql", "p99 at held",
 	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "at 4×: p99 of sales", "at 4×: sold ÷ sold at held",
-	"service CPU µs: per sale / per refusal", "runner CPU µs per request", "retries/request", "verdict"}
+	"at 4×: least kept, 0.9·s/(s+3·r0)", "service CPU µs: per sale / per refusal", "runner CPU µs per request", "retries/request", "verdict"}
 
 // Markdown is the capacity report as a dated record.
 func (r CapacityReport) Markdown() string {
@@ -54,10 +62,13 @@ func (r CapacityReport) Markdown() string {
 		commit = "not recorded"
 	}
 	fmt.Fprintf(&b, "Machine: %s.\n\nCommand: `%s`\n\nCommit: %s\n\n", r.Machine, r.Command, commit)
+	if r.Load[0] != "" {
+		fmt.Fprintf(&b, "Load average (1, 5, 15 min): %s at the start, %s at the end.\n\n", r.Load[0], r.Load[1])
+	}
 	b.WriteString(r.method() + "\n\n")
 	var rows [][]string
 	for _, res := range r.Results {
-		rows = append(rows, res.cells(r.held("atomic-sql"), r.Options.Probe.SLO))
+		rows = append(rows, res.cells(r.held("atomic-sql"), r.judge()))
 	}
 	b.WriteString(mdTable(capacityColumns, rows))
 	return b.String()
@@ -65,19 +76,26 @@ func (r CapacityReport) Markdown() string {
 
 func (r CapacityReport) method() string {
 	o := r.Options
-	return fmt.Sprintf("%d instances per row; critical-section delay %s; lock wait budget %s. The rate offered starts at %.0f/s "+
+	return fmt.Sprintf("%d instances per row; critical-section delay %s; lock wait budget %s. Each row first offers %.0f/s "+
+		"for up to %d steps until one holds, results discarded (cold pools and a cold database would otherwise be measured). "+
+		"Then the rate offered starts at %.0f/s "+
 		"and grows ×%.2f every %s (open loop) until p99 of a successful purchase passes %s or more than %.1f %% of answers "+
-		"are not 201; then the gap between the last rate within both and the first past them is halved %d times (geometric "+
-		"midpoints). **Held** is the highest rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
+		"are not 201 (a step past them runs once more, and any step after one past them behind a step at the last rate within "+
+		"both, judged by nothing, so the service recovers from it first); then the gap between the last rate within both and "+
+		"the first past them is halved %d times (geometric midpoints). **Held** is the highest rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
 		"client in a loop against the same servers in the same run: for a lock, acquire + the statements inside + release; "+
 		"for the lock-free rows, the whole purchase. Then %d rounds, each in the reverse order of the last, offer the rate "+
 		"held again, twice it and four times it, one step each. **At 2×**: the p99 of the sales and the share turned away "+
 		"with 503. **At 4×**: the sales per second over those of the same round's step at the rate held (the goodput kept "+
 		"when flooded), so that a machine that slows down during the row moves both. Medians over the rounds, ranges in "+
 		"brackets. **Flooded** is a step at the ceiling when that is more than 4× held (else the 4× steps): the sales per "+
-		"second the key still makes when offered more than it takes. The verdict fails a row whose p99 at 2× passes the SLO "+
-		"(it queues what it should turn away) or whose goodput at 4× is under %.2f× (work spent on buyers it then refuses).",
-		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.Factor, o.Probe.Step, o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine, o.Probe.Rounds, MinGoodput)
+		"second the key still makes when offered more than it takes. A row whose sales take the CPU at its rate held keeps "+
+		"at most s / (s + 3·r) of them at 4×, s its CPU per sale and r its CPU per refusal; **r0** = %.1f µs is the CPU per "+
+		"request of a bare net/http server answering 503 (loadtest/refuser), flooded in this run at %d/s and timed the same "+
+		"way (process CPU / requests). The verdict fails a row whose p99 at 2× passes the SLO (it queues what it should turn "+
+		"away) or whose goodput at 4× is under its own bound 0.9·s/(s+3·r0) (it spends on refusals more than a refusal needs).",
+		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.WarmUp, o.Probe.Start, o.Probe.Factor, o.Probe.Step,
+		o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine, o.Probe.Rounds, r.BareRefusalMicros, BareRefusalRate)
 }
 
 // held is the rate the named row held, 0 if it did not run.
@@ -90,9 +108,27 @@ func (r CapacityReport) held(name string) float64 {
 	return 0
 }
 
-// MinGoodput is the least share of its rate held a row must still sell
-// when offered four times that rate.
-const MinGoodput = 0.8
+// Judge holds what a row's verdict is judged against: the latency SLO,
+// and r0, the CPU µs a bare server spends per refusal on this machine.
+type Judge struct {
+	SLO               time.Duration
+	BareRefusalMicros float64
+}
+
+// BareRefusalRate is the rate at which the capacity run floods the bare
+// 503 server: about what a row's 4× step turns away, enough requests that
+// /proc's 10 ms CPU ticks time r0 to a few %.
+const BareRefusalRate = 1500
+
+func (r CapacityReport) judge() Judge {
+	return Judge{SLO: r.Options.Probe.SLO, BareRefusalMicros: r.BareRefusalMicros}
+}
+
+// GoodputBound is the least goodput at 4× the row must keep:
+// capacity.GoodputBound with its median CPU per sale and r0.
+func (res CapacityRow) GoodputBound(r0 float64) float64 {
+	return capacity.GoodputBound(res.median(capacity.Round.CPUPerSale), r0)
+}
 
 // Goodput is the median over the rounds of what a round sold at four
 // times the rate held over what it sold at the rate held; 0 without rounds.
@@ -136,8 +172,8 @@ func (res CapacityRow) spread(format string, f func(capacity.Round) float64) str
 
 // Problems are why the row fails the capacity verdict: it did not run, it
 // queues past the SLO at twice its rate held instead of turning the excess
-// away, or it sells less than MinGoodput of that rate when flooded at 4×.
-func (res CapacityRow) Problems(slo time.Duration) []string {
+// away, or flooded at 4× it keeps less of its sales than its GoodputBound.
+func (res CapacityRow) Problems(j Judge) []string {
 	if res.Err != "" {
 		return []string{"did not run: " + res.Err}
 	}
@@ -148,11 +184,11 @@ func (res CapacityRow) Problems(slo time.Duration) []string {
 		return []string{"not offered 2× and 4×"}
 	}
 	var out []string
-	if p99 := res.P99AtTwo(); p99 > float64(slo.Milliseconds()) {
-		out = append(out, fmt.Sprintf("p99 at 2× is %.0f ms, past the SLO %s", p99, slo))
+	if p99 := res.P99AtTwo(); p99 > float64(j.SLO.Milliseconds()) {
+		out = append(out, fmt.Sprintf("p99 at 2× is %.0f ms, past the SLO %s", p99, j.SLO))
 	}
-	if g := res.Goodput(); g < MinGoodput {
-		out = append(out, fmt.Sprintf("flooded at 4× it sold %.2f× what it sold at its rate held, under %.2f×", g, MinGoodput))
+	if g, least := res.Goodput(), res.GoodputBound(j.BareRefusalMicros); g < least {
+		out = append(out, fmt.Sprintf("flooded at 4× it sold %.2f× what it sold at its rate held, under its bound %.2f×", g, least))
 	}
 	return out
 }
@@ -161,21 +197,21 @@ func (res CapacityRow) Problems(slo time.Duration) []string {
 func (r CapacityReport) Failed() []string {
 	var out []string
 	for _, res := range r.Results {
-		if len(res.Problems(r.Options.Probe.SLO)) > 0 {
+		if len(res.Problems(r.judge())) > 0 {
 			out = append(out, res.Spec.Name)
 		}
 	}
 	return out
 }
 
-func (res CapacityRow) verdict(slo time.Duration) string {
-	if p := res.Problems(slo); len(p) > 0 {
+func (res CapacityRow) verdict(j Judge) string {
+	if p := res.Problems(j); len(p) > 0 {
 		return "FAILS: " + strings.Join(p, "; ")
 	}
 	return "ok"
 }
 
-func (res CapacityRow) cells(atomicSQL float64, slo time.Duration) []string {
+func (res CapacityRow) cells(atomicSQL float64, j Judge) []string {
 	if res.Err != "" {
 		cells := make([]string, len(capacityColumns))
 		cells[0], cells[1], cells[len(cells)-1] = res.Spec.Name, "did not run: "+res.Err, "FAILS: did not run"
@@ -187,7 +223,7 @@ func (res CapacityRow) cells(atomicSQL float64, slo time.Duration) []string {
 			p99 = fmt.Sprintf("%.0f ms", st.P99)
 		}
 	}
-	four99, goodput, cpu, runner := "—", "—", "—", "—"
+	four99, goodput, bound, cpu, runner := "—", "—", "—", "—", "—"
 	if len(res.Rounds) > 0 {
 		cpu = fmt.Sprintf("%.0f / %.0f", res.median(capacity.Round.CPUPerSale), res.median(capacity.Round.CPUPerRefusal))
 		runner = fmt.Sprintf("%.0f", res.median(capacity.Round.RunnerCPUPerRequest))
@@ -195,6 +231,7 @@ func (res CapacityRow) cells(atomicSQL float64, slo time.Duration) []string {
 		away = fmt.Sprintf("%.0f %%", 100*res.median(func(r capacity.Round) float64 { return r.AtTwo.TurnedAway() }))
 		four99 = fmt.Sprintf("%.0f ms", res.median(func(r capacity.Round) float64 { return r.AtFour.P99 }))
 		goodput = res.spread("%.2f", capacity.Round.Goodput)
+		bound = fmt.Sprintf("%.2f", res.GoodputBound(j.BareRefusalMicros))
 	}
 	if atomicSQL > 0 {
 		xs = fmt.Sprintf("%.2f", res.Held/atomicSQL)
@@ -210,5 +247,5 @@ func (res CapacityRow) cells(atomicSQL float64, slo time.Duration) []string {
 	c := res.Ceiling
 	return []string{res.Spec.Name, fmt.Sprintf("%.2f", c.SerializedMicros/1000), fmt.Sprintf("%.0f", c.CeilingPerSec),
 		fmt.Sprintf("%.0f", res.Held), fmt.Sprintf("%.2f", res.Held/c.CeilingPerSec), xs, p99, over99, away, flood,
-		four99, goodput, cpu, runner, retries, res.verdict(slo)}
+		four99, goodput, bound, cpu, runner, retries, res.verdict(j)}
 }

@@ -117,14 +117,14 @@ func TestCapacityRowsAreComparedWithTheirCeilingAndWithAtomicSQL(t *testing.T) {
 		{Spec: Row{Name: "etcd"}, Err: "etcd: no leader"},
 	}}
 	md := rep.Markdown()
-	for _, want := range []string{"| redis | 1.73 | 578 | 430 | 0.74 | 0.39 | 79 ms | — | — | — | — | — | — | — |  | FAILS: not offered 2× and 4× |", "| etcd | did not run: etcd: no leader |", "|  | FAILS: did not run |"} {
+	for _, want := range []string{"| redis | 1.73 | 578 | 430 | 0.74 | 0.39 | 79 ms | — | — | — | — | — | — | — | — |  | FAILS: not offered 2× and 4× |", "| etcd | did not run: etcd: no leader |", "|  | FAILS: did not run |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("capacity.md has no %q:\n%s", want, md)
 		}
 	}
 }
 
-func TestCapacityVerdictFailsARowThatCollapsesWhenFloodedOrQueuesAtTwiceItsRate(t *testing.T) {
+func TestCapacityVerdictFailsARowThatCollapsesUnderItsBoundWhenFloodedOrQueuesAtTwiceItsRate(t *testing.T) {
 	// Each row's rounds: sold/s at the rate held, p99 at 2×, sold/s at 4×.
 	held := func(name string, rounds ...[3]float64) CapacityRow {
 		row := CapacityRow{Spec: Row{Name: name}, Ceiling: capacity.Ceiling{CeilingPerSec: 500}, Held: 400,
@@ -141,27 +141,39 @@ func TestCapacityVerdictFailsARowThatCollapsesWhenFloodedOrQueuesAtTwiceItsRate(
 		}
 		return row
 	}
-	rep := CapacityReport{Options: Options{Probe: capacity.Options{SLO: 250 * time.Millisecond}}, Results: []CapacityRow{
+	cheapSales := func(row CapacityRow) CapacityRow {
+		for i := range row.Rounds {
+			row.Rounds[i].AtHeld.ServiceCPU = 0.36 // 300 µs a sale
+		}
+		return row
+	}
+	// r0 = 50 µs: a 1,000 µs sale keeps at least 0.9 × 1000/1150 = 0.78,
+	// a 300 µs one 0.9 × 300/450 = 0.60.
+	rep := CapacityReport{Options: Options{Probe: capacity.Options{SLO: 250 * time.Millisecond}}, BareRefusalMicros: 50, Results: []CapacityRow{
 		held("sheds", [3]float64{400, 120, 380}),
 		// The machine slowed down during the row: the round's own step at
 		// the rate held is the baseline, not the rate found before.
 		held("slowed", [3]float64{400, 120, 380}, [3]float64{250, 130, 230}, [3]float64{200, 110, 190}),
 		held("collapses", [3]float64{400, 120, 100}, [3]float64{390, 120, 120}, [3]float64{400, 120, 390}),
 		held("queues", [3]float64{400, 6000, 390}),
+		held("keeps-too-few", [3]float64{400, 120, 300}),
+		cheapSales(held("cheap-sales", [3]float64{400, 120, 260})),
 	}}
 	md := rep.Markdown()
 	for _, want := range []string{
-		"| 140 ms | 0.95 | 1000 / 100 | 100 |  | ok |",
-		"| 120 (110-130) ms | 50 % | 1600 → 230 (140 ms) | 140 ms | 0.95 (0.92-0.95) | 1000 / 100 | 100 |  | ok |",
-		"| 0.31 (0.25-0.97) | 1000 / 100 | 100 |  | FAILS: flooded at 4× it sold 0.31× what it sold at its rate held, under 0.80× |",
-		"| 0.97 | 1000 / 100 | 100 |  | FAILS: p99 at 2× is 6000 ms, past the SLO 250ms |",
+		"| 140 ms | 0.95 | 0.78 | 1000 / 100 | 100 |  | ok |",
+		"| 120 (110-130) ms | 50 % | 1600 → 230 (140 ms) | 140 ms | 0.95 (0.92-0.95) | 0.78 | 1000 / 100 | 100 |  | ok |",
+		"| 0.31 (0.25-0.97) | 0.78 | 1000 / 100 | 100 |  | FAILS: flooded at 4× it sold 0.31× what it sold at its rate held, under its bound 0.78× |",
+		"| 0.97 | 0.78 | 1000 / 100 | 100 |  | FAILS: p99 at 2× is 6000 ms, past the SLO 250ms |",
+		"| 0.75 | 0.78 | 1000 / 100 | 100 |  | FAILS: flooded at 4× it sold 0.75× what it sold at its rate held, under its bound 0.78× |",
+		"| 0.65 | 0.60 | 300 / 322 | 100 |  | ok |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("capacity.md has no %q:\n%s", want, md)
 		}
 	}
-	if got := rep.Failed(); !slices.Equal(got, []string{"collapses", "queues"}) {
-		t.Errorf("Failed() = %v, want collapses and queues", got)
+	if got := rep.Failed(); !slices.Equal(got, []string{"collapses", "queues", "keeps-too-few"}) {
+		t.Errorf("Failed() = %v, want collapses, queues and keeps-too-few", got)
 	}
 }
 
