@@ -21,7 +21,6 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/legacy"
-	"github.com/gin-gonic/gin"
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/lockbench/shop/internal/apidoc"
@@ -424,7 +423,7 @@ func TestRoutesAreDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	param := regexp.MustCompile(`:(\w+)`)
-	for _, r := range a.handler.(*gin.Engine).Routes() {
+	for _, r := range a.handler.(router).Routes() {
 		path := param.ReplaceAllString(r.Path, "{$1}")
 		item := doc.Paths.Value(path)
 		if item == nil || item.GetOperation(r.Method) == nil {

@@ -84,20 +84,20 @@ func newRouter(d routerDeps) http.Handler {
 	for _, dom := range d.domains {
 		dom.Register(api, admin)
 	}
-	return headAsGet(r)
+	return router{r}
 }
 
-// headAsGet answers HEAD as GET without the body (RFC 9110 §9.3.2): the
-// route runs as a GET, and net/http, which still sees the HEAD it
-// received, sends the headers only.
-func headAsGet(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodHead {
-			r = r.Clone(r.Context())
-			r.Method = http.MethodGet
-		}
-		next.ServeHTTP(w, r)
-	})
+// router is the gin engine, with HEAD answered as GET without the body
+// (RFC 9110 §9.3.2): the route runs as a GET, and net/http, which still
+// sees the HEAD it received, sends the headers only.
+type router struct{ *gin.Engine }
+
+func (r router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.Method == http.MethodHead {
+		req = req.Clone(req.Context())
+		req.Method = http.MethodGet
+	}
+	r.Engine.ServeHTTP(w, req)
 }
 
 func admissionOptions(cfg config.Config) admission.Options {
