@@ -62,6 +62,7 @@ func TestLiftedAsTheREADMESaysBuildsInAnotherModule(t *testing.T) {
 		copyTree(t, root, dst, "internal/lockkit/"+dir, nil)
 	}
 	copyTree(t, root, dst, "internal/testenv", nil)
+	copyTree(t, root, dst, "third_party/go-zookeeper-zk", nil) // zklock's client, as go.mod's replace names it
 	mod := strings.Replace(readText(t, filepath.Join(root, "go.mod")), "module github.com/lockbench/shop", "module example.com/svc", 1)
 	writeText(t, filepath.Join(dst, "go.mod"), mod)
 	writeText(t, filepath.Join(dst, "go.sum"), readText(t, filepath.Join(root, "go.sum")))
