@@ -184,7 +184,7 @@ func partitionFault(t *testing.T, backend string) {
 	ns.cut()
 	// a's answer comes only after its release, which the partition makes
 	// wait for its timeout; the moment its work was cancelled is when its
-	// lost-lease counter moves (lockmetrics counts it as Release begins).
+	// lost-lease counter moves (the instrument wrapper counts it as Release begins).
 	aLost := watchLeaseLost(r, a.URL, lostBefore, cut)
 	bWaited := r.waited(b)
 	bDep := r.hist.do(context.Background(), r.client, b.URL, r.token(id), id, accInput{Kind: "deposit", Amount: 10})

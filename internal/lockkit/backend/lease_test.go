@@ -371,7 +371,7 @@ func TestReleaseEndsEverythingTheLeaseRan(t *testing.T) {
 
 // Nobody watched the lease until after its deadline: Lost, first asked for
 // then, is closed already when it returns. A check made at release time
-// (lockmetrics counts lost leases that way) must see it, with no timer
+// (the instrument wrapper counts lost leases that way) must see it, with no timer
 // left to run first.
 func TestLostFirstAskedAfterTheDeadlineIsClosed(t *testing.T) {
 	const ttl = 20 * time.Millisecond
