@@ -125,6 +125,7 @@ func newFixtureOn(t testing.TB, client redis.UniversalClient, o Options) *fixtur
 	m.Register(api)
 	api.POST("/things", m.Middleware(), func(c *gin.Context) { f.handler(c) })
 	api.POST("/accounts/:id/x", m.Optional(), func(c *gin.Context) { f.handler(c) })
+	api.POST("/skus/:sku/x", m.Optional(), func(c *gin.Context) { f.handler(c) })
 	api.POST("/orders/:id/pay", m.Guard(Policy{RerunServerErrors: true}), func(c *gin.Context) { f.handler(c) })
 	f.router = r
 	return f
@@ -621,4 +622,9 @@ func TestFingerprintReadsIDsAsTheHandlerDoes(t *testing.T) {
 		wantReplay(t, first, f.do("POST", path, 1, key, `{"a":1}`))
 	}
 	want(t, f.do("POST", "/api/v1/accounts/2/x", 1, key, `{"a":1}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
+
+	// A SKU is a name, not a number: 007 and 7 are two products.
+	key = uuid()
+	want(t, f.do("POST", "/api/v1/skus/007/x", 1, key, `{"a":1}`), http.StatusCreated, `"got":{"a":1}`)
+	want(t, f.do("POST", "/api/v1/skus/7/x", 1, key, `{"a":1}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
 }

@@ -96,9 +96,10 @@ func (m *Idem) Guard(p Policy) gin.HandlerFunc {
 }
 
 // routePath is the request's path as the handler reads it: the route's
-// pattern with each parameter's value, a number in its one decimal form
+// pattern with each parameter's value, an :id in its one decimal form
 // (the handlers parse ids with strconv.ParseInt, so 01, +1 and 1 name one
-// row). Outside a route it is the escaped path.
+// row; a SKU is a name, and 007 is not 7). Outside a route it is the
+// escaped path.
 func routePath(c *gin.Context) string {
 	pattern := c.FullPath()
 	if pattern == "" {
@@ -108,7 +109,7 @@ func routePath(c *gin.Context) string {
 	b.WriteString(pattern)
 	for _, p := range c.Params {
 		v := p.Value
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && p.Key == "id" {
 			v = strconv.FormatInt(n, 10)
 		}
 		b.WriteString("\x00" + p.Key + "=" + v)
