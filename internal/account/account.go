@@ -144,7 +144,7 @@ func NewService(store *Store, o Options) Service {
 	if o.Strategy == StrategyOptimistic {
 		s.optimistic = newRetry(o)
 	} else {
-		s.guard = guard.New(lockkey.Account, o.Locker, o.LockOptions, o.Metrics)
+		s.guard = guard.New(lockkey.Account, guard.Locking{Locker: o.Locker, LockOptions: o.LockOptions, Metrics: o.Metrics})
 	}
 	return s
 }

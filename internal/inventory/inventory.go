@@ -165,7 +165,7 @@ func NewService(store *Store, o Options) (Service, error) {
 	switch o.Strategy {
 	case StrategyLock, "":
 		l := &locked{store: store, delay: o.CriticalSectionDelay,
-			guard: guard.New(lockkey.Stock, o.Locker, o.LockOptions, o.Metrics)}
+			guard: guard.New(lockkey.Stock, guard.Locking{Locker: o.Locker, LockOptions: o.LockOptions, Metrics: o.Metrics})}
 		s = l
 		if o.Combine > 1 {
 			s = newCombined(l, o)

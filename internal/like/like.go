@@ -171,7 +171,7 @@ func New(client redis.UniversalClient, o Options) (*Service, error) {
 			return nil, errors.New("like: the lock strategy needs a Locker (lockkit.None() for the unsafe baseline)")
 		}
 		s.strategy = &spread{client: client, k: s.k, delay: o.CriticalSectionDelay,
-			guard: guard.New(lockkey.Like, o.Locker, o.LockOptions, o.Metrics)}
+			guard: guard.New(lockkey.Like, guard.Locking{Locker: o.Locker, LockOptions: o.LockOptions, Metrics: o.Metrics})}
 	case StrategyHashTag:
 		s.strategy = &tagged{client: client, k: s.k}
 	default:

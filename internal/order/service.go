@@ -73,7 +73,7 @@ func NewService(store *Store, o Options) *Service {
 	if o.Locker == nil {
 		o.Locker = lockkit.None()
 	}
-	return &Service{store: store, o: o, guard: guard.New(lockkey.Order, o.Locker, o.LockOptions, o.Metrics)}
+	return &Service{store: store, o: o, guard: guard.New(lockkey.Order, guard.Locking{Locker: o.Locker, LockOptions: o.LockOptions, Metrics: o.Metrics})}
 }
 
 // Place orders quantity units of sku for user with idempotency key key: the
