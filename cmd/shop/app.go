@@ -293,8 +293,9 @@ func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB
 func newAccounts(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem) *account.Domain {
 	store := account.NewStore(db.DB)
 	return &account.Domain{Store: store, Service: account.NewService(store, account.Options{
-		Locker: l.locker, LockOptions: l.options, Metrics: l.metrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
-		Strategy: cfg.BalanceStrategy, Retry: l.retry, OptimisticMetrics: l.retryMetrics,
+		Locking: guard.Locking{Locker: l.locker, LockOptions: l.options, Metrics: l.metrics,
+			CriticalSectionDelay: cfg.CriticalSectionDelay},
+		Strategy: cfg.BalanceStrategy, Retry: optimistic.Retry{Policy: l.retry, Metrics: l.retryMetrics},
 	}), Idempotent: tokens.Optional()}
 }
 
