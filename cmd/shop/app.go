@@ -306,9 +306,10 @@ func newProducts(cfg config.Config, db *storage.DB, rdb redis.UniversalClient, l
 	}
 	store := inventory.NewStore(db.DB, mirror)
 	products, err := inventory.NewService(store, inventory.Options{
-		Strategy: cfg.StockStrategy, Locker: l.locker, LockOptions: l.options, Mirror: mirror,
-		Metrics: l.metrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
-		Retry: l.retry, OptimisticMetrics: l.retryMetrics, Combine: cfg.StockCombine,
+		Locking: guard.Locking{Locker: l.locker, LockOptions: l.options, Metrics: l.metrics,
+			CriticalSectionDelay: cfg.CriticalSectionDelay},
+		Strategy: cfg.StockStrategy, Mirror: mirror, Combine: cfg.StockCombine,
+		Retry: optimistic.Retry{Policy: l.retry, Metrics: l.retryMetrics},
 	})
 	if err != nil {
 		return nil, err
