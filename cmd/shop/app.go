@@ -318,8 +318,9 @@ func newProducts(cfg config.Config, db *storage.DB, rdb redis.UniversalClient, l
 }
 
 func newLikes(cfg config.Config, rdb redis.UniversalClient, l locking) (*like.Domain, error) {
-	likes, err := like.New(rdb, like.Options{Strategy: cfg.LikeStrategy, Locker: l.locker, LockOptions: l.options,
-		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay, Metrics: l.metrics})
+	likes, err := like.New(rdb, like.Options{Strategy: cfg.LikeStrategy, Prefix: cfg.KeyPrefix,
+		Locking: guard.Locking{Locker: l.locker, LockOptions: l.options, Metrics: l.metrics,
+			CriticalSectionDelay: cfg.CriticalSectionDelay}})
 	if err != nil {
 		return nil, err
 	}
