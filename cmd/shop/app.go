@@ -330,9 +330,10 @@ func newLikes(cfg config.Config, rdb redis.UniversalClient, l locking) (*like.Do
 func newOrders(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem,
 	accounts *account.Store, products *inventory.Store) *order.Domain {
 	store := order.NewStore(db.DB, products, accounts)
-	orders := order.NewService(store, order.Options{Locker: l.locker, LockOptions: l.options,
-		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, Metrics: l.metrics,
-		CriticalSectionDelay: cfg.CriticalSectionDelay, MaxUnpaidUnits: cfg.OrderMaxUnpaidUnits})
+	orders := order.NewService(store, order.Options{
+		Locking: guard.Locking{Locker: l.locker, LockOptions: l.options, Metrics: l.metrics,
+			CriticalSectionDelay: cfg.CriticalSectionDelay},
+		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, MaxUnpaidUnits: cfg.OrderMaxUnpaidUnits})
 	return &order.Domain{Service: orders, Store: store, Idem: tokens}
 }
 
