@@ -39,12 +39,12 @@ type FencedDomain interface {
 }
 
 // Locking is what every domain takes to lock its changes. The app builds
-// one and hands the same value to every domain; a domain's Options embed
-// it. The zero value locks nothing and counts nothing.
+// one and hands the same value to every domain, whose Options embed it.
+// Any field may be left zero.
 type Locking struct {
 	// Locker takes the keys; lockkit.None() is the unsafe baseline. New
-	// takes a nil Locker as None; a domain may refuse nil instead, so that
-	// a forgotten locker is not mistaken for the baseline (like.New does).
+	// takes nil as None; a domain may refuse nil instead, so that a
+	// forgotten Locker does not pass for the baseline (like.New does).
 	Locker lockkit.Locker
 	// LockOptions are passed to every acquisition (TTL, wait timeout).
 	// A guard never writes to the slice, so every domain may share one.
