@@ -127,7 +127,7 @@ func (a *app) wireServe(ctx context.Context, cfg config.Config, log *slog.Logger
 	}
 	a.deliverEvents(cfg, delivery, orders.Store)
 	a.startCloser(orders.Service, log)
-	a.startPruner(locks.locker, cfg.LockTTL, log)
+	a.startPruner(locks.Locker, cfg.LockTTL, log)
 	a.records.RegisterMetrics(reg)
 	if err := a.consumeInServe(cfg, db, locks, reg, log); err != nil {
 		return err
@@ -249,14 +249,11 @@ func migrateAll(ctx context.Context, db *storage.DB) error {
 }
 
 // locking is what every domain's service is given to keep its writes
-// right: the locker and its options, the optimistic retry policy, and the
-// metrics of both.
+// right, built once by openLocking: the lock backend as the domains take
+// it, and the optimistic retry policy, each with its metrics.
 type locking struct {
-	locker       lockkit.Locker
-	options      []lockkit.Option
-	metrics      *instrument.Metrics
-	retry        optimistic.Policy
-	retryMetrics *optimistic.Metrics
+	guard.Locking
+	retry optimistic.Retry
 }
 
 // openLocking opens the lock backend cfg names and wraps it as every
@@ -274,18 +271,20 @@ func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB
 
 	lockMetrics := instrument.NewMetrics(reg, cfg.LockBackend)
 	l := locking{
-		locker: instrument.Wrap(backend, instrument.Options{Backend: cfg.LockBackend, Metrics: lockMetrics,
-			MaxWaiters: cfg.LockMaxWaiters}),
-		metrics:      lockMetrics,
-		retry:        optimistic.DefaultPolicy,
-		retryMetrics: optimistic.NewMetrics(reg),
+		Locking: guard.Locking{
+			Locker: instrument.Wrap(backend, instrument.Options{Backend: cfg.LockBackend, Metrics: lockMetrics,
+				MaxWaiters: cfg.LockMaxWaiters}),
+			Metrics:              lockMetrics,
+			CriticalSectionDelay: cfg.CriticalSectionDelay,
+		},
+		retry: optimistic.Retry{Policy: optimistic.DefaultPolicy, Metrics: optimistic.NewMetrics(reg)},
 	}
-	l.retry.Attempts = cfg.OptimisticAttempts
+	l.retry.Policy.Attempts = cfg.OptimisticAttempts
 	if cfg.LockTTL > 0 {
-		l.options = append(l.options, lockkit.WithTTL(cfg.LockTTL))
+		l.LockOptions = append(l.LockOptions, lockkit.WithTTL(cfg.LockTTL))
 	}
 	if cfg.LockWaitTimeout > 0 {
-		l.options = append(l.options, lockkit.WithWaitTimeout(cfg.LockWaitTimeout))
+		l.LockOptions = append(l.LockOptions, lockkit.WithWaitTimeout(cfg.LockWaitTimeout))
 	}
 	return l, nil
 }
@@ -293,8 +292,7 @@ func (a *app) openLocking(ctx context.Context, cfg config.Config, db *storage.DB
 func newAccounts(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem) *account.Domain {
 	store := account.NewStore(db.DB)
 	return &account.Domain{Store: store, Service: account.NewService(store, account.Options{
-		Locker: l.locker, LockOptions: l.options, Metrics: l.metrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
-		Strategy: cfg.BalanceStrategy, Retry: l.retry, OptimisticMetrics: l.retryMetrics,
+		Locking: l.Locking, Retry: l.retry, Strategy: cfg.BalanceStrategy,
 	}), Idempotent: tokens.Optional()}
 }
 
@@ -305,9 +303,7 @@ func newProducts(cfg config.Config, db *storage.DB, rdb redis.UniversalClient, l
 	}
 	store := inventory.NewStore(db.DB, mirror)
 	products, err := inventory.NewService(store, inventory.Options{
-		Strategy: cfg.StockStrategy, Locker: l.locker, LockOptions: l.options, Mirror: mirror,
-		Metrics: l.metrics, CriticalSectionDelay: cfg.CriticalSectionDelay,
-		Retry: l.retry, OptimisticMetrics: l.retryMetrics, Combine: cfg.StockCombine,
+		Locking: l.Locking, Retry: l.retry, Strategy: cfg.StockStrategy, Mirror: mirror, Combine: cfg.StockCombine,
 	})
 	if err != nil {
 		return nil, err
@@ -316,8 +312,7 @@ func newProducts(cfg config.Config, db *storage.DB, rdb redis.UniversalClient, l
 }
 
 func newLikes(cfg config.Config, rdb redis.UniversalClient, l locking) (*like.Domain, error) {
-	likes, err := like.New(rdb, like.Options{Strategy: cfg.LikeStrategy, Locker: l.locker, LockOptions: l.options,
-		Prefix: cfg.KeyPrefix, CriticalSectionDelay: cfg.CriticalSectionDelay, Metrics: l.metrics})
+	likes, err := like.New(rdb, like.Options{Locking: l.Locking, Strategy: cfg.LikeStrategy, Prefix: cfg.KeyPrefix})
 	if err != nil {
 		return nil, err
 	}
@@ -327,9 +322,8 @@ func newLikes(cfg config.Config, rdb redis.UniversalClient, l locking) (*like.Do
 func newOrders(cfg config.Config, db *storage.DB, l locking, tokens *idem.Idem,
 	accounts *account.Store, products *inventory.Store) *order.Domain {
 	store := order.NewStore(db.DB, products, accounts)
-	orders := order.NewService(store, order.Options{Locker: l.locker, LockOptions: l.options,
-		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, Metrics: l.metrics,
-		CriticalSectionDelay: cfg.CriticalSectionDelay, MaxUnpaidUnits: cfg.OrderMaxUnpaidUnits})
+	orders := order.NewService(store, order.Options{Locking: l.Locking,
+		PayTimeout: cfg.OrderPayTimeout, LeaderTTL: cfg.LockTTL, MaxUnpaidUnits: cfg.OrderMaxUnpaidUnits})
 	return &order.Domain{Service: orders, Store: store, Idem: tokens}
 }
 

@@ -23,7 +23,7 @@ import (
 func newLoyaltyConsumer(cfg config.Config, db *storage.DB, locks locking, reg prometheus.Registerer,
 	log *slog.Logger) (*events.Consumer, error) {
 	dedup, err := events.NewDedup(events.DedupOptions{Mode: cfg.Events.Dedup, DB: db.DB,
-		Locker: locks.locker, LockOptions: locks.options})
+		Locker: locks.Locker, LockOptions: locks.LockOptions})
 	if err != nil {
 		return nil, err
 	}

@@ -65,7 +65,7 @@ func (a *app) openEvents(ctx context.Context, cfg config.Config, db *storage.DB,
 			"nats_url", redactNATS(url), "err", err)
 	}
 	outbox := events.NewOutbox(db.DB)
-	o := events.RelayOptions{Outbox: outbox, JS: js, Locker: l.locker, LeaderTTL: cfg.LockTTL,
+	o := events.RelayOptions{Outbox: outbox, JS: js, Locker: l.Locker, LeaderTTL: cfg.LockTTL,
 		Interval: e.RelayInterval, Batch: e.RelayBatch, MaxBackoff: e.RelayMaxBackoff, Stream: stream,
 		Metrics: events.NewMetrics(reg, outbox, nc.IsConnected), Log: log}
 	return o, nil

@@ -21,8 +21,6 @@ import (
 	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkey"
-	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -111,20 +109,13 @@ func Key(id int64) lockkey.Key { return lockkey.Account.Key(strconv.FormatInt(id
 
 // Options configure NewService.
 type Options struct {
-	// Locker guards each change; lockkit.None() is the unsafe baseline.
-	Locker lockkit.Locker
-	// LockOptions are passed to every acquisition (TTL, wait timeout).
-	LockOptions []lockkit.Option
-	// Metrics, if set, counts fenced writes.
-	Metrics *instrument.Metrics
-	// CriticalSectionDelay is slept between the read and the write.
-	CriticalSectionDelay time.Duration
+	// Locking guards each change under the lock strategy; its
+	// CriticalSectionDelay is spent by both strategies.
+	guard.Locking
 	// Strategy is StrategyLock (default) or StrategyOptimistic.
 	Strategy string
-	// Retry bounds the optimistic strategy's attempts; zero is
-	// optimistic.DefaultPolicy. OptimisticMetrics, if set, counts them.
-	Retry             optimistic.Policy
-	OptimisticMetrics *optimistic.Metrics
+	// Retry bounds and counts the optimistic strategy's attempts.
+	Retry optimistic.Retry
 }
 
 // Balance strategies.
@@ -142,9 +133,9 @@ const (
 func NewService(store *Store, o Options) Service {
 	s := &service{store: store, delay: o.CriticalSectionDelay}
 	if o.Strategy == StrategyOptimistic {
-		s.optimistic = newRetry(o)
+		s.optimistic = &o.Retry
 	} else {
-		s.guard = guard.New(lockkey.Account, o.Locker, o.LockOptions, o.Metrics)
+		s.guard = guard.New(lockkey.Account, o.Locking)
 	}
 	return s
 }
@@ -155,14 +146,16 @@ type service struct {
 	store      *Store
 	delay      time.Duration
 	guard      *guard.Guard
-	optimistic *retry
+	optimistic *optimistic.Retry
 }
 
 // update is the read-modify-write of ids: under their locks, fenced, or
 // versioned and retried when the strategy is optimistic.
 func (s *service) update(ctx context.Context, kind string, ids []int64, fn func(ctx context.Context, accts []*Account) error) error {
 	if s.optimistic != nil {
-		return s.optimistic.update(ctx, s.store, kind, ids, fn)
+		return s.optimistic.Do(ctx, "balance", func(ctx context.Context) error {
+			return s.store.UpdateVersioned(ctx, kind, ids, fn)
+		})
 	}
 	// Unknown accounts are turned away before they name a lock: a backend
 	// keeps a fence counter for every key ever locked, and a transfer's

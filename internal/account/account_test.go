@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/storage"
@@ -44,8 +45,8 @@ func TestOppositeTransfersNeitherDeadlockNorLose(t *testing.T) {
 	store := sqliteStore(t)
 	locker := local.New()
 	defer locker.Close()
-	svc := NewService(store, Options{Locker: lockkit.Reentrant(locker),
-		LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(20 * time.Second)}, CriticalSectionDelay: time.Millisecond})
+	svc := NewService(store, Options{Locking: guard.Locking{Locker: lockkit.Reentrant(locker),
+		LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(20 * time.Second)}, CriticalSectionDelay: time.Millisecond}})
 	for id := int64(1); id <= 2; id++ {
 		if _, err := store.Put(ctx, id, 10_000); err != nil {
 			t.Fatal(err)
@@ -97,7 +98,7 @@ func TestOppositeTransfersNeitherDeadlockNorLose(t *testing.T) {
 func TestRules(t *testing.T) {
 	ctx := context.Background()
 	store := sqliteStore(t)
-	svc := NewService(store, Options{Locker: lockkit.None()})
+	svc := NewService(store, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 	if _, err := store.Put(ctx, 1, 100); err != nil {
 		t.Fatal(err)
 	}

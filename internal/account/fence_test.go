@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
@@ -47,11 +48,11 @@ func newInstance(t *testing.T, db *storage.DB, redisAddr, prefix string, ttl tim
 	reg := prometheus.NewRegistry()
 	m := instrument.NewMetrics(reg, "redis")
 	store := NewStore(db.DB)
-	d := &Domain{Store: store, Service: NewService(store, Options{
+	d := &Domain{Store: store, Service: NewService(store, Options{Locking: guard.Locking{
 		Locker:      instrument.Wrap(lockkit.Reentrant(locker), instrument.Options{Backend: "redis", Metrics: m}),
 		LockOptions: []lockkit.Option{lockkit.WithTTL(ttl), lockkit.WithWaitTimeout(10 * time.Second)},
 		Metrics:     m,
-	})}
+	}})}
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	// The row cmd/shop's table has for the refusal this test provokes.

@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/shoptest"
@@ -21,8 +22,8 @@ var historyStrategies = []struct {
 	name string
 	opts func(l lockkit.Locker) Options
 }{
-	{"lock", func(l lockkit.Locker) Options { return Options{Locker: l} }},
-	{"none", func(lockkit.Locker) Options { return Options{Locker: lockkit.None()} }},
+	{"lock", func(l lockkit.Locker) Options { return Options{Locking: guard.Locking{Locker: l}} }},
+	{"none", func(lockkit.Locker) Options { return Options{Locking: guard.Locking{Locker: lockkit.None()}} }},
 	{StrategyOptimistic, func(lockkit.Locker) Options { return Options{Strategy: StrategyOptimistic} }},
 }
 
@@ -102,7 +103,7 @@ func TestANewHistoryStillShowsLostWrites(t *testing.T) {
 				ctx := context.Background()
 				db := newDB(t)
 				store := NewStore(db.DB)
-				svc := NewService(store, Options{Locker: lockkit.None()})
+				svc := NewService(store, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 				for history := range int64(2) {
 					for id := int64(1); id <= 2; id++ {
 						if _, err := store.Put(ctx, id, 10_000); err != nil {
@@ -171,7 +172,7 @@ func TestAnOlderLedgerMigratesIntoHistoryZero(t *testing.T) {
 			if created, err := store.Put(ctx, 1, 500); err != nil || created {
 				t.Fatalf("put: created %v, %v", created, err)
 			}
-			svc := NewService(store, Options{Locker: lockkit.None()})
+			svc := NewService(store, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 			if _, err := svc.Deposit(ctx, 1, 5, Precondition{}); err != nil {
 				t.Fatal(err)
 			}

@@ -13,9 +13,11 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
+	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/problem"
 	"github.com/lockbench/shop/internal/shoptest"
 	"github.com/redis/go-redis/v9"
@@ -70,7 +72,7 @@ func (api *accountAPI) etag(t *testing.T) string {
 func TestIfMatchAppliesOnlyAtTheNamedVersion(t *testing.T) {
 	ctx := context.Background()
 	store := sqliteStore(t)
-	api := newAccountAPI(t, store, NewService(store, Options{Locker: lockkit.None()}))
+	api := newAccountAPI(t, store, NewService(store, Options{Locking: guard.Locking{Locker: lockkit.None()}}))
 	if _, err := store.Put(ctx, 1, 1000); err != nil {
 		t.Fatal(err)
 	}
@@ -160,19 +162,20 @@ func TestIfMatchRaceAppliesExactlyOnce(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { locker.Close(); client.Close() })
-				return NewService(store, Options{Locker: lockkit.Reentrant(locker),
-					LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(30 * time.Second)}})
+				return NewService(store, Options{Locking: guard.Locking{Locker: lockkit.Reentrant(locker),
+					LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(30 * time.Second)}}})
 			}, false},
 			{"lock-local", func(t *testing.T, store *Store) Service {
 				locker := local.New()
 				t.Cleanup(func() { locker.Close() })
-				return NewService(store, Options{Locker: locker, LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(30 * time.Second)}})
+				return NewService(store, Options{Locking: guard.Locking{Locker: locker,
+					LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(30 * time.Second)}}})
 			}, false},
 			{"lock-none", func(_ *testing.T, store *Store) Service {
-				return NewService(store, Options{Locker: lockkit.None()})
+				return NewService(store, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 			}, true},
 			{"optimistic", func(_ *testing.T, store *Store) Service {
-				return NewService(store, Options{Strategy: StrategyOptimistic, Retry: patient})
+				return NewService(store, Options{Strategy: StrategyOptimistic, Retry: optimistic.Retry{Policy: patient}})
 			}, true},
 		} {
 			t.Run(dbName+"/"+strategy.name, func(t *testing.T) {

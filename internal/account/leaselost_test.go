@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -37,7 +38,7 @@ func TestWriteThatLandedBeforeTheLeaseWasLostSucceeds(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	svc := NewService(store, Options{Locker: locker})
+	svc := NewService(store, Options{Locking: guard.Locking{Locker: locker}})
 	for _, tc := range []struct {
 		name string
 		call func(Service) error

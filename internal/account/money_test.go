@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -68,7 +69,7 @@ func TestTransfersAndPutsKeepMoneyBalanced(t *testing.T) {
 			if err := s.Reset(ctx, "default"); err != nil {
 				t.Fatal(err)
 			}
-			locked := NewService(s, Options{Locker: lockkit.None()})
+			locked := NewService(s, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 			optimistic := NewService(s, Options{Strategy: StrategyOptimistic})
 			for i, tr := range [][3]int64{{1, 2, 700}, {2, 3, 300}, {3, 1, 50}} {
 				svc := []Service{locked, optimistic}[i%2]

@@ -12,28 +12,6 @@ import (
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
-// retry is the optimistic strategy's policy and counters.
-type retry struct {
-	policy  optimistic.Policy
-	metrics *optimistic.Metrics
-}
-
-func newRetry(o Options) *retry {
-	p := o.Retry
-	if p.Attempts == 0 {
-		p = optimistic.DefaultPolicy
-	}
-	return &retry{policy: p, metrics: o.OptimisticMetrics}
-}
-
-// update runs the versioned read-modify-write, reading again after a lost
-// race, up to the policy's bound.
-func (r *retry) update(ctx context.Context, s *Store, kind string, ids []int64, fn func(ctx context.Context, accts []*Account) error) error {
-	return optimistic.Do(ctx, r.policy, r.metrics, "balance", func(ctx context.Context) error {
-		return s.UpdateVersioned(ctx, kind, ids, fn)
-	})
-}
-
 // UpdateVersioned is Update without a lock: it reads the accounts ids with
 // their versions, lets fn change their balances, and writes every change
 // with its ledger row in one transaction, each row only over the version

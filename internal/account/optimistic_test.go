@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/optimistic"
 )
@@ -24,7 +25,8 @@ func TestOptimisticLosesNoUpdate(t *testing.T) {
 		t.Run(dbName, func(t *testing.T) {
 			ctx := context.Background()
 			store := NewStore(newDB(t).DB)
-			svc := NewService(store, Options{Strategy: StrategyOptimistic, Retry: patient, CriticalSectionDelay: time.Millisecond})
+			svc := NewService(store, Options{Strategy: StrategyOptimistic, Retry: optimistic.Retry{Policy: patient},
+				Locking: guard.Locking{CriticalSectionDelay: time.Millisecond}})
 			for id := int64(1); id <= 2; id++ {
 				if _, err := store.Put(ctx, id, 100_000); err != nil {
 					t.Fatal(err)
@@ -86,7 +88,7 @@ func mixedOp(ctx context.Context, svc Service, n int) error {
 func TestNoLockLosesUpdates(t *testing.T) {
 	ctx := context.Background()
 	store := sqliteStore(t)
-	svc := NewService(store, Options{Locker: lockkit.None(), CriticalSectionDelay: time.Millisecond})
+	svc := NewService(store, Options{Locking: guard.Locking{Locker: lockkit.None(), CriticalSectionDelay: time.Millisecond}})
 	if _, err := store.Put(ctx, 1, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +123,7 @@ func TestOptimisticGivesUpWithConflict(t *testing.T) {
 	}
 	attempts := 0
 	svc := NewService(store, Options{Strategy: StrategyOptimistic,
-		Retry: optimistic.Policy{Attempts: 3, Base: time.Millisecond, Cap: time.Millisecond}})
+		Retry: optimistic.Retry{Policy: optimistic.Policy{Attempts: 3, Base: time.Millisecond, Cap: time.Millisecond}}})
 	store.beforeWrite = func(context.Context) {
 		attempts++
 		if err := store.db.Exec("UPDATE accounts SET version = version + 1 WHERE id = 1").Error; err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
 )
@@ -21,8 +22,8 @@ func TestEveryBalanceChangeMovesTheVersion(t *testing.T) {
 			store := NewStore(db.DB)
 			locker := local.New()
 			defer locker.Close()
-			fenced := NewService(store, Options{Locker: locker})
-			unlocked := NewService(store, Options{Locker: lockkit.None()})
+			fenced := NewService(store, Options{Locking: guard.Locking{Locker: locker}})
+			unlocked := NewService(store, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 			optimistic := NewService(store, Options{Strategy: StrategyOptimistic})
 			if _, err := store.Put(ctx, 1, 100_000); err != nil {
 				t.Fatal(err)

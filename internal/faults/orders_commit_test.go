@@ -19,6 +19,7 @@ import (
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/audit"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/order"
@@ -153,7 +154,7 @@ func newLyingOrders(t *testing.T) *lyingOrders {
 
 	o.accounts, o.products = account.NewStore(db), inventory.NewStore(db, nil)
 	store := order.NewStore(db, o.products, o.accounts)
-	o.svc = order.NewService(store, order.Options{Locker: locker, PayTimeout: lyingPayTimeout})
+	o.svc = order.NewService(store, order.Options{Locking: guard.Locking{Locker: locker}, PayTimeout: lyingPayTimeout})
 	if _, err := o.accounts.Put(ctx, buyer, opening); err != nil {
 		t.Fatal(err)
 	}

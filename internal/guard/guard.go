@@ -38,6 +38,25 @@ type FencedDomain interface {
 	ForgetFences(ctx context.Context) error
 }
 
+// Locking is what every domain takes to lock its changes. The app builds
+// one and hands the same value to every domain, whose Options embed it.
+// Any field may be left zero.
+type Locking struct {
+	// Locker takes the keys; lockkit.None() is the unsafe baseline. New
+	// takes nil as None; a domain may refuse nil instead, so that a
+	// forgotten Locker does not pass for the baseline (like.New does).
+	Locker lockkit.Locker
+	// LockOptions are passed to every acquisition (TTL, wait timeout).
+	// A guard never writes to the slice, so every domain may share one.
+	LockOptions []lockkit.Option
+	// Metrics, if not nil, counts the writes a fence refused.
+	Metrics *instrument.Metrics
+	// CriticalSectionDelay stands in for the business work between a
+	// change's read and its write (SHOP_CRITICAL_SECTION_DELAY), in every
+	// strategy, locked or not; the flows spend it through Work.
+	CriticalSectionDelay time.Duration
+}
+
 // Guard runs one domain's flows under its locks. It is safe for concurrent
 // use.
 type Guard struct {
@@ -48,14 +67,14 @@ type Guard struct {
 }
 
 // New returns the guard of a domain whose refused writes count under
-// class. locker takes the keys (lockkit.None() is the unsafe baseline),
-// opts are passed to every acquisition, and m, if not nil, counts the
-// writes a fence refused.
-func New(class lockkey.Class, locker lockkit.Locker, opts []lockkit.Option, m *instrument.Metrics) *Guard {
+// class, taking its keys with l's Locker and LockOptions and counting in
+// l's Metrics. l's CriticalSectionDelay is the flows' own to spend.
+func New(class lockkey.Class, l Locking) *Guard {
+	locker := l.Locker
 	if locker == nil {
 		locker = lockkit.None()
 	}
-	return &Guard{class: class, locker: locker, opts: opts, metrics: m}
+	return &Guard{class: class, locker: locker, opts: l.LockOptions, metrics: l.Metrics}
 }
 
 // Fences are the tokens of the grants a flow holds, by key.

@@ -52,7 +52,8 @@ func TestDoLabelsEachKeyByItsClass(t *testing.T) {
 	m := instrument.NewMetrics(reg, "local")
 	inner := local.New()
 	defer inner.Close()
-	g := guard.New(lockkey.Order, instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m}), nil, m)
+	wrapped := instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m})
+	g := guard.New(lockkey.Order, guard.Locking{Locker: wrapped, Metrics: m})
 
 	stock, acct := lockkey.Stock.Key("x"), lockkey.Account.Key("1")
 	err := g.Do(ctx, []lockkey.Key{stock, acct}, func(_ context.Context, f guard.Fences) error {
@@ -89,7 +90,8 @@ func TestDoCountsFencedWritesUnderTheGuardsClass(t *testing.T) {
 	m := instrument.NewMetrics(reg, "local")
 	inner := local.New()
 	defer inner.Close()
-	g := guard.New(lockkey.Order, instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m}), nil, m)
+	wrapped := instrument.Wrap(inner, instrument.Options{Backend: "local", Metrics: m})
+	g := guard.New(lockkey.Order, guard.Locking{Locker: wrapped, Metrics: m})
 	keys := []lockkey.Key{lockkey.Order.Key("1"), lockkey.Stock.Key("x")}
 
 	refused := fmt.Errorf("order 1: %w", lockkit.ErrFenced)
@@ -114,8 +116,8 @@ func TestWithoutMetricsOrLocker(t *testing.T) {
 	defer inner.Close()
 	k := lockkey.Account.Key("1")
 	for name, g := range map[string]*guard.Guard{
-		"plain": guard.New(lockkey.Account, inner, nil, nil),
-		"none":  guard.New(lockkey.Account, nil, nil, nil),
+		"plain": guard.New(lockkey.Account, guard.Locking{Locker: inner}),
+		"none":  guard.New(lockkey.Account, guard.Locking{}),
 	} {
 		var fence uint64
 		err := g.Do(ctx, []lockkey.Key{k}, func(_ context.Context, f guard.Fences) error {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/lockkit/local"
@@ -56,7 +57,8 @@ func TestCombinedCountsEveryFencedBuyer(t *testing.T) {
 	locker := &staleLocker{Locker: inner}
 	reg := prometheus.NewRegistry()
 	m := instrument.NewMetrics(reg, "local")
-	svc, err := NewService(store, Options{Strategy: StrategyLock, Locker: locker, Combine: 8, Metrics: m})
+	svc, err := NewService(store, Options{Strategy: StrategyLock, Combine: 8,
+		Locking: guard.Locking{Locker: locker, Metrics: m}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
 )
@@ -20,8 +21,8 @@ func TestCombinedSellsExactlyTheStock(t *testing.T) {
 			store := NewStore(newDB(t).DB, nil)
 			locker := local.New()
 			defer locker.Close()
-			svc, err := NewService(store, Options{Strategy: StrategyLock, Locker: locker, Combine: 8,
-				CriticalSectionDelay: time.Millisecond})
+			svc, err := NewService(store, Options{Strategy: StrategyLock, Combine: 8,
+				Locking: guard.Locking{Locker: locker, CriticalSectionDelay: time.Millisecond}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,8 +109,8 @@ func waitingBatch(t *testing.T, store *Store, sku string, buyers ...*queued) (re
 	acquiring := make(chan struct{}, 1)
 	// The wait timeout is only a backstop: a batch that outlived its
 	// buyers is answered ErrNotAcquired a minute later instead of hanging.
-	svc, err := NewService(store, Options{Strategy: StrategyLock, Combine: 8, Locker: announcingLocker{l, acquiring},
-		LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(time.Minute)}})
+	svc, err := NewService(store, Options{Strategy: StrategyLock, Combine: 8, Locking: guard.Locking{
+		Locker: announcingLocker{l, acquiring}, LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(time.Minute)}}})
 	if err != nil {
 		t.Fatal(err)
 	}

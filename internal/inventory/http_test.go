@@ -10,6 +10,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/problem"
 )
@@ -25,7 +26,7 @@ func TestSKUSpellingMeansTheSameOnEveryDatabase(t *testing.T) {
 			store := NewStore(newDB(t).DB, nil)
 			locker := local.New()
 			defer locker.Close()
-			svc, err := NewService(store, Options{Strategy: StrategyLock, Locker: locker})
+			svc, err := NewService(store, Options{Strategy: StrategyLock, Locking: guard.Locking{Locker: locker}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -30,8 +30,6 @@ import (
 	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/idem/keyed"
 	"github.com/lockbench/shop/internal/lockkey"
-	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/instrument"
 	"github.com/lockbench/shop/internal/optimistic"
 )
 
@@ -135,28 +133,21 @@ const (
 
 // Options configure NewService.
 type Options struct {
+	// Locking guards the lock strategy. Its CriticalSectionDelay stands
+	// in for business work in every strategy: between read and write
+	// under the lock; before the atomic write in the atomic strategies.
+	guard.Locking
 	// Strategy is StrategyLock (default), StrategyAtomicSQL,
 	// StrategyAtomicRedis or StrategyOptimistic.
 	Strategy string
-	// Locker guards the lock strategy; lockkit.None() is the unsafe baseline.
-	Locker lockkit.Locker
-	// LockOptions are passed to every acquisition.
-	LockOptions []lockkit.Option
 	// Mirror is the Redis stock mirror, required by atomic-redis.
 	Mirror *Mirror
-	// Metrics, if set, counts fenced writes.
-	Metrics *instrument.Metrics
-	// CriticalSectionDelay stands in for business work: between read and
-	// write under the lock; before the atomic write in the atomic strategies.
-	CriticalSectionDelay time.Duration
 	// Combine, above 1, is the most purchases of one SKU that the lock
 	// strategy serves under one grant (combine.go); 0 or 1 serves each
 	// purchase under its own.
 	Combine int
-	// Retry bounds the optimistic strategy's attempts; zero is
-	// optimistic.DefaultPolicy. OptimisticMetrics, if set, counts them.
-	Retry             optimistic.Policy
-	OptimisticMetrics *optimistic.Metrics
+	// Retry bounds and counts the optimistic strategy's attempts.
+	Retry optimistic.Retry
 }
 
 // NewService returns the inventory service for o.Strategy.
@@ -165,7 +156,7 @@ func NewService(store *Store, o Options) (Service, error) {
 	switch o.Strategy {
 	case StrategyLock, "":
 		l := &locked{store: store, delay: o.CriticalSectionDelay,
-			guard: guard.New(lockkey.Stock, o.Locker, o.LockOptions, o.Metrics)}
+			guard: guard.New(lockkey.Stock, o.Locking)}
 		s = l
 		if o.Combine > 1 {
 			s = newCombined(l, o)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/lockkit/registry"
@@ -116,8 +117,8 @@ func TestStrategiesSellExactlyTheStock(t *testing.T) {
 				store := NewStore(db.DB, m)
 				locker := local.New()
 				defer locker.Close()
-				svc, err := NewService(store, Options{Strategy: strategy, Locker: locker, Mirror: m,
-					CriticalSectionDelay: time.Millisecond})
+				svc, err := NewService(store, Options{Strategy: strategy, Mirror: m,
+					Locking: guard.Locking{Locker: locker, CriticalSectionDelay: time.Millisecond}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -154,7 +155,8 @@ func TestNoLockOversells(t *testing.T) {
 	ctx := context.Background()
 	db := open(t, storage.Options{SQLitePath: t.TempDir() + "/inv.db"})
 	store := NewStore(db.DB, nil)
-	svc, err := NewService(store, Options{Strategy: StrategyLock, Locker: lockkit.None(), CriticalSectionDelay: 5 * time.Millisecond})
+	svc, err := NewService(store, Options{Strategy: StrategyLock,
+		Locking: guard.Locking{Locker: lockkit.None(), CriticalSectionDelay: 5 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +335,8 @@ func TestANewSaleCountsOnlyItsOwnPurchases(t *testing.T) {
 				store := NewStore(db.DB, m)
 				locker := local.New()
 				defer locker.Close()
-				svc, err := NewService(store, Options{Strategy: tc.strategy, Locker: locker, Mirror: m, Combine: tc.combine})
+				svc, err := NewService(store, Options{Strategy: tc.strategy, Mirror: m, Combine: tc.combine,
+					Locking: guard.Locking{Locker: locker}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -430,7 +433,7 @@ func TestCaseVariantsOfASKUShareOneLock(t *testing.T) {
 		"lock-memcached": {"memcached", Options{Strategy: StrategyLock}},
 		"lock-combined":  {"local", Options{Strategy: StrategyLock, Combine: 8}},
 		"atomic-redis":   {"local", Options{Strategy: StrategyAtomicRedis}},
-		"optimistic":     {"local", Options{Strategy: StrategyOptimistic, Retry: patient}},
+		"optimistic":     {"local", Options{Strategy: StrategyOptimistic, Retry: optimistic.Retry{Policy: patient}}},
 	}
 	for dbName, newDB := range databases(t) {
 		for name, v := range variants {

@@ -14,20 +14,15 @@ import (
 
 // optimisticPurchase reads, checks and writes without a lock: the write
 // lands only if the row still has the version it read, and a purchase that
-// lost the race reads again (optimistic.Do), up to the policy's bound.
+// lost the race reads again (optimistic.Retry), up to the policy's bound.
 type optimisticPurchase struct {
-	store   *Store
-	delay   time.Duration
-	policy  optimistic.Policy
-	metrics *optimistic.Metrics
+	store *Store
+	delay time.Duration
+	retry optimistic.Retry
 }
 
 func newOptimistic(store *Store, o Options) *optimisticPurchase {
-	p := o.Retry
-	if p.Attempts == 0 {
-		p = optimistic.DefaultPolicy
-	}
-	return &optimisticPurchase{store: store, delay: o.CriticalSectionDelay, policy: p, metrics: o.OptimisticMetrics}
+	return &optimisticPurchase{store: store, delay: o.CriticalSectionDelay, retry: o.Retry}
 }
 
 func (s *optimisticPurchase) Get(ctx context.Context, sku string) (Product, error) {
@@ -39,7 +34,7 @@ func (s *optimisticPurchase) Purchase(ctx context.Context, user int64, sku strin
 		return Purchase{}, err
 	}
 	var p Purchase
-	err := optimistic.Do(ctx, s.policy, s.metrics, "stock", func(ctx context.Context) error {
+	err := s.retry.Do(ctx, "stock", func(ctx context.Context) error {
 		prod, err := s.store.Get(ctx, sku)
 		if err != nil {
 			return err

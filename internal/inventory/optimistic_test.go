@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/optimistic"
 	"github.com/lockbench/shop/internal/storage"
 )
@@ -31,8 +32,8 @@ func TestOptimisticSellsExactlyTheStock(t *testing.T) {
 			ctx := context.Background()
 			store := NewStore(newDB(t).DB, nil)
 			m := optimistic.NewMetrics(prometheus.NewRegistry())
-			svc, err := NewService(store, Options{Strategy: StrategyOptimistic, Retry: patient, OptimisticMetrics: m,
-				CriticalSectionDelay: time.Millisecond})
+			svc, err := NewService(store, Options{Strategy: StrategyOptimistic, Retry: optimistic.Retry{Policy: patient, Metrics: m},
+				Locking: guard.Locking{CriticalSectionDelay: time.Millisecond}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,7 +95,7 @@ func TestOptimisticGivesUpWithConflict(t *testing.T) {
 		}
 	}
 	svc, err := NewService(store, Options{Strategy: StrategyOptimistic,
-		Retry: optimistic.Policy{Attempts: 3, Base: time.Millisecond, Cap: time.Millisecond}})
+		Retry: optimistic.Retry{Policy: optimistic.Policy{Attempts: 3, Base: time.Millisecond, Cap: time.Millisecond}}})
 	if err != nil {
 		t.Fatal(err)
 	}

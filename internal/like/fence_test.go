@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -15,7 +16,7 @@ import (
 // otherwise both move the owner's counter for one change of the set.
 func TestStaleWriteAfterNewerReadIsFenced(t *testing.T) {
 	client := nodeClient(t)
-	s := newService(t, client, Options{Locker: lockkit.None()})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 	ctx := context.Background()
 	e := entities(t, s, 1)[0]
 	sp := s.strategy.(*spread)
@@ -77,7 +78,7 @@ type writerKey struct{}
 // error, not a drift computed as if the set were empty.
 func TestDriftReportsFailedSetRead(t *testing.T) {
 	client := nodeClient(t)
-	s := newService(t, client, Options{Locker: lockkit.None()})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 	ctx := context.Background()
 	e := entities(t, s, 1)[0]
 	sp := s.strategy.(*spread)
@@ -98,7 +99,7 @@ func TestDriftReportsFailedSetRead(t *testing.T) {
 // like off a counter that no longer holds it.
 func TestResetBetweenACheckAndItsWriteFencesTheWrite(t *testing.T) {
 	client := nodeClient(t)
-	s := newService(t, client, Options{Locker: lockkit.None()})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 	ctx := context.Background()
 	e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 1} // in the fixture
 	if _, err := s.Register(ctx, e); err != nil {

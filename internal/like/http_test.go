@@ -10,6 +10,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/lockbench/shop/internal/auth"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/problem"
 )
 
@@ -29,7 +30,7 @@ func router(t *testing.T, d *Domain) (*gin.Engine, *auth.Auth) {
 
 func TestHTTP(t *testing.T) {
 	client := nodeClient(t)
-	s := newService(t, client, Options{Locker: redisLocker(t, client)})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: redisLocker(t, client)}})
 	r, a := router(t, &Domain{Service: s})
 	token := func(user int64) string {
 		tok, err := a.Token(user, time.Hour, time.Now())

@@ -26,14 +26,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkey"
-	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/instrument"
 )
 
 // Errors of the like domain, mapped to statuses in http.go.
@@ -124,21 +121,16 @@ const (
 
 // Options configure New.
 type Options struct {
+	// Locking guards the lock strategy, which needs its Locker set
+	// (lockkit.None() for the unsafe baseline). Its CriticalSectionDelay
+	// is slept between the membership check and the writes, widening the
+	// window the lock closes. Unused by the hashtag strategy.
+	guard.Locking
 	// Strategy is StrategyLock (default) or StrategyHashTag.
 	Strategy string
-	// Locker guards the lock strategy; lockkit.None() is the unsafe
-	// baseline. Unused by the hashtag strategy.
-	Locker lockkit.Locker
-	// LockOptions are passed to every acquisition.
-	LockOptions []lockkit.Option
 	// Prefix namespaces every key (config SHOP_KEY_PREFIX); keys are
 	// Prefix + "like:…". It may not contain braces.
 	Prefix string
-	// CriticalSectionDelay is slept between the membership check and the
-	// writes of the lock strategy, widening the window the lock closes.
-	CriticalSectionDelay time.Duration
-	// Metrics, if set, counts the writes a fence refused.
-	Metrics *instrument.Metrics
 }
 
 // Service is the like domain. It is safe for concurrent use.
@@ -171,7 +163,7 @@ func New(client redis.UniversalClient, o Options) (*Service, error) {
 			return nil, errors.New("like: the lock strategy needs a Locker (lockkit.None() for the unsafe baseline)")
 		}
 		s.strategy = &spread{client: client, k: s.k, delay: o.CriticalSectionDelay,
-			guard: guard.New(lockkey.Like, o.Locker, o.LockOptions, o.Metrics)}
+			guard: guard.New(lockkey.Like, o.Locking)}
 	case StrategyHashTag:
 		s.strategy = &tagged{client: client, k: s.k}
 	default:

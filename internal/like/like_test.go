@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/testenv"
@@ -142,7 +143,8 @@ func toggles(t *testing.T, s *Service, es []Entity) {
 
 func TestClusterLockKeepsDriftZero(t *testing.T) {
 	client := clusterClient(t)
-	s := newService(t, client, Options{Locker: redisLocker(t, client), CriticalSectionDelay: 5 * time.Millisecond})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: redisLocker(t, client),
+		CriticalSectionDelay: 5 * time.Millisecond}})
 	es := entities(t, s, 5)
 	toggles(t, s, es)
 
@@ -178,7 +180,8 @@ func TestClusterLockKeepsDriftZero(t *testing.T) {
 
 func TestClusterNoLockDrifts(t *testing.T) {
 	client := clusterClient(t)
-	s := newService(t, client, Options{Locker: lockkit.None(), CriticalSectionDelay: 20 * time.Millisecond})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: lockkit.None(),
+		CriticalSectionDelay: 20 * time.Millisecond}})
 	toggles(t, s, entities(t, s, 5))
 
 	drift, err := s.Drift(context.Background())
@@ -243,7 +246,7 @@ func TestLikeTwiceUnlikeTwice(t *testing.T) {
 	client := nodeClient(t)
 	for _, strategy := range []string{StrategyLock, StrategyHashTag} {
 		t.Run(strategy, func(t *testing.T) {
-			s := newService(t, client, Options{Strategy: strategy, Locker: redisLocker(t, client)})
+			s := newService(t, client, Options{Strategy: strategy, Locking: guard.Locking{Locker: redisLocker(t, client)}})
 			ctx := context.Background()
 			e := entities(t, s, 1)[0]
 			want := func(st State, likes int64, liked bool, received int64) {
@@ -283,7 +286,7 @@ func TestLikeTwiceUnlikeTwice(t *testing.T) {
 
 func TestRegister(t *testing.T) {
 	client := nodeClient(t)
-	s := newService(t, client, Options{Locker: lockkit.None()})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 	ctx := context.Background()
 	e := Entity{Ref: Ref{Type: "post", ID: "a-1"}, Owner: 4}
 	for i, want := range []bool{true, false} {
@@ -315,7 +318,7 @@ func TestRegister(t *testing.T) {
 // the token the set carries.
 func TestStaleFenceRefused(t *testing.T) {
 	client := nodeClient(t)
-	s := newService(t, client, Options{Locker: lockkit.None()})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 	ctx := context.Background()
 	e := entities(t, s, 1)[0]
 	sp := s.strategy.(*spread)
@@ -358,7 +361,7 @@ func TestStaleFenceRefused(t *testing.T) {
 
 func TestReset(t *testing.T) {
 	client := nodeClient(t)
-	s := newService(t, client, Options{Locker: redisLocker(t, client)})
+	s := newService(t, client, Options{Locking: guard.Locking{Locker: redisLocker(t, client)}})
 	ctx := context.Background()
 	e := entities(t, s, 1)[0]
 	if _, err := s.Like(ctx, 3, e.Ref); err != nil {
@@ -406,7 +409,7 @@ func BenchmarkLike(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer locker.Close()
-			s, err := New(client, Options{Strategy: strategy, Locker: locker, Prefix: "like_bench:"})
+			s, err := New(client, Options{Strategy: strategy, Locking: guard.Locking{Locker: locker}, Prefix: "like_bench:"})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -443,7 +446,7 @@ func TestResetRemovesExactlyItsKeys(t *testing.T) {
 		} {
 			t.Run(strategy+"/"+glob.own, func(t *testing.T) {
 				base := testPrefix(t)
-				o := Options{Strategy: strategy, Locker: redisLocker(t, client)}
+				o := Options{Strategy: strategy, Locking: guard.Locking{Locker: redisLocker(t, client)}}
 				o.Prefix = base + glob.own
 				s := newService(t, client, o)
 				o.Prefix = base + glob.neighbour
@@ -499,7 +502,7 @@ func TestALikeWhoseCounterReplyIsLostCountsOnce(t *testing.T) {
 		t.Run(strategy, func(t *testing.T) {
 			ctx := context.Background()
 			direct := nodeClient(t)
-			o := Options{Strategy: strategy, Locker: lockkit.None(), Prefix: testPrefix(t)}
+			o := Options{Strategy: strategy, Locking: guard.Locking{Locker: lockkit.None()}, Prefix: testPrefix(t)}
 			s := newService(t, direct, o)
 			e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 7}
 			if _, err := s.Register(ctx, e); err != nil {
@@ -544,7 +547,7 @@ func TestALikeWhoseCounterNeverAnswersIsAnUnknownOutcome(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	ctx := context.Background()
 	direct := nodeClient(t)
-	o := Options{Locker: lockkit.None(), Prefix: testPrefix(t)}
+	o := Options{Locking: guard.Locking{Locker: lockkit.None()}, Prefix: testPrefix(t)}
 	s := newService(t, direct, o)
 	e := Entity{Ref: Ref{Type: "post", ID: "1"}, Owner: 7}
 	if _, err := s.Register(ctx, e); err != nil {

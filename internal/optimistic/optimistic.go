@@ -45,6 +45,26 @@ type Policy struct {
 // client is better told to come back than held.
 var DefaultPolicy = Policy{Attempts: 8, Base: time.Millisecond, Cap: 50 * time.Millisecond}
 
+// Retry is what a domain's optimistic strategy takes: the policy and the
+// metrics that count it. The app builds one and hands the same value to
+// every domain. The zero value is DefaultPolicy, counting nothing.
+type Retry struct {
+	// Policy bounds the attempts; a Policy with zero Attempts is
+	// DefaultPolicy.
+	Policy Policy
+	// Metrics, if not nil, counts the attempts and their outcomes.
+	Metrics *Metrics
+}
+
+// Do is Do with r's policy and metrics.
+func (r Retry) Do(ctx context.Context, domain string, attempt func(ctx context.Context) error) error {
+	p := r.Policy
+	if p.Attempts == 0 {
+		p = DefaultPolicy
+	}
+	return Do(ctx, p, r.Metrics, domain, attempt)
+}
+
 // Metrics counts attempts, so that a report can show retries per success.
 type Metrics struct {
 	attempts *prometheus.CounterVec

@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
 )
@@ -77,7 +78,7 @@ func steps(table string) []step {
 func TestClientHangUpAtEachStepOfPlace(t *testing.T) {
 	for _, st := range steps("purchases") {
 		t.Run(st.name, func(t *testing.T) {
-			s := newShop(t, Options{CriticalSectionDelay: 300 * time.Millisecond})
+			s := newShop(t, Options{Locking: guard.Locking{CriticalSectionDelay: 300 * time.Millisecond}})
 			ctx, cancel := context.WithCancel(context.Background())
 			disarm := st.arm(s, cancel)
 			_, _, err := s.service.Place(ctx, user, "k", "widget", 2, true)
@@ -113,7 +114,7 @@ func TestClientHangUpAtEachStepOfPlace(t *testing.T) {
 func TestClientHangUpAtEachStepOfPay(t *testing.T) {
 	for _, st := range steps("ledger_entries") {
 		t.Run(st.name, func(t *testing.T) {
-			s := newShop(t, Options{CriticalSectionDelay: 300 * time.Millisecond})
+			s := newShop(t, Options{Locking: guard.Locking{CriticalSectionDelay: 300 * time.Millisecond}})
 			placed, _, err := s.service.Place(context.Background(), user, "k", "widget", 2, false)
 			if err != nil || placed.ID != 1 {
 				t.Fatalf("place: %+v, %v (the lock step expects order 1)", placed, err)

@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/lockkit"
 )
 
@@ -78,7 +79,7 @@ func TestCommittedChangeStandsWhenTheLeaseIsLostAfter(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newShop(t, Options{})
 			locker := &losingLocker{Locker: s.locker, lost: make(chan struct{})}
-			svc := NewService(s.orders, Options{Locker: locker, PayTimeout: 50 * time.Millisecond})
+			svc := NewService(s.orders, Options{Locking: guard.Locking{Locker: locker}, PayTimeout: 50 * time.Millisecond})
 			name := "test:lose:" + random()
 			armed := false
 			if err := s.db.Callback().Create().After("gorm:create").Register(name, func(db *gorm.DB) {

@@ -26,6 +26,7 @@ import (
 	"github.com/lockbench/shop/internal/audit"
 	"github.com/lockbench/shop/internal/auth"
 	"github.com/lockbench/shop/internal/events"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/idem"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
@@ -591,9 +592,11 @@ func (s *shop) cancelledRefusesPay(o Order) {
 func (s *shop) instances(n int, locker lockkit.Locker, timeout time.Duration) []*Service {
 	out := make([]*Service, n)
 	for i := range out {
-		out[i] = NewService(s.orders, Options{Locker: locker, PayTimeout: timeout,
+		out[i] = NewService(s.orders, Options{PayTimeout: timeout, Locking: guard.Locking{
+			Locker:               locker,
 			LockOptions:          []lockkit.Option{lockkit.WithWaitTimeout(10 * time.Second)},
-			CriticalSectionDelay: 100 * time.Millisecond})
+			CriticalSectionDelay: 100 * time.Millisecond,
+		}})
 	}
 	return out
 }
@@ -660,7 +663,7 @@ func TestCloseAndPayRaceWithLock(t *testing.T) {
 // With no lock (the none baseline), the same race shows the damage the
 // audit names: orders both paid and cancelled, stock returned twice.
 func TestCloseAndPayRaceWithoutLockIsCaught(t *testing.T) {
-	s := newShop(t, Options{Locker: lockkit.None()})
+	s := newShop(t, Options{Locking: guard.Locking{Locker: lockkit.None()}})
 	s.raceCloseAndPay(s.raceInstances(3, lockkit.None()), 4)
 	r := s.audit()
 	b, _ := json.Marshal(r)

@@ -12,6 +12,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit/local"
 	"github.com/lockbench/shop/internal/testenv"
@@ -72,7 +73,7 @@ func TestMeasureWhatTheOutboxAddsToPlacing(t *testing.T) {
 	locker := local.New()
 	defer locker.Close()
 	// One buyer leaves every order unpaid: no cap on its unpaid units.
-	s := newShop(t, Options{Locker: locker, MaxUnpaidUnits: math.MaxInt64})
+	s := newShop(t, Options{Locking: guard.Locking{Locker: locker}, MaxUnpaidUnits: math.MaxInt64})
 	statements := countStatements(t, s.db.DB)
 	ctx := context.Background()
 	if _, err := s.accounts.Put(ctx, user, math.MaxInt64/2); err != nil { // every unpaid order must fit in it

@@ -13,7 +13,6 @@ import (
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkey"
 	"github.com/lockbench/shop/internal/lockkit"
-	"github.com/lockbench/shop/internal/lockkit/instrument"
 )
 
 // DefaultPayTimeout is how long an order may await payment when Options
@@ -22,10 +21,9 @@ const DefaultPayTimeout = 15 * time.Minute
 
 // Options configure NewService.
 type Options struct {
-	// Locker guards every change; lockkit.None() is the unsafe baseline.
-	Locker lockkit.Locker
-	// LockOptions are passed to every acquisition of a row's lock.
-	LockOptions []lockkit.Option
+	// Locking guards every change; a nil Locker is lockkit.None(), the
+	// unsafe baseline, for the closer's leader lease too.
+	guard.Locking
 	// PayTimeout is how long an order may await payment before the closer
 	// cancels it and returns its stock (default DefaultPayTimeout).
 	PayTimeout time.Duration
@@ -33,10 +31,6 @@ type Options struct {
 	// its instance lives (default lockkit.DefaultLeaseTTL). A new leader
 	// takes over at most this long after the old one died or stalled.
 	LeaderTTL time.Duration
-	// Metrics, if set, counts fenced writes.
-	Metrics *instrument.Metrics
-	// CriticalSectionDelay is slept between the read and the write.
-	CriticalSectionDelay time.Duration
 	// MaxUnpaidUnits is how many units one user may hold in orders
 	// awaiting payment (default DefaultMaxUnpaidUnits).
 	MaxUnpaidUnits int64
@@ -73,7 +67,7 @@ func NewService(store *Store, o Options) *Service {
 	if o.Locker == nil {
 		o.Locker = lockkit.None()
 	}
-	return &Service{store: store, o: o, guard: guard.New(lockkey.Order, o.Locker, o.LockOptions, o.Metrics)}
+	return &Service{store: store, o: o, guard: guard.New(lockkey.Order, o.Locking)}
 }
 
 // Place orders quantity units of sku for user with idempotency key key: the

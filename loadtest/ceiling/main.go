@@ -25,6 +25,7 @@ import (
 
 	"github.com/lockbench/shop/internal/account"
 	"github.com/lockbench/shop/internal/config"
+	"github.com/lockbench/shop/internal/guard"
 	"github.com/lockbench/shop/internal/inventory"
 	"github.com/lockbench/shop/internal/lockkit"
 	"github.com/lockbench/shop/internal/lockkit/registry"
@@ -142,7 +143,7 @@ func openSeller(ctx context.Context, cfg config.Config, sku string, stock int) (
 		mirror = inventory.NewMirror(rdb, cfg.KeyPrefix)
 	}
 	store := inventory.NewStore(db.DB, mirror)
-	svc, err := inventory.NewService(store, inventory.Options{Strategy: cfg.StockStrategy, Locker: timed, Mirror: mirror})
+	svc, err := inventory.NewService(store, inventory.Options{Strategy: cfg.StockStrategy, Locking: guard.Locking{Locker: timed}, Mirror: mirror})
 	if err != nil {
 		return nil, nil, nil, err
 	}
