@@ -41,6 +41,8 @@ func fake(role string) int {
 		return fakeRefuser()
 	case "parent":
 		return fakeParent()
+	case "exit":
+		return 0
 	}
 	fmt.Fprintf(os.Stderr, "no fake %q\n", role)
 	return 2
