@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,20 +13,27 @@ import (
 	"github.com/lockbench/shop/loadtest/runner/report"
 )
 
+// testRunner starts this test binary for shop, k6 and the ceiling, and
+// writes its output to a directory of the test's.
+func testRunner(t *testing.T) runner {
+	t.Helper()
+	rn := quietRunner()
+	rn.o.shop, rn.o.k6, rn.o.out = os.Args[0], os.Args[0], t.TempDir()
+	rn.o.Instances, rn.o.Users, rn.o.Stock = 2, 300, 50
+	if err := os.MkdirAll(filepath.Join(rn.o.out, "logs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return rn
+}
+
 // fakeRunner runs its rows' instances as fake shops, against the real
 // MariaDB: every row gets a real database of its own.
 func fakeRunner(t *testing.T) runner {
 	t.Helper()
-	m := testMariaDB(t)
+	rn := testRunner(t)
+	rn.env = testEnv{mariadb: testMariaDB(t), cluster: "127.0.0.1:1"}
 	t.Setenv("RUNNER_FAKE", "shop")
-	out := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(out, "logs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var o options
-	o.shop, o.out = os.Args[0], out
-	o.Instances, o.Users, o.Stock = 2, 300, 50
-	return runner{o: o, env: testEnv{mariadb: m, cluster: "127.0.0.1:1"}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	return rn
 }
 
 func exited(in *instance) bool {
