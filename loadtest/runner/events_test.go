@@ -70,26 +70,6 @@ func TestTheLeaderIsTheInstancePublishingNow(t *testing.T) {
 	}
 }
 
-func TestSumSamplesReadsOneMetricWithItsLabels(t *testing.T) {
-	lines := []string{
-		"# HELP shop_events_published_total Order events the broker acknowledged.",
-		"# TYPE shop_events_published_total counter",
-		`shop_events_published_total{result="duplicate"} 3`,
-		`shop_events_published_total{result="stored"} 120`,
-		"shop_events_published_totalx 99",
-		"shop_events_backlog 7",
-	}
-	if got := sumSamples(lines, "shop_events_published_total", ""); got != 123 {
-		t.Errorf("all samples: %g, want 123", got)
-	}
-	if got := sumSamples(lines, "shop_events_published_total", `result="duplicate"`); got != 3 {
-		t.Errorf("duplicates: %g, want 3", got)
-	}
-	if got := sumSamples(lines, "shop_events_backlog", ""); got != 7 {
-		t.Errorf("backlog: %g, want 7", got)
-	}
-}
-
 func TestPercentilesAreNearestRank(t *testing.T) {
 	var v []float64
 	for i := 100; i >= 1; i-- {
