@@ -90,7 +90,7 @@ func (r *row) measureCapacity(ctx context.Context) (res report.CapacityRow, err 
 	if err := r.adm.addProduct(ctx, product{SKU: capacitySKU, Name: "capacity", Stock: 100_000_000, PriceCents: 1}); err != nil {
 		return res, err
 	}
-	if res.Ceiling, err = measureCeiling(ctx, r.o.ceiling, r.shop); err != nil {
+	if res.Ceiling, err = measureCeiling(ctx, r.o.ceiling, r.toolEnv); err != nil {
 		return res, err
 	}
 	r.log.Info("ceiling", "row", r.spec.Name, "serialized_ms", fmt.Sprintf("%.2f", res.Ceiling.SerializedMicros/1000),

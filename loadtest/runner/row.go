@@ -40,9 +40,9 @@ type row struct {
 	adm  admin
 	// tokens is the file of the users' tokens, for k6.
 	tokens string
-	// shop is the environment of the row's first instance, which migrate
-	// and the ceiling run with.
-	shop []string
+	// toolEnv is an instance's environment on a port of its own, for the
+	// commands run against the row's world: migrate and the ceiling.
+	toolEnv []string
 	// instances serve the API; events is an events row's broker and
 	// consumers (nil for the other rows). A restart replaces an entry.
 	instances []*instance
@@ -124,8 +124,8 @@ func (r *row) startInstances(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.shop = r.shopEnv(port)
-	if err := migrate(ctx, r.o.shop, r.shop, r.logPath("migrate")); err != nil {
+	r.toolEnv = r.shopEnv(port)
+	if err := migrate(ctx, r.o.shop, r.toolEnv, r.logPath("migrate")); err != nil {
 		return err
 	}
 	r.cleanups = append(r.cleanups, func() { stopAll(r.instances) })
