@@ -26,7 +26,8 @@ func TestRunnerCoversEveryBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	set := map[string]bool{}
-	for _, kv := range shopEnv(options{}, e, report.Row{}, secrets{}, "dsn", "p:", "127.0.0.1:0") {
+	r := runner{env: e}.newRow(report.Row{})
+	for _, kv := range r.shopEnv(0) {
 		name, _, _ := strings.Cut(kv, "=")
 		set[name] = true
 	}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,10 +16,10 @@ import (
 // start at 1 too, is taken for a duplicate of this row's by the stream's
 // deduplication, and so that the runner can restart it.
 type broker struct {
-	bin, dir, logPath string
-	port              int
-	cmd               *exec.Cmd
-	done              chan struct{}
+	prog program
+	dir  string
+	port int
+	proc *child
 }
 
 // startBroker starts bin with its store in a new temporary directory,
@@ -38,9 +36,10 @@ func startBroker(ctx context.Context, bin, logPath string) (*broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &broker{bin: bin, dir: dir, logPath: logPath, port: port}
+	argv := []string{bin, "-n", "shop-loadtest", "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", dir}
+	b := &broker{prog: program{argv: argv, logPath: logPath}, dir: dir, port: port}
 	if err := b.start(ctx, os.O_TRUNC); err != nil {
-		os.RemoveAll(dir)
+		b.stop()
 		return nil, err
 	}
 	return b, nil
@@ -51,23 +50,11 @@ func (b *broker) url() string { return "nats://127.0.0.1:" + strconv.Itoa(b.port
 // start runs the server and waits until JetStream answers; logFlag is
 // os.O_TRUNC the first time, os.O_APPEND after a restart.
 func (b *broker) start(ctx context.Context, logFlag int) error {
-	f, err := os.OpenFile(b.logPath, os.O_CREATE|os.O_WRONLY|logFlag, 0o644)
+	proc, err := b.prog.start(logFlag)
 	if err != nil {
 		return err
 	}
-	b.cmd = exec.Command(b.bin, "-n", "shop-loadtest", "-a", "127.0.0.1", "-p", strconv.Itoa(b.port), "-js", "-sd", b.dir)
-	b.cmd.Stdout, b.cmd.Stderr = f, f
-	b.cmd.SysProcAttr = childAttr()
-	if err := b.cmd.Start(); err != nil {
-		f.Close()
-		return err
-	}
-	b.done = make(chan struct{})
-	go func() {
-		_ = b.cmd.Wait()
-		f.Close()
-		close(b.done)
-	}()
+	b.proc = proc
 	return b.waitReady(ctx, 20*time.Second)
 }
 
@@ -87,10 +74,10 @@ func (b *broker) waitReady(ctx context.Context, timeout time.Duration) error {
 			}
 		}
 		select {
-		case <-b.done:
-			return fmt.Errorf("nats-server exited at start; see %s", b.logPath)
+		case <-b.proc.done:
+			return fmt.Errorf("nats-server exited at start; see %s", b.prog.logPath)
 		case <-ctx.Done():
-			return fmt.Errorf("nats-server not ready after %s; see %s", timeout, b.logPath)
+			return fmt.Errorf("nats-server not ready after %s; see %s", timeout, b.prog.logPath)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -99,12 +86,8 @@ func (b *broker) waitReady(ctx context.Context, timeout time.Duration) error {
 // halt stops the server gracefully (SIGTERM: a rolling restart's stop),
 // killing it if it takes more than 10 s.
 func (b *broker) halt() {
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-b.done:
-	case <-time.After(10 * time.Second):
-		_ = b.cmd.Process.Kill()
-		<-b.done
+	if b.proc != nil {
+		b.proc.stop(10 * time.Second)
 	}
 }
 

@@ -5,14 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -87,39 +84,33 @@ type eventRig struct {
 
 // startEvents starts the row's broker; its consumers start once the
 // instances have migrated the database (startConsumers).
-func (re *rowEnv) startEvents(ctx context.Context, o options, env testEnv, row string) error {
-	b, err := startBroker(ctx, env.natsServer, logPath(o.out, row, "nats"))
+func (r *row) startEvents(ctx context.Context) error {
+	b, err := startBroker(ctx, r.env.natsServer, r.logPath("nats"))
 	if err != nil {
 		return err
 	}
-	re.cleanups = append(re.cleanups, b.stop)
+	r.cleanups = append(r.cleanups, b.stop)
 	// The runner's connection outlives the broker's restart.
 	nc, err := nats.Connect(b.url(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return err
 	}
-	re.cleanups = append(re.cleanups, nc.Close)
+	r.cleanups = append(r.cleanups, nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
-	re.events = &eventRig{broker: b, nc: nc, js: js}
+	r.events = &eventRig{broker: b, nc: nc, js: js}
 	return nil
 }
 
-// startConsumers starts the `shop consume` processes with env at a port
-// of their own each (their probes and /metrics).
-func (re *rowEnv) startConsumers(ctx context.Context, o options, row string, envAt func(port int) []string) error {
-	rig := re.events
-	re.cleanups = append(re.cleanups, func() { stopAll(rig.consumers) })
+// startConsumers starts the `shop consume` processes, at a port of their
+// own each (their probes and /metrics).
+func (r *row) startConsumers(ctx context.Context) error {
+	rig := r.events
+	r.cleanups = append(r.cleanups, func() { stopAll(rig.consumers) })
 	for i := range consumers {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		p := process{shop: o.shop, command: "consume", env: envAt(port), port: port,
-			logPath: logPath(o.out, row, "consume"+strconv.Itoa(i+1))}
-		c, err := p.start(os.O_TRUNC)
+		c, err := r.startShop("consume", "consume"+strconv.Itoa(i+1))
 		if err != nil {
 			return err
 		}
@@ -149,8 +140,9 @@ func (re *rowEnv) startConsumers(ctx context.Context, o options, row string, env
 //
 // It returns what it did, for the report; a step that failed says so,
 // and the next runs.
-func (re *rowEnv) faults(ctx context.Context, log *slog.Logger, s report.Row, phase time.Duration) []string {
-	db, err := sql.Open("mysql", re.dsn)
+func (r *row) faults(ctx context.Context) []string {
+	phase := r.o.Duration
+	db, err := r.db.open()
 	if err != nil {
 		return []string{"no fault made: " + err.Error()}
 	}
@@ -163,23 +155,23 @@ func (re *rowEnv) faults(ctx context.Context, log *slog.Logger, s report.Row, ph
 		if err != nil {
 			what += fmt.Sprintf(" (failed: %v)", err)
 		}
-		log.Info("fault", "row", s.Name, "at", time.Since(began).Round(100*time.Millisecond), "what", what)
+		r.log.Info("fault", "row", r.spec.Name, "at", time.Since(began).Round(100*time.Millisecond), "what", what)
 		done = append(done, what)
 	}
-	rig := re.events
+	rig := r.events
 	at(0.1)
-	what, err := rig.pauseConsumer(ctx, db, re.dbName())
+	what, err := rig.pauseConsumer(ctx, db, r.db.name)
 	note(err, "%s", orString(what, "consume1 not paused"))
 	at(0.4)
 	away, err := rig.broker.restart(ctx)
 	note(err, "broker restarted (away %s)", away.Round(100*time.Millisecond))
 	at(0.55)
-	if s.Delivery == report.DeliveryDirect {
-		i := re.publisher(ctx)
-		re.instances[i], err = re.instances[i].restart(ctx)
+	if r.spec.Delivery == report.DeliveryDirect {
+		i := r.publisher(ctx)
+		r.instances[i], err = r.instances[i].restart(ctx)
 		note(err, "shop%d, publishing after its commits, SIGKILLed and restarted", i+1)
 	} else {
-		what, err := re.killLeaderBeforeItsMark(ctx, db)
+		what, err := r.killLeaderBeforeItsMark(ctx, db)
 		note(err, "%s", orString(what, "relay leader not killed"))
 	}
 	at(0.7)
@@ -216,15 +208,15 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // copies (republished). It is restarted. The rows are held at most a
 // second at a time: a relay that got past them is caught at its next
 // batch.
-func (re *rowEnv) killLeaderBeforeItsMark(ctx context.Context, db *sql.DB) (string, error) {
+func (r *row) killLeaderBeforeItsMark(ctx context.Context, db *sql.DB) (string, error) {
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		i, err := re.catchLeaderMarking(ctx, db)
+		i, err := r.catchLeaderMarking(ctx, db)
 		if err != nil {
 			return "", err
 		}
 		if i >= 0 {
-			re.instances[i], err = re.instances[i].restart(ctx)
+			r.instances[i], err = r.instances[i].restart(ctx)
 			return fmt.Sprintf("relay leader shop%d SIGKILLed between the broker's ack and its mark, and restarted", i+1), err
 		}
 	}
@@ -235,7 +227,7 @@ func (re *rowEnv) killLeaderBeforeItsMark(ctx context.Context, db *sql.DB) (stri
 // second; if a mark waits for them, it kills the instance marking (before
 // letting the rows go, so that its mark never lands) and returns its
 // index, else -1.
-func (re *rowEnv) catchLeaderMarking(ctx context.Context, db *sql.DB) (int, error) {
+func (r *row) catchLeaderMarking(ctx context.Context, db *sql.DB) (int, error) {
 	seqs, err := column[any](ctx, db, `SELECT seq FROM event_outbox WHERE published_at IS NULL ORDER BY seq LIMIT 16`)
 	if err != nil || len(seqs) == 0 {
 		sleepCtx(ctx, 50*time.Millisecond)
@@ -250,14 +242,13 @@ func (re *rowEnv) catchLeaderMarking(ctx context.Context, db *sql.DB) (int, erro
 	if _, err := tx.ExecContext(ctx, "SELECT seq FROM event_outbox WHERE seq IN ("+marks+") FOR UPDATE", seqs...); err != nil {
 		return -1, err
 	}
-	port, ok := waitingClient(ctx, db, re.dbName(), time.Second)
+	port, ok := waitingClient(ctx, db, r.db.name, time.Second)
 	if !ok {
 		return -1, nil
 	}
-	for i, in := range re.instances {
-		if ownsLocalPort(in.cmd.Process.Pid, port) {
-			_ = in.cmd.Process.Kill()
-			<-in.done
+	for i, in := range r.instances {
+		if ownsLocalPort(in.pid(), port) {
+			in.kill()
 			return i, nil
 		}
 	}
@@ -288,10 +279,10 @@ func waitingClient(ctx context.Context, db *sql.DB, dbName string, timeout time.
 // whose shop_events_published_total grew the most in half a second, else
 // the one that published most. The relay's leader holds its lease for one
 // drain of the outbox at a time, so under load it is the one publishing.
-func (re *rowEnv) publisher(ctx context.Context) int {
-	first := re.publishedCounts(ctx)
+func (r *row) publisher(ctx context.Context) int {
+	first := r.publishedCounts(ctx)
 	sleepCtx(ctx, 500*time.Millisecond)
-	return busiest(first, re.publishedCounts(ctx))
+	return busiest(first, r.publishedCounts(ctx))
 }
 
 // busiest is the index whose count grew most from before to after, else
@@ -309,9 +300,9 @@ func busiest(before, after []float64) int {
 
 // publishedCounts are the instances' shop_events_published_total, stored
 // and duplicate; an instance that does not answer counts 0.
-func (re *rowEnv) publishedCounts(ctx context.Context) []float64 {
-	out := make([]float64, len(re.instances))
-	for i, in := range re.instances {
+func (r *row) publishedCounts(ctx context.Context) []float64 {
+	out := make([]float64, len(r.instances))
+	for i, in := range r.instances {
 		out[i], _ = scrapeSum(ctx, in.url, "shop_events_published_total", "")
 	}
 	return out
@@ -319,9 +310,9 @@ func (re *rowEnv) publishedCounts(ctx context.Context) []float64 {
 
 // republished is the publishes the broker acknowledged as duplicates,
 // summed over the instances (a restarted one counts from its restart).
-func (re *rowEnv) republished(ctx context.Context) int64 {
+func (r *row) republished(ctx context.Context) int64 {
 	var n float64
-	for _, in := range re.instances {
+	for _, in := range r.instances {
 		v, _ := scrapeSum(ctx, in.url, "shop_events_published_total", `result="duplicate"`)
 		n += v
 	}
@@ -346,9 +337,9 @@ func (re *rowEnv) republished(ctx context.Context) int64 {
 //
 // It returns what happened, for the report.
 func (rig *eventRig) pauseConsumer(ctx context.Context, db *sql.DB, dbName string) (string, error) {
-	a, b := rig.consumers[0].cmd.Process, rig.consumers[1].cmd.Process
-	_ = b.Signal(syscall.SIGSTOP)
-	defer b.Signal(syscall.SIGCONT) // also when a step failed
+	a, b := rig.consumers[0], rig.consumers[1]
+	b.signal(syscall.SIGSTOP)
+	defer b.signal(syscall.SIGCONT) // also when a step failed
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return "", err
@@ -358,15 +349,15 @@ func (rig *eventRig) pauseConsumer(ctx context.Context, db *sql.DB, dbName strin
 		return "", err
 	}
 	waiting := rig.waitForWriter(ctx, db, dbName, 10*time.Second)
-	_ = a.Signal(syscall.SIGSTOP)
-	defer a.Signal(syscall.SIGCONT)
+	a.signal(syscall.SIGSTOP)
+	defer a.signal(syscall.SIGCONT)
 	if _, err := conn.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
 		return "", err
 	}
 	if !waiting {
 		return "", errors.New("no paid event reached consume1 in 10 s")
 	}
-	_ = b.Signal(syscall.SIGCONT)
+	b.signal(syscall.SIGCONT)
 	sleepCtx(ctx, ackWait+time.Second)
 	return fmt.Sprintf("consume1 stopped inside a paid event's effect for %s (past its ack wait), then went on", ackWait+time.Second), nil
 }
@@ -408,27 +399,18 @@ func (rig *eventRig) redeliveries(ctx context.Context) (int64, error) {
 	return int64(info.Delivered.Consumer) - int64(info.Delivered.Stream), nil
 }
 
-// dbName is the row's database.
-func (re *rowEnv) dbName() string {
-	cfg, err := mysql.ParseDSN(re.dsn)
-	if err != nil {
-		return ""
-	}
-	return cfg.DBName
-}
-
 // settleEvents waits for the row's events to drain and measures them.
-func (re *rowEnv) settleEvents(ctx context.Context, s report.Row, faults []string) (*report.Events, error) {
-	db, err := sql.Open("mysql", re.dsn)
+func (r *row) settleEvents(ctx context.Context, faults []string) (*report.Events, error) {
+	db, err := r.db.open()
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
-	took, err := re.drain(ctx, db, s)
+	took, err := r.drain(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	e, err := re.measureEvents(ctx, db)
+	e, err := r.measureEvents(ctx, db)
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 // settings as they are: a setting config refuses (an ack wait, a lease
 // the duplicate window does not cover) would stop every instance.
 func TestEventsRowsRunWithSettingsShopAccepts(t *testing.T) {
-	e := testEnv{mysqlDSN: "root:@tcp(127.0.0.1:3306)/shop?parseTime=true", cluster: "127.0.0.1:7000"}
+	e := testEnv{cluster: "127.0.0.1:7000"}
 	ways := map[string]bool{}
 	for _, name := range eventsRows {
 		if !isRow(name) {
@@ -23,9 +23,11 @@ func TestEventsRowsRunWithSettingsShopAccepts(t *testing.T) {
 			t.Errorf("%s: %+v, want an events row of the orders flow", name, s)
 		}
 		ways[s.Delivery+"+"+s.Dedup] = true
+		r := runner{env: e}.newRow(s)
+		r.db = rowDB{name: "shop", dsn: "root:@tcp(127.0.0.1:3306)/shop?parseTime=true"}
+		r.events = &eventRig{broker: &broker{port: 4222}}
 		env := map[string]string{}
-		for _, kv := range append(shopEnv(options{}, e, s, newSecrets(), e.mysqlDSN, "p:", "127.0.0.1:1"),
-			eventsEnv(s, "nats://127.0.0.1:4222")...) {
+		for _, kv := range r.shopEnv(1) {
 			name, v, _ := strings.Cut(kv, "=")
 			env[name] = v
 		}
@@ -65,26 +67,6 @@ func TestTheLeaderIsTheInstancePublishingNow(t *testing.T) {
 		if got := busiest(c.before, c.after); got != c.want {
 			t.Errorf("%s: instance %d, want %d", c.name, got, c.want)
 		}
-	}
-}
-
-func TestSumSamplesReadsOneMetricWithItsLabels(t *testing.T) {
-	lines := []string{
-		"# HELP shop_events_published_total Order events the broker acknowledged.",
-		"# TYPE shop_events_published_total counter",
-		`shop_events_published_total{result="duplicate"} 3`,
-		`shop_events_published_total{result="stored"} 120`,
-		"shop_events_published_totalx 99",
-		"shop_events_backlog 7",
-	}
-	if got := sumSamples(lines, "shop_events_published_total", ""); got != 123 {
-		t.Errorf("all samples: %g, want 123", got)
-	}
-	if got := sumSamples(lines, "shop_events_published_total", `result="duplicate"`); got != 3 {
-		t.Errorf("duplicates: %g, want 3", got)
-	}
-	if got := sumSamples(lines, "shop_events_backlog", ""); got != 7 {
-		t.Errorf("backlog: %g, want 7", got)
 	}
 }
 

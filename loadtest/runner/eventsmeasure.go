@@ -1,16 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/lockbench/shop/internal/events"
@@ -23,13 +19,13 @@ import (
 // consumer with nothing pending or unacknowledged, twice in a row a
 // second apart, so that a paused consumer that went on has committed its
 // late effect too. It returns how long that took.
-func (re *rowEnv) drain(ctx context.Context, db *sql.DB, s report.Row) (time.Duration, error) {
+func (r *row) drain(ctx context.Context, db *sql.DB) (time.Duration, error) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	settled := 0
 	for settled < 2 {
-		idle, err := re.events.idle(ctx, db, s.Delivery == report.DeliveryOutbox)
+		idle, err := r.events.idle(ctx, db, r.spec.Delivery == report.DeliveryOutbox)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return time.Since(began), fmt.Errorf("events not drained after %s: %w", time.Since(began).Round(time.Second), err)
@@ -67,13 +63,13 @@ func (rig *eventRig) idle(ctx context.Context, db *sql.DB, outbox bool) (bool, e
 // measureEvents compares, once drained, the outbox with the stream (events
 // lost), the paid orders with their credits (doubled, missing) and the
 // credits' times with their events' (lag).
-func (re *rowEnv) measureEvents(ctx context.Context, db *sql.DB) (report.Events, error) {
+func (r *row) measureEvents(ctx context.Context, db *sql.DB) (report.Events, error) {
 	var e report.Events
 	written, err := column[string](ctx, db, `SELECT event_id FROM event_outbox`)
 	if err != nil {
 		return e, err
 	}
-	inStream, err := re.events.streamIDs(ctx)
+	inStream, err := r.events.streamIDs(ctx)
 	if err != nil {
 		return e, err
 	}
@@ -105,10 +101,10 @@ func (re *rowEnv) measureEvents(ctx context.Context, db *sql.DB) (report.Events,
 		return e, err
 	}
 	e.Lag = percentiles(lags)
-	if e.Redelivered, err = re.events.redeliveries(ctx); err != nil {
+	if e.Redelivered, err = r.events.redeliveries(ctx); err != nil {
 		return e, err
 	}
-	e.Republished = re.republished(ctx)
+	e.Republished = r.republished(ctx)
 	return e, nil
 }
 
@@ -171,51 +167,4 @@ func percentiles(values []float64) report.Latency {
 	slices.Sort(v)
 	rank := func(p float64) float64 { return v[max(0, int(math.Ceil(p*float64(len(v))))-1)] }
 	return report.Latency{P50: rank(0.50), P95: rank(0.95), P99: rank(0.99), Max: v[len(v)-1], N: int64(len(v))}
-}
-
-// scrapeSum is the sum of the samples of metric on url's /metrics whose
-// labels contain label ("" matches every sample).
-func scrapeSum(ctx context.Context, url, metric, label string) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	var lines []string
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-	}
-	return sumSamples(lines, metric, label), sc.Err()
-}
-
-// sumSamples adds the Prometheus text-format samples of metric (exactly
-// that name, with or without labels) whose labels contain label.
-func sumSamples(lines []string, metric, label string) float64 {
-	var sum float64
-	for _, line := range lines {
-		end := strings.IndexAny(line, "{ ")
-		if end < 0 || line[:end] != metric {
-			continue
-		}
-		labels := ""
-		if line[end] == '{' {
-			labels = line[end : strings.LastIndex(line, "}")+1]
-		}
-		if !strings.Contains(labels, label) {
-			continue
-		}
-		f := strings.Fields(line) // the value is last: client_golang writes no timestamps
-		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
-			sum += v
-		}
-	}
-	return sum
 }

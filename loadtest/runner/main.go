@@ -79,14 +79,23 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "runner: %v\n", err)
 		return 1
 	}
-	if err := env.sweep(ctx); err != nil {
+	if err := env.mariadb.sweep(ctx); err != nil {
 		log.Warn("could not drop the databases of earlier, interrupted runs", "err", err)
 	}
+	rn := runner{o: o, env: env, log: log}
 	machine := describeMachine(ctx, o.k6)
 	if o.capacity {
-		return runCapacity(ctx, log, o, env, machine)
+		return rn.runCapacity(ctx, machine)
 	}
-	return runLoadTest(ctx, log, o, env, machine)
+	return rn.runLoadTest(ctx, machine)
+}
+
+// runner is what every row of one run shares: the options, the test
+// servers and the log.
+type runner struct {
+	o   options
+	env testEnv
+	log *slog.Logger
 }
 
 // parseOptions reads the flags and checks them.
@@ -151,65 +160,6 @@ func (o *options) bindPaths(fs *flag.FlagSet) {
 	fs.StringVar(&o.record, "record", "", "also keep a dated copy of the Markdown report in this directory (loadtest-<date>.md, capacity-<date>.md)")
 	fs.BoolVar(&o.keep, "keep", false, "keep each row's database (shop_lt_*) for inspection")
 	fs.StringVar(&o.render, "render", "", "run nothing: render report.md and report.html again from this results.json")
-}
-
-// runLoadTest runs every row's k6 flows, writes the report and judges the
-// run: 0 when every row showed what its backend promises.
-func runLoadTest(ctx context.Context, log *slog.Logger, o options, env testEnv, m report.Machine) int {
-	rep := report.Report{Options: o.Options, Machine: m, Command: command(os.Args[1:]), Commit: commit(ctx), At: time.Now().UTC()}
-	for _, name := range o.Rows {
-		spec := rowSpec(name, o.Instances, o.Flows)
-		if len(spec.Flows) == 0 {
-			log.Info("row skipped: none of its flows is in -flows", "row", name)
-			continue
-		}
-		log.Info("row starting", "row", name, "backend", spec.Backend, "strategy", spec.Strategy, "flows", strings.Join(spec.Flows, ","))
-		res, err := runRow(ctx, log, o, env, spec)
-		if err != nil {
-			// A row that could not run is reported as such, and the
-			// others still run: one backend's server being down should
-			// not hide the rest of the comparison.
-			log.Error("row failed", "row", name, "err", err)
-			res = report.Result{Spec: spec, Err: err.Error()}
-		}
-		res.Judge()
-		rep.Results = append(rep.Results, res)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	if err := writeReport(o, rep); err != nil {
-		fmt.Fprintf(os.Stderr, "runner: write report: %v\n", err)
-		return 1
-	}
-	return verdict(ctx, rep)
-}
-
-func writeReport(o options, rep report.Report) error {
-	if err := rep.Write(o.out); err != nil {
-		return err
-	}
-	fmt.Print(rep.Table())
-	fmt.Printf("\nreport: %s and %s\n", filepath.Join(o.out, "report.md"), filepath.Join(o.out, "report.html"))
-	return record(o.record, "loadtest", rep.At, rep.Markdown())
-}
-
-// verdict prints what contradicted its row's promise and says how the run
-// ends.
-func verdict(ctx context.Context, rep report.Report) int {
-	if bad := rep.Failures(); len(bad) > 0 {
-		fmt.Fprintln(os.Stderr, "\nFAIL:")
-		for _, b := range bad {
-			fmt.Fprintln(os.Stderr, "  "+b)
-		}
-		return 1
-	}
-	if ctx.Err() != nil {
-		fmt.Fprintln(os.Stderr, "runner: interrupted")
-		return 1
-	}
-	fmt.Println("PASS: every lock row shows zero damage and every unsafe row shows some")
-	return 0
 }
 
 // record keeps a dated copy of a report in dir, for docs/results: the
