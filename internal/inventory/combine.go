@@ -3,6 +3,8 @@ package inventory
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +41,9 @@ type combined struct {
 	store    *Store
 	metrics  *instrument.Metrics
 	maxBatch int
+	// waitBudget is the lock wait timeout (zero: none), which bounds a
+	// buyer's wait for its batch too.
+	waitBudget time.Duration
 	// delay is the business work, once per batch: the read, decide and
 	// write it stands for are done once for the whole batch.
 	delay time.Duration
@@ -69,8 +74,12 @@ type queuedResult struct {
 }
 
 func newCombined(single *locked, o Options) *combined {
-	return &combined{single: single, store: single.store, metrics: o.Metrics,
-		maxBatch: o.Combine, delay: o.CriticalSectionDelay, queues: map[string]*skuQueue{}}
+	var lo lockkit.Options
+	for _, opt := range o.LockOptions {
+		opt(&lo)
+	}
+	return &combined{single: single, store: single.store, metrics: o.Metrics, maxBatch: o.Combine,
+		waitBudget: lo.WaitTimeout, delay: o.CriticalSectionDelay, queues: map[string]*skuQueue{}}
 }
 
 func (c *combined) Get(ctx context.Context, sku string) (Product, error) {
@@ -90,14 +99,43 @@ func (c *combined) Purchase(ctx context.Context, user int64, sku string, quantit
 	}
 	o := &queued{ctx: ctx, user: user, quantity: quantity, done: make(chan queuedResult, 1), lead: make(chan struct{}, 1)}
 	q := c.enqueue(sku, o)
+	var budget <-chan time.Time
+	if c.waitBudget > 0 {
+		t := time.NewTimer(c.waitBudget)
+		defer t.Stop()
+		budget = t.C
+	}
 	for {
 		select {
 		case r := <-o.done:
 			return r.p, r.err
 		case <-o.lead:
 			c.serveNext(sku, q)
+		case <-budget:
+			budget = nil
+			if c.leave(q, o) {
+				return Purchase{}, fmt.Errorf("inventory: %s: queued past the lock wait budget: %w", sku, lockkit.ErrNotAcquired)
+			}
 		}
 	}
+}
+
+// leave takes o out of q while it waits for a batch; it reports false
+// once o leads or is in a batch being served, whose answer o then waits
+// for. A queued buyer so waits no longer than a buyer on the single path
+// waits for the lock; one that leads waits for the lock once more.
+func (c *combined) leave(q *skuQueue, o *queued) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(o.lead) > 0 {
+		return false
+	}
+	i := slices.Index(q.pending, o)
+	if i < 0 {
+		return false
+	}
+	q.pending = slices.Delete(q.pending, i, i+1)
+	return true
 }
 
 // enqueue queues o on sku's queue, and gives it the lead when no

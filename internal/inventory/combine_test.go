@@ -3,6 +3,7 @@ package inventory
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -176,4 +177,54 @@ func TestCombinedBatchStopsWaitingWhenEveryBuyerLeft(t *testing.T) {
 	if p, _ := store.Get(ctx, "b"); p.Stock != 10 {
 		t.Errorf("stock %d, want 10", p.Stock)
 	}
+}
+
+// TestCombinedBuyerQueuesNoLongerThanTheLockWaitBudget: a buyer queued
+// behind a batch that does not end gives up once the lock wait budget has
+// passed, sold nothing (ErrNotAcquired, as a buyer on the single path
+// that waited as long for the lock), instead of waiting as long as that
+// batch takes. The queue serves the next buyer as before.
+func TestCombinedBuyerQueuesNoLongerThanTheLockWaitBudget(t *testing.T) {
+	ctx := context.Background()
+	store := NewStore(open(t, sqliteOptions(t)).DB, nil)
+	locker := local.New()
+	defer locker.Close()
+	svc, err := NewService(store, Options{Strategy: StrategyLock, Combine: 8, Locking: guard.Locking{
+		Locker: locker, LockOptions: []lockkit.Option{lockkit.WithWaitTimeout(100 * time.Millisecond)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Put(ctx, Product{SKU: "hot", Name: "hot", Stock: 10, PriceCents: 1}); err != nil {
+		t.Fatal(err)
+	}
+	paused, wake := make(chan struct{}), make(chan struct{})
+	var pausing, waking sync.Once
+	release := func() { waking.Do(func() { close(wake) }) }
+	t.Cleanup(release)
+	store.beforeWrite = func(context.Context) { pausing.Do(func() { close(paused) }); <-wake }
+
+	first := make(chan error, 1)
+	go func() { _, err := svc.Purchase(ctx, 1, "hot", 1); first <- err }()
+	<-paused
+	queued := make(chan error, 1)
+	go func() { _, err := svc.Purchase(ctx, 2, "hot", 1); queued <- err }()
+	select {
+	case err := <-queued:
+		if !errors.Is(err, lockkit.ErrNotAcquired) {
+			t.Errorf("buyer queued past its wait budget: %v, want ErrNotAcquired", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a buyer queued behind a batch that does not end still waits, 100 times its wait budget later")
+	}
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Purchase(ctx, 3, "hot", 1); err != nil {
+		t.Fatalf("a buyer after one that gave up: %v", err)
+	}
+	if p, err := store.Get(ctx, "hot"); err != nil || p.Stock != 8 {
+		t.Errorf("stock %d (%v), want 8: two sold, the one that gave up not", p.Stock, err)
+	}
+	assertNoDrift(t, store)
 }
