@@ -108,14 +108,17 @@ func WarmUp(ctx context.Context, c Options, offer func(rate float64) Step) []Ste
 }
 
 // FloodShare is the share of its sales a row keeps when offered four times
-// the rate it held, if sales took all the CPU at that rate: each sale's
-// slot now also pays for three refusals, so sales keep
-// perSale / (perSale + 3 perRefusal) of it. Both are CPU µs.
+// the rate it held, if sales took all the CPU at that rate: for every sale
+// held, four requests now come, and the CPU of that one sale pays for the
+// x of them sold and the 4 - x refused. From x·s + (4 - x)·r = s, sales
+// keep x = (s - 4r) / (s - r), and none once refusing all four alone
+// takes a sale's CPU. s and r (perSale, perRefusal) are CPU µs.
 func FloodShare(perSale, perRefusal float64) float64 {
-	if perSale <= 0 {
+	r := max(perRefusal, 0)
+	if perSale <= 4*r {
 		return 0
 	}
-	return perSale / (perSale + 3*max(perRefusal, 0))
+	return (perSale - 4*r) / (perSale - r)
 }
 
 // GoodputBound is the least goodput at 4× (Round.Goodput) a row must keep:

@@ -141,10 +141,13 @@ func TestWarmUpGivesUpAfterItsSteps(t *testing.T) {
 
 func TestGoodputBoundFollowsTheCostOfARefusal(t *testing.T) {
 	for _, tc := range []struct{ perSale, perRefusal, share float64 }{
-		{1000, 0, 1},     // refusals are free: every sale is kept
-		{900, 100, 0.75}, // 900 / (900 + 300)
-		{600, 200, 0.5},  // a refusal costs a third of a sale: half the sales go
-		{2500, 50, 2500.0 / 2650},
+		{1000, 0, 1}, // refusals are free: every sale is kept
+		// 4 requests for each sale held: x sales and 4 - x refusals in the
+		// CPU of one sale, 900x + 100(4 - x) = 900, x = 500 / 800.
+		{900, 100, 0.625},
+		{600, 150, 0}, // refusing all 4 alone takes the CPU of the sale held
+		{600, 200, 0}, // and more
+		{2500, 50, 2300.0 / 2450},
 		{0, 50, 0}, // no sale measured: nothing to keep
 	} {
 		if got := FloodShare(tc.perSale, tc.perRefusal); math.Abs(got-tc.share) > 1e-9 {

@@ -51,7 +51,7 @@ type CapacityReport struct {
 
 var capacityColumns = []string{"row", "serialized ms/sale", "ceiling/s", "held/s", "× ceiling", "× atomic-sql", "p99 at held",
 	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "at 4×: p99 of sales", "at 4×: sold ÷ sold at held",
-	"at 4×: least kept, 0.9·s/(s+3·r0)", "service CPU µs: per sale / per refusal", "runner CPU µs per request", "retries/request", "verdict"}
+	"at 4×: least kept, 0.9·(s−4·r0)/(s−r0)", "service CPU µs: per sale / per refusal", "runner CPU µs per request", "retries/request", "verdict"}
 
 // Markdown is the capacity report as a dated record.
 func (r CapacityReport) Markdown() string {
@@ -90,10 +90,12 @@ func (r CapacityReport) method() string {
 		"when flooded), so that a machine that slows down during the row moves both. Medians over the rounds, ranges in "+
 		"brackets. **Flooded** is a step at the ceiling when that is more than 4× held (else the 4× steps): the sales per "+
 		"second the key still makes when offered more than it takes. A row whose sales take the CPU at its rate held keeps "+
-		"at most s / (s + 3·r) of them at 4×, s its CPU per sale and r its CPU per refusal; **r0** = %.1f µs is the CPU per "+
+		"at most (s − 4·r) / (s − r) of them at 4× (the CPU of one sale held pays for the four requests that come in its "+
+		"place, those sold and those refused), s its CPU per sale and r its CPU per refusal; **r0** = %.1f µs is the CPU per "+
 		"request of a bare net/http server answering 503 (loadtest/refuser), flooded in this run at %d/s and timed the same "+
 		"way (process CPU / requests). The verdict fails a row whose p99 at 2× passes the SLO (it queues what it should turn "+
-		"away) or whose goodput at 4× is under its own bound 0.9·s/(s+3·r0) (it spends on refusals more than a refusal needs).",
+		"away) or whose goodput at 4× is under its own bound 0.9·(s−4·r0)/(s−r0) (it spends on refusals more than a refusal "+
+		"needs).",
 		o.Instances, o.Delay, o.Probe.SLO*3/5, o.Probe.Start, o.Probe.WarmUp, o.Probe.Start, o.Probe.Factor, o.Probe.Step,
 		o.Probe.SLO, 100*o.Probe.MaxErrors, o.Probe.Refine, o.Probe.Rounds, r.BareRefusalMicros, BareRefusalRate)
 }

@@ -147,8 +147,8 @@ func TestCapacityVerdictFailsARowThatCollapsesUnderItsBoundWhenFloodedOrQueuesAt
 		}
 		return row
 	}
-	// r0 = 50 µs: a 1,000 µs sale keeps at least 0.9 × 1000/1150 = 0.78,
-	// a 300 µs one 0.9 × 300/450 = 0.60.
+	// r0 = 50 µs: a 1,000 µs sale keeps at least 0.9 × 800/950 = 0.76,
+	// a 300 µs one 0.9 × 100/250 = 0.36.
 	rep := CapacityReport{Options: Options{Probe: capacity.Options{SLO: 250 * time.Millisecond}}, BareRefusalMicros: 50, Results: []CapacityRow{
 		held("sheds", [3]float64{400, 120, 380}),
 		// The machine slowed down during the row: the round's own step at
@@ -161,12 +161,12 @@ func TestCapacityVerdictFailsARowThatCollapsesUnderItsBoundWhenFloodedOrQueuesAt
 	}}
 	md := rep.Markdown()
 	for _, want := range []string{
-		"| 140 ms | 0.95 | 0.78 | 1000 / 100 | 100 |  | ok |",
-		"| 120 (110-130) ms | 50 % | 1600 → 230 (140 ms) | 140 ms | 0.95 (0.92-0.95) | 0.78 | 1000 / 100 | 100 |  | ok |",
-		"| 0.31 (0.25-0.97) | 0.78 | 1000 / 100 | 100 |  | FAILS: flooded at 4× it sold 0.31× what it sold at its rate held, under its bound 0.78× |",
-		"| 0.97 | 0.78 | 1000 / 100 | 100 |  | FAILS: p99 at 2× is 6000 ms, past the SLO 250ms |",
-		"| 0.75 | 0.78 | 1000 / 100 | 100 |  | FAILS: flooded at 4× it sold 0.75× what it sold at its rate held, under its bound 0.78× |",
-		"| 0.65 | 0.60 | 300 / 322 | 100 |  | ok |",
+		"| 140 ms | 0.95 | 0.76 | 1000 / 100 | 100 |  | ok |",
+		"| 120 (110-130) ms | 50 % | 1600 → 230 (140 ms) | 140 ms | 0.95 (0.92-0.95) | 0.76 | 1000 / 100 | 100 |  | ok |",
+		"| 0.31 (0.25-0.97) | 0.76 | 1000 / 100 | 100 |  | FAILS: flooded at 4× it sold 0.31× what it sold at its rate held, under its bound 0.76× |",
+		"| 0.97 | 0.76 | 1000 / 100 | 100 |  | FAILS: p99 at 2× is 6000 ms, past the SLO 250ms |",
+		"| 0.75 | 0.76 | 1000 / 100 | 100 |  | FAILS: flooded at 4× it sold 0.75× what it sold at its rate held, under its bound 0.76× |",
+		"| 0.65 | 0.36 | 300 / 322 | 100 |  | ok |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("capacity.md has no %q:\n%s", want, md)
