@@ -2,6 +2,7 @@ package lockkit
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 )
@@ -16,8 +17,9 @@ const releaseTimeout = 5 * time.Second
 // ErrLeaseLost as soon as the lease is lost, so fn can stop before writing;
 // a store that checks fence refuses the writes of an fn that does not.
 //
-// Do returns fn's error if fn failed. If fn returned nil after its lease
-// was lost, Do returns ErrLeaseLost: fn's work ran at least partly without
+// Do returns fn's error if fn failed, or ErrLeaseLost for an fn that
+// stopped with its context's context.Canceled when the lease was lost. If
+// fn returned nil after its lease was lost, Do returns ErrLeaseLost: fn's work ran at least partly without
 // the lock, and only the writes a store checked against fence are known to
 // be in order. A lease that is already lost when granted (a reply slower
 // than its TTL) is not handed to fn at all: Do returns ErrLeaseLost. A
@@ -45,7 +47,9 @@ func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, 
 		// The release may not get through (a partition is a common reason
 		// to lose a lease); the caller's answer must not wait for it.
 		go release()
-		if err == nil {
+		// context.Canceled from fn (a driver's, say) tells only that its
+		// context ended; while the caller's lives, the lease's loss did it.
+		if err == nil || errors.Is(err, context.Canceled) && ctx.Err() == nil {
 			err = ErrLeaseLost
 		}
 		return err

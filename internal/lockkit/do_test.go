@@ -2,6 +2,7 @@ package lockkit_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"slices"
 	"sync"
@@ -243,6 +244,22 @@ func TestDoKeepsFnsErrorAfterALostLease(t *testing.T) {
 	}, lockkit.WithAutoRenew(60*time.Millisecond))
 	if !errors.Is(err, boom) {
 		t.Fatalf("Do = %v, want fn's error", err)
+	}
+}
+
+// fn that stops because its context ended, as a SQL driver does, returns
+// context.Canceled, which says only that the context ended: Do answers
+// why it ended, ErrLeaseLost, while the caller's own context is alive.
+func TestDoNamesTheLostLeaseForFnsCancelledWork(t *testing.T) {
+	l := local.New()
+	defer l.Close()
+	err := lockkit.Do(context.Background(), l, "k", func(ctx context.Context, _ uint64) error {
+		l.Steal("k")
+		<-ctx.Done()
+		return fmt.Errorf("update accounts: %w", ctx.Err())
+	}, lockkit.WithAutoRenew(60*time.Millisecond))
+	if !errors.Is(err, lockkit.ErrLeaseLost) {
+		t.Fatalf("Do = %v, want ErrLeaseLost", err)
 	}
 }
 
