@@ -2,8 +2,8 @@ package lockkit_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
