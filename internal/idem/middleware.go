@@ -249,7 +249,7 @@ func invalid(detail string) error {
 
 func unknown() error {
 	return titled(problem.New(http.StatusUnprocessableEntity, "idempotency-key-unknown",
-		"the Idempotency-Key was not issued to you or has expired; get a new one from POST /api/v1/idempotency-tokens"), "Idempotency-Key unknown")
+		"the Idempotency-Key was not issued to you, has expired, or was lost before an order used it; get a new one from POST /api/v1/idempotency-tokens"), "Idempotency-Key unknown")
 }
 
 func reused() error {
