@@ -89,6 +89,10 @@ func DecodeJSON(c *gin.Context, dst any) error {
 	// accept what a stricter proxy or a later version refuses, and the docs
 	// promise 415. No body at all is told it is empty (400) below.
 	switch ct := c.GetHeader("Content-Type"); {
+	case len(c.Request.Header.Values("Content-Type")) > 1:
+		// Either could be meant, as with two Authorization headers.
+		return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			"the request has two Content-Type headers; send one: application/json")
 	case ct == "" && c.Request.ContentLength != 0:
 		return New(http.StatusUnsupportedMediaType, "unsupported-media-type",
 			"the request has a body but no Content-Type; send application/json")

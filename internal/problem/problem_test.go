@@ -161,6 +161,28 @@ func TestDecodeJSON(t *testing.T) {
 	}
 }
 
+// TestDecodeJSONRefusesTwoContentTypes: a request naming two media types
+// is refused whichever comes first, as two Authorization or two
+// Idempotency-Key headers are: either could be meant.
+func TestDecodeJSONRefusesTwoContentTypes(t *testing.T) {
+	for _, types := range [][]string{{"application/json", "text/plain"}, {"text/plain", "application/json"},
+		{"application/json", "application/json"}} {
+		gin.SetMode(gin.ReleaseMode)
+		r := gin.New()
+		var got error
+		r.POST("/", func(c *gin.Context) { var v struct{ N int }; got = DecodeJSON(c, &v) })
+		rq := httptest.NewRequest("POST", "/", strings.NewReader(`{"N":1}`))
+		for _, ct := range types {
+			rq.Header.Add("Content-Type", ct)
+		}
+		r.ServeHTTP(httptest.NewRecorder(), rq)
+		var pe *Error
+		if !errors.As(got, &pe) || pe.Status != 415 || !strings.Contains(pe.Detail, "two Content-Type") {
+			t.Errorf("Content-Type %q: %v, want 415 naming the two", types, got)
+		}
+	}
+}
+
 // TestDecodeJSONRefusesAContentCoding: a compressed body is refused for
 // what it is (415 naming the coding), not parsed as broken JSON.
 func TestDecodeJSONRefusesAContentCoding(t *testing.T) {
