@@ -59,7 +59,7 @@ func newRouter(d routerDeps) http.Handler {
 	r.Use(otelgin.Middleware("shop", otelgin.WithGinFilter(func(c *gin.Context) bool {
 		return c.FullPath() != "/healthz" && c.FullPath() != "/readyz" && c.FullPath() != "/metrics"
 	})), requestID, accessLog(d.log), problem.Errors(d.problems), problem.Recover(),
-		problem.LimitBody(d.cfg.MaxBodyBytes))
+		problem.LimitBody(d.cfg.MaxBodyBytes), problem.Query())
 	r.NoRoute(problem.NoRoute)
 	r.NoMethod(problem.NoMethod)
 

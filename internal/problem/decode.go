@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
@@ -51,6 +52,19 @@ func ReadBody() gin.HandlerFunc {
 		}
 		c.Request.Body = io.NopCloser(bytes.NewReader(b))
 		c.Request.ContentLength = int64(len(b))
+		c.Next()
+	}
+}
+
+// Query refuses a request whose query string does not parse (a bad
+// percent-escape, a semicolon): net/url drops such a pair in silence, and
+// a parameter the client sent would be served as absent.
+func Query() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if _, err := url.ParseQuery(c.Request.URL.RawQuery); err != nil {
+			Write(c, BadRequest("the query string does not parse: "+err.Error()))
+			return
+		}
 		c.Next()
 	}
 }

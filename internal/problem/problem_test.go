@@ -262,3 +262,24 @@ func TestReadBodyRunsTheHandlerOnlyWithTheWholeBody(t *testing.T) {
 		})
 	}
 }
+
+// TestQueryRefusesAQueryThatDoesNotParse: net/url drops a pair it cannot
+// read (a bad escape, a semicolon) in silence, so ?limit=%zz would be
+// served as no limit at all; the request is refused instead, naming it.
+func TestQueryRefusesAQueryThatDoesNotParse(t *testing.T) {
+	for query, status := range map[string]int{"": 200, "limit=2": 200, "limit=2&cursor=x": 200,
+		"limit=%zz": 400, "limit=1;x": 400, "limit=2&cursor=%zz": 400} {
+		gin.SetMode(gin.ReleaseMode)
+		r := gin.New()
+		r.Use(Query())
+		r.GET("/", func(c *gin.Context) { c.Status(http.StatusOK) })
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, httptest.NewRequest("GET", "/?"+query, nil))
+		if rec.Code != status {
+			t.Errorf("?%s: %d, want %d", query, rec.Code, status)
+		}
+		if status == 400 && !strings.Contains(rec.Body.String(), "query string") {
+			t.Errorf("?%s: %s, want a detail naming the query string", query, rec.Body.String())
+		}
+	}
+}
