@@ -7,12 +7,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
+// requestIDKey is the context key of the request's id, which the
+// requestID middleware sets and requestIDHandler reads.
 type requestIDKey struct{}
-
-// withRequestID returns ctx carrying id, for requestIDHandler.
-func withRequestID(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, requestIDKey{}, id)
-}
 
 // requestIDHandler adds request_id and trace_id to every record logged with
 // a request's context, whichever package logs it (a domain, gorm's

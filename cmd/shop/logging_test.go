@@ -17,7 +17,7 @@ func TestRequestLogLinesCarryRequestAndTraceIDs(t *testing.T) {
 	log := slog.New(requestIDHandler{slog.NewJSONHandler(&out, nil)})
 	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
-	ctx := trace.ContextWithSpanContext(withRequestID(context.Background(), "r-1"),
+	ctx := trace.ContextWithSpanContext(context.WithValue(context.Background(), requestIDKey{}, "r-1"),
 		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid}))
 	log.InfoContext(ctx, "request")
 	log.Info("no request")

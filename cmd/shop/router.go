@@ -153,7 +153,7 @@ func requestID(c *gin.Context) {
 		id = hex.EncodeToString(b[:])
 	}
 	c.Header(problem.RequestIDHeader, id)
-	c.Request = c.Request.WithContext(withRequestID(c.Request.Context(), id))
+	c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), requestIDKey{}, id))
 	c.Next()
 }
 

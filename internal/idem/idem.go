@@ -95,6 +95,7 @@ import (
 	"math"
 	"regexp"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,6 +103,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/lockbench/shop/internal/idem/keyed"
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 )
 
 // Header names.
@@ -264,6 +267,21 @@ type record struct {
 	rid    string // X-Request-Id of the request that produced the response
 }
 
+// lookup reads the record of user's key from the database: what a
+// request finds when Redis has no answer for it.
+func (m *Idem) lookup(ctx context.Context, user int64, key string) (record, bool, error) {
+	if m.o.DB == nil {
+		return record{}, false, nil
+	}
+	var rows []keyed.Record
+	err := m.o.DB.WithContext(ctx).Where("user_id = ? AND key_hash = ?", user, keyed.KeyHash(key)).Limit(1).Find(&rows).Error
+	if err != nil || len(rows) == 0 {
+		return record{}, false, err
+	}
+	r := rows[0]
+	return record{fp: r.Fingerprint, status: r.Status, header: r.Header, body: r.Body, rid: r.RequestID}, true, nil
+}
+
 // verdict is claim's answer.
 type verdict int
 
@@ -315,4 +333,70 @@ func parseClaim(res []string) (v verdict, run string, rec record, err error) {
 		}
 	}
 	return decided, "", rec, nil
+}
+
+// runLease is a running request's hold on its key, kept by lockkit's lease
+// machinery rather than a watchdog of idem's own: renewed every third of
+// Options.Lease, and lost once a renewal finds the key claimed by a later
+// run, or once a whole lease has passed since the last renewal that was
+// sent and applied. The lease is not a lock: it is fenced by the record's
+// run, not by a counter (so its Fence is 0), and it ends by storing the
+// response or freeing the key, which run does after end.
+type runLease struct {
+	lockkit.Lease
+	mu sync.Mutex
+	// ended: the request finished; no renewal may land after this, or it
+	// would set the lease again on a key just stored or freed.
+	ended bool
+	// claimedAgain: a renewal found the record naming a later run.
+	claimedAgain bool
+}
+
+// lease starts the lease of run on recKey, claimed at claimed (Redis
+// started it later than that, so claimed+Lease is never late).
+func (m *Idem) lease(recKey, leaseKey, run string, claimed time.Time) *runLease {
+	r := &runLease{}
+	r.Lease = backend.NewLease(backend.Grant{
+		Key: leaseKey, TTL: m.o.Lease, Watchdog: true, Sent: claimed,
+		Extend: func(ctx context.Context, ttl time.Duration) error {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.ended {
+				return lockkit.ErrNotHeld
+			}
+			ok, err := renewScript.Run(ctx, m.client, []string{recKey, leaseKey}, run, ttl.Milliseconds()).Int()
+			switch {
+			case err != nil:
+				// Transient: the next tick tries again, and the lease is lost
+				// if none succeeds in time.
+				return err
+			case ok == 0:
+				r.claimedAgain = true
+				return lockkit.ErrNotHeld
+			}
+			return nil
+		},
+		// Nothing to free here: run stores the response or frees the key.
+		Release: func(context.Context) error { return nil },
+	})
+	return r
+}
+
+// why is the reason the lease was lost, for the log.
+func (r *runLease) why() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.claimedAgain {
+		return "the key was claimed again"
+	}
+	return "no renewal for a whole lease"
+}
+
+// end stops the renewals, waiting for one in flight: after end, nothing
+// renews the lease in Redis.
+func (r *runLease) end(ctx context.Context) {
+	_ = r.Release(ctx) // cancels a renewal in flight
+	r.mu.Lock()
+	r.ended = true
+	r.mu.Unlock()
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"runtime/debug"
@@ -45,6 +46,22 @@ func Key(c *gin.Context) string { return c.GetString(tokenKey) }
 // DoNotStore marks the response being written as one a retry must not get
 // again: e.g. "an earlier attempt is still in progress". The key is freed.
 func DoNotStore(c *gin.Context) { c.Set(noStoreKey, true) }
+
+// Models are the tables of this package, for migrations.
+func Models() []any { return keyed.Models() }
+
+// Problems are idem's rows of the API's problem table: a second run of
+// one key whose change the first run's record refused (keyed.Save).
+func Problems() []problem.Mapping {
+	return []problem.Mapping{{Target: keyed.ErrKeyTaken, Status: http.StatusConflict, Slug: "idempotency-key-in-use",
+		Title: "Idempotency-Key in use", Detail: inUseDetail, RetryAfter: 1}}
+}
+
+// Reply sends answer a: the one a keyed change's record holds (keyed.Decide).
+func Reply(c *gin.Context, a keyed.Answer) {
+	maps.Copy(c.Writer.Header(), a.Header)
+	c.JSON(a.Status, a.Body)
+}
 
 // Policy says how a route treats Idempotency-Key.
 type Policy struct {
@@ -133,6 +150,65 @@ func headerKey(values []string, required bool) (key string, present bool, err er
 		return "", false, invalid(err.Error())
 	}
 	return key, true, nil
+}
+
+// MaxKeyLength is the longest Idempotency-Key accepted, in characters
+// (after unquoting), as Stripe and the draft's examples allow.
+const MaxKeyLength = 255
+
+// parseKey reads an Idempotency-Key value. It accepts the draft's form, a
+// Structured Field string (`"…"`, printable ASCII with \" and \\ escaped),
+// and Stripe's bare form (visible ASCII without '"' or ','; a comma would
+// mean that two header lines were folded into one). The two spellings of
+// one key are one key. It returns a detail for the 400 otherwise.
+func parseKey(raw string) (string, error) {
+	raw = strings.Trim(raw, " \t") // optional whitespace around a field value
+	key := raw
+	if strings.HasPrefix(raw, `"`) {
+		var ok bool
+		if key, ok = unquote(raw); !ok {
+			return "", fmt.Errorf("the Idempotency-Key %.40q starts with a quote but is not a Structured Field string: printable ASCII, \\\" and \\\\ escaped, a closing quote", raw)
+		}
+	} else {
+		for i := 0; i < len(key); i++ {
+			switch c := key[i]; {
+			case c > '~':
+				// %q of one byte of a UTF-8 sequence prints another character.
+				return "", fmt.Errorf("the Idempotency-Key has the non-ASCII byte %#x at byte %d; send visible ASCII without '\"' or ',', or quote it as a Structured Field string", c, i)
+			case c <= ' ' || c == '"' || c == ',':
+				return "", fmt.Errorf("the Idempotency-Key has %q at byte %d; send visible ASCII without '\"' or ',', or quote it as a Structured Field string", c, i)
+			}
+		}
+	}
+	switch {
+	case strings.TrimSpace(key) == "":
+		return "", fmt.Errorf("the Idempotency-Key is empty; send 1 to %d characters, or no header", MaxKeyLength)
+	case len(key) > MaxKeyLength:
+		return "", fmt.Errorf("the Idempotency-Key has %d characters; at most %d are accepted", len(key), MaxKeyLength)
+	}
+	return key, nil
+}
+
+// unquote parses a Structured Field string (RFC 8941 section 3.3.3).
+func unquote(s string) (string, bool) {
+	var b strings.Builder
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\':
+			i++
+			if i >= len(s) || (s[i] != '"' && s[i] != '\\') {
+				return "", false
+			}
+			b.WriteByte(s[i])
+		case c == '"':
+			return b.String(), i == len(s)-1
+		case c < ' ' || c > '~':
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", false // no closing quote
 }
 
 // keepBody reads r's body for the fingerprint and puts it back for the

@@ -159,3 +159,14 @@ func Watch(ctx context.Context, lease Lease) (watched context.Context, stop func
 	}()
 	return watched, func() { cancel(nil); <-done }
 }
+
+// closed is backend.IsClosed, which lockkit cannot import: backend imports
+// lockkit.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

@@ -116,14 +116,3 @@ func (n *nested) Release(ctx context.Context) error {
 	}
 	return n.h.lease.Release(ctx)
 }
-
-// closed is backend.IsClosed, which lockkit cannot import: backend imports
-// lockkit.
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}

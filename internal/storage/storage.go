@@ -84,6 +84,31 @@ func gormLogger(o Options) logger.Interface {
 	return logger.Discard
 }
 
+// slowLog is gorm's logger reduced to what shop wants from it: statements
+// slower than a threshold, at WARN, through slog and with the caller's
+// context (so a request's id follows). Errors are not logged here: they
+// are returned, and whoever handles one logs it once, with its meaning.
+type slowLog struct {
+	log       *slog.Logger
+	threshold time.Duration
+}
+
+func (l slowLog) LogMode(logger.LogLevel) logger.Interface { return l }
+
+func (slowLog) Info(context.Context, string, ...any)  {}
+func (slowLog) Warn(context.Context, string, ...any)  {}
+func (slowLog) Error(context.Context, string, ...any) {}
+
+func (l slowLog) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), _ error) {
+	elapsed := time.Since(begin)
+	if elapsed < l.threshold {
+		return
+	}
+	sql, rows := fc()
+	l.log.WarnContext(ctx, "slow query", "sql", sql, "rows", rows,
+		"duration_ms", float64(elapsed.Microseconds())/1000, "threshold_ms", l.threshold.Milliseconds())
+}
+
 // dialector is the driver of the database o names; it sets db's Dialect,
 // and its tempDir when SQLite gets a file of its own.
 func (db *DB) dialector(o Options) (gorm.Dialector, error) {
