@@ -172,7 +172,7 @@ func (l *lease) Release(ctx context.Context) error {
 	if !first {
 		return l.Lease.Release(ctx)
 	}
-	lost := closed(l.Lease.Lost())
+	lost := backend.IsClosed(l.Lease.Lost())
 	l.locker.metrics.held(l.class, time.Since(l.held), lost)
 	if lost {
 		l.span.SetAttributes(attribute.String("lock.outcome", "lost"))
@@ -188,14 +188,6 @@ func (l *lease) Release(ctx context.Context) error {
 	return err
 }
 
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
 
 // metric label of an acquisition's class.
 func metricClass(class string) string { return label(lockkey.Class(class)) }
