@@ -188,7 +188,6 @@ func (l *lease) Release(ctx context.Context) error {
 	return err
 }
 
-
 // metric label of an acquisition's class.
 func metricClass(class string) string { return label(lockkey.Class(class)) }
 
