@@ -107,21 +107,7 @@ func (r *row) startEvents(ctx context.Context) error {
 // startConsumers starts the `shop consume` processes, at a port of their
 // own each (their probes and /metrics).
 func (r *row) startConsumers(ctx context.Context) error {
-	rig := r.events
-	r.cleanups = append(r.cleanups, func() { stopAll(rig.consumers) })
-	for i := range consumers {
-		c, err := r.startShop("consume", "consume"+strconv.Itoa(i+1))
-		if err != nil {
-			return err
-		}
-		rig.consumers = append(rig.consumers, c)
-	}
-	for _, c := range rig.consumers {
-		if err := c.waitReady(ctx, 60*time.Second); err != nil {
-			return err
-		}
-	}
-	return nil
+	return r.startReady(ctx, "consume", "consume", consumers, &r.events.consumers)
 }
 
 // faults is what an events row does to its processes while k6 places

@@ -128,18 +128,10 @@ func (r *row) startInstances(ctx context.Context) error {
 	if err := migrate(ctx, r.o.shop, r.toolEnv, r.logPath("migrate")); err != nil {
 		return err
 	}
-	r.cleanups = append(r.cleanups, func() { stopAll(r.instances) })
-	for i := range r.o.Instances {
-		in, err := r.startShop("serve", "shop"+strconv.Itoa(i+1))
-		if err != nil {
-			return err
-		}
-		r.instances = append(r.instances, in)
+	if err := r.startReady(ctx, "serve", "shop", r.o.Instances, &r.instances); err != nil {
+		return err
 	}
 	for _, in := range r.instances {
-		if err := in.waitReady(ctx, 60*time.Second); err != nil {
-			return err
-		}
 		r.urls = append(r.urls, in.url)
 	}
 	return nil
@@ -147,6 +139,26 @@ func (r *row) startInstances(ctx context.Context) error {
 
 // startShop starts `shop <command>` with the row's environment on a port
 // of its own, its output in the row's log of that name.
+// startReady starts n processes of shop's command into *started, named
+// name1 … name<n> in the logs, and waits until each is ready. The row's
+// cleanups stop every one started, also after a failure half-way.
+func (r *row) startReady(ctx context.Context, command, name string, n int, started *[]*instance) error {
+	r.cleanups = append(r.cleanups, func() { stopAll(*started) })
+	for i := range n {
+		in, err := r.startShop(command, name+strconv.Itoa(i+1))
+		if err != nil {
+			return err
+		}
+		*started = append(*started, in)
+	}
+	for _, in := range *started {
+		if err := in.waitReady(ctx, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (r *row) startShop(command, logName string) (*instance, error) {
 	port, err := freePort()
 	if err != nil {
