@@ -37,7 +37,15 @@ type Result struct {
 	IdealP99       time.Duration // (N-1) x (critical section + 2 round trips)
 	RoundTripUsed  time.Duration
 	CriticalActual time.Duration
+	// HandOffP50 and HandOffP99 are the gaps from one holder's release
+	// call to the next holder's Acquire returning: what the lock itself
+	// takes from every cycle, the critical section's own time left out.
+	HandOffP50, HandOffP99 time.Duration
 }
+
+// hold is one grant as the waiter saw it: Acquire returned at from, the
+// release was called at to.
+type hold struct{ from, to time.Time }
 
 // Contend runs c against the acquirers (goroutine i uses acquirers[i %
 // len]) on one key. roundTrip is the server's raw round trip measured in
@@ -47,6 +55,7 @@ func Contend(ctx context.Context, acquirers []Acquirer, key string, c Contention
 		mu     sync.Mutex
 		waits  []time.Duration
 		counts = make([]int, c.Goroutines)
+		holds  []hold
 		gaveUp int
 		errs   int
 		wg     sync.WaitGroup
@@ -73,7 +82,9 @@ func Contend(ctx context.Context, acquirers []Acquirer, key string, c Contention
 					mu.Unlock()
 					continue
 				}
-				time.Sleep(c.CriticalSection)
+				from := time.Now()
+				criticalSection(c.CriticalSection)
+				to := time.Now()
 				if err := release(); err != nil {
 					mu.Lock()
 					errs++
@@ -81,6 +92,7 @@ func Contend(ctx context.Context, acquirers []Acquirer, key string, c Contention
 				}
 				mu.Lock()
 				waits = append(waits, wait)
+				holds = append(holds, hold{from, to})
 				counts[g]++
 				mu.Unlock()
 			}
@@ -104,6 +116,7 @@ func Contend(ctx context.Context, acquirers []Acquirer, key string, c Contention
 	if len(waits) > 0 {
 		r.Max = waits[len(waits)-1]
 	}
+	r.HandOffP50, r.HandOffP99 = handOffs(holds)
 	r.CriticalActual = measureSleep(c.CriticalSection)
 	r.IdealP99 = time.Duration(c.Goroutines-1) * (r.CriticalActual + 2*roundTrip)
 	return r
@@ -132,13 +145,28 @@ func Jain(xs []int) float64 {
 	return sum * sum / (float64(len(xs)) * squares)
 }
 
-// measureSleep returns what a sleep of d really takes here: on a loaded
-// machine a 1 ms sleep is longer, and the ideal queue must use what is real.
+// handOffs returns the median and p99 gap between one hold's release call
+// and the next hold's start.
+func handOffs(holds []hold) (p50, p99 time.Duration) {
+	if len(holds) < 2 {
+		return 0, 0
+	}
+	slices.SortFunc(holds, func(a, b hold) int { return a.from.Compare(b.from) })
+	gaps := make([]time.Duration, 0, len(holds)-1)
+	for i := 1; i < len(holds); i++ {
+		gaps = append(gaps, holds[i].from.Sub(holds[i-1].to))
+	}
+	slices.Sort(gaps)
+	return Percentile(gaps, 0.50), Percentile(gaps, 0.99)
+}
+
+// measureSleep returns what a critical section of d really takes here: on
+// a loaded machine it is longer, and the ideal queue must use what is real.
 func measureSleep(d time.Duration) time.Duration {
 	const n = 50
 	t0 := time.Now()
 	for range n {
-		time.Sleep(d)
+		criticalSection(d)
 	}
 	return time.Since(t0) / n
 }
