@@ -3,6 +3,7 @@ package instrument_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -113,6 +114,61 @@ func TestExpectedWaitPastTheTimeoutIsRefused(t *testing.T) {
 	holder.Release(ctx)
 	close(waiters)
 	queued.Wait()
+}
+
+// TestOneSlowHoldDoesNotTurnAwayAQueue: a key's first hold took 300 ms (a
+// cold database's first query), then holds took no time. Five requests
+// wait behind a holder who lets go at once, and a sixth with a 1 s wait
+// timeout would be served within milliseconds: one slow hold, the first
+// alone or followed by fast ones, must not make it expected to wait 5 ×
+// 300 ms and be turned away.
+func TestOneSlowHoldDoesNotTurnAwayAQueue(t *testing.T) {
+	for _, fastAfter := range []int{0, 2} {
+		t.Run(fmt.Sprintf("then-%d-fast", fastAfter), func(t *testing.T) {
+			ctx := context.Background()
+			backend := newCounting()
+			defer backend.Close()
+			l := instrument.Wrap(backend, instrument.Options{})
+			for i := range 1 + fastAfter {
+				lease, err := l.Acquire(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i == 0 {
+					time.Sleep(300 * time.Millisecond)
+				}
+				_ = lease.Release(ctx)
+			}
+
+			holder, err := l.Acquire(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var queued sync.WaitGroup
+			for range 5 {
+				queued.Go(func() {
+					if lease, err := l.Acquire(ctx, "k"); err == nil {
+						_ = lease.Release(ctx)
+					}
+				})
+			}
+			waitFor(t, func() bool { return backend.waiting() == 5 })
+			sixth := make(chan error, 1)
+			go func() {
+				lease, err := l.Acquire(ctx, "k", lockkit.WithWaitTimeout(time.Second))
+				if err == nil {
+					err = lease.Release(ctx)
+				}
+				sixth <- err
+			}()
+			waitFor(t, func() bool { return backend.waiting() == 6 || len(sixth) == 1 })
+			_ = holder.Release(ctx)
+			if err := <-sixth; err != nil {
+				t.Errorf("sixth request: %v, want served", err)
+			}
+			queued.Wait()
+		})
+	}
 }
 
 func waitFor(t *testing.T, cond func() bool) {

@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -311,18 +312,35 @@ type admission struct {
 	keys map[string]*queue
 }
 
-// ewmaWeight is the weight of the newest hold in the estimate: enough
-// history to ride over one slow hand-off, short enough to follow a load
-// change within a few dozen grants.
-const ewmaWeight = 0.1
+// The estimate of a hold is the median of the key's last recentHolds
+// holds, made once minHolds have been seen: one slow hold (a cold
+// database's first query) moves it not at all, a load change within a few
+// grants. A mean would carry the slow one for dozens of grants and turn
+// away queues that would have been served in time.
+const (
+	recentHolds = 8
+	minHolds    = 3
+)
 
 // queue is one key's traffic in this process.
 type queue struct {
 	waiting, holding int
-	// hold estimates how long a holder of this process keeps the key:
-	// what each waiter ahead of a newcomer costs it at the least.
-	hold     time.Duration
+	// recent are the last holds of the key here, seen counts them all:
+	// what each waiter ahead of a newcomer costs it.
+	recent   [recentHolds]time.Duration
+	seen     int
 	lastUsed time.Time
+}
+
+// hold is the median of the recent holds, 0 until minHolds were seen.
+func (q *queue) hold() time.Duration {
+	if q.seen < minHolds {
+		return 0
+	}
+	holds := q.recent
+	n := min(q.seen, recentHolds)
+	slices.Sort(holds[:n])
+	return holds[n/2]
 }
 
 func newAdmission(maxWaiters int) *admission {
@@ -344,9 +362,11 @@ func (a *admission) enter(key string, waitTimeout time.Duration) (*queue, error)
 	if a.max > 0 && q.waiting >= a.max {
 		return nil, fmt.Errorf("%w: %d requests of this instance already wait for %s", lockkit.ErrNotAcquired, q.waiting, key)
 	}
-	if expected := time.Duration(q.waiting) * q.hold; waitTimeout > 0 && expected > waitTimeout {
-		return nil, fmt.Errorf("%w: the wait for %s is expected to take %s, more than the %s allowed",
-			lockkit.ErrNotAcquired, key, expected.Round(time.Millisecond), waitTimeout)
+	if waitTimeout > 0 && q.waiting > 0 {
+		if expected := time.Duration(q.waiting) * q.hold(); expected > waitTimeout {
+			return nil, fmt.Errorf("%w: the wait for %s is expected to take %s, more than the %s allowed",
+				lockkit.ErrNotAcquired, key, expected.Round(time.Millisecond), waitTimeout)
+		}
 	}
 	q.waiting++
 	return q, nil
@@ -368,11 +388,8 @@ func (a *admission) released(q *queue, granted time.Time) {
 	defer a.mu.Unlock()
 	q.holding--
 	now := time.Now()
-	if d := now.Sub(granted); q.hold == 0 {
-		q.hold = d
-	} else {
-		q.hold += time.Duration(ewmaWeight * float64(d-q.hold))
-	}
+	q.recent[q.seen%recentHolds] = now.Sub(granted)
+	q.seen++
 	q.lastUsed = now
 }
 
