@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,9 @@ const channelPrefix = "redislock:"
 type inbox struct {
 	client  redis.UniversalClient
 	channel string
+	// claimWindow is how long Redis keeps a key granted to a waiter here
+	// before the waiter claims it (next.lua).
+	claimWindow time.Duration
 	// window is how long a waiter told it is next waits before it looks:
 	// a little past the claim window of the waiter ahead, so that its look
 	// finds that window's end in Redis too.
@@ -63,16 +67,25 @@ type waiter struct {
 	// of the waiter ahead has passed: armed without waking the waiter,
 	// which its own grant normally reaches first.
 	next *time.Timer
+	// looked and last, under inbox.mu, are the send time of the waiter's
+	// latest look that Redis refused and the key's last token then.
+	looked time.Time
+	last   uint64
 }
 
-// grant is a grant made to a waiter by a call of this Locker.
+// grant is a grant made to a waiter by a call of this Locker, or told to
+// it by a release elsewhere.
 type grant struct {
 	fence uint64
-	sent  time.Time // when that call was sent, before the grant began
+	sent  time.Time // when a call was sent, before the grant began
+	// told: the grant came in a message; Redis keeps it for the claim
+	// window, which the waiter claims in the background (claimLater).
+	told bool
 }
 
 func newInbox(client redis.UniversalClient, channel string, claimWindow time.Duration) *inbox {
-	return &inbox{client: client, channel: channel, window: claimWindow + claimWindow/8, waiters: make(map[string]*waiter), keys: make(map[keyset]int)}
+	return &inbox{client: client, channel: channel, claimWindow: claimWindow, window: claimWindow + claimWindow/8,
+		waiters: make(map[string]*waiter), keys: make(map[keyset]int)}
 }
 
 // enter registers a waiter for ks under owner, subscribing the Locker's
@@ -159,6 +172,8 @@ func (b *inbox) dispatch(events <-chan any) {
 		case *redis.Message:
 			if owner, ok := strings.CutPrefix(ev.Payload, "?"); ok {
 				b.isNext(owner)
+			} else if owner, token, ok := strings.Cut(ev.Payload, " "); ok {
+				b.granted(owner, token)
 			} else {
 				b.tell(ev.Payload)
 			}
@@ -184,6 +199,38 @@ func (b *inbox) tellAll() {
 	defer b.mu.Unlock()
 	for _, w := range b.waiters {
 		w.tell()
+	}
+}
+
+// refused records a look of w that Redis refused: sent at sent, it saw
+// last as the key's last token.
+func (b *inbox) refused(w *waiter, sent time.Time, last uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w.looked, w.last = sent, last
+}
+
+// granted hands owner's waiter the key a release elsewhere granted it
+// with token, when the grant is known to have come after the waiter's
+// latest refused look (its token is above the one that look saw, so the
+// window Redis keeps it for runs past the look's send time) and that
+// look was recent enough for half the claim window to be left. Otherwise
+// the waiter looks: that claims a grant still its own, and finds a spent
+// one (a message slower than a later look) gone.
+func (b *inbox) granted(owner, token string) {
+	fence, err := strconv.ParseUint(token, 10, 64)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w := b.waiters[owner]
+	switch {
+	case w == nil:
+	case err != nil || fence <= w.last || time.Since(w.looked) > b.claimWindow/2:
+		w.tell()
+	default:
+		select {
+		case w.granted <- grant{fence: fence, sent: w.looked, told: true}:
+		default:
+		}
 	}
 }
 

@@ -1,20 +1,21 @@
 -- Part of the scripts that find KEYS[1] free with waiters queued (wait.lua,
--- release.lua): unless `grantee` is set already, it grants the key to the
+-- handoff.lua): unless `grantee` is set already, it grants the key to the
 -- queue's first live waiter (deadline after `ms`), dropping dead ones.
 -- A waiting owner is "<Locker id>:<sequence>:<claim window ms>:<lease
 -- ms>". A waiter of the caller's own Locker (the owner ARGV[1]'s first
 -- field) is granted for its lease: the caller's process hands it over
 -- when the reply comes, so one round trip hands the key on. A waiter
 -- elsewhere is granted for its claim window and told on its Locker's
--- channel;
--- its claim (wait.lua) extends the grant to its lease. One that does not
--- claim in time (it died, or gave up and its leave has yet to come) holds
--- the key for no longer than that: the waiter after it is told it is next
--- and looks once the window has passed. With waiters left behind, the
--- new value carries the mark, so that its release hands on in turn.
--- Replies `refused`, or -1 - the claim window if the key went elsewhere.
+-- channel, with its token (tell.lua): it holds the key from the message
+-- on, and its claim (an extend to its lease) follows in the background.
+-- One that does not claim in time (it died, or gave up and its leave has
+-- yet to come) holds the key for no longer than that: the waiter after it
+-- is told it is next and looks once the window has passed. With waiters
+-- left behind, the new value carries the mark, so that its release hands
+-- on in turn.
+local told, window, second
 if not grantee then
-  local head, place, window, ttl = redis.call('LPOP', KEYS[3])
+  local head, place, ttl = redis.call('LPOP', KEYS[3])
   while head do
     local deadline = redis.call('ZSCORE', KEYS[4], head)
     redis.call('ZREM', KEYS[4], head)
@@ -25,21 +26,18 @@ if not grantee then
     head = redis.call('LPOP', KEYS[3])
   end
   if not head then
-    return refused or -1
+    return refused or {0, redis.call('GET', KEYS[2]) or '0'}
   end
-  local second, mark = redis.call('LINDEX', KEYS[3], 0), ''
+  second = redis.call('LINDEX', KEYS[3], 0)
+  local mark = ''
   if second then
     mark = '!'
   end
   if place == string.match(ARGV[1], '^[^:]+') then
     redis.call('SET', KEYS[1], head .. mark, 'PX', ttl)
-    grantee = head
   else
     redis.call('SET', KEYS[1], head .. mark, 'PX', window)
-    redis.call('PUBLISH', 'redislock:' .. place, head)
-    if second then
-      redis.call('PUBLISH', 'redislock:' .. string.match(second, '^[^:]+'), '?' .. second)
-    end
-    return refused or -1 - tonumber(window)
+    told = place
   end
+  grantee = head
 end

@@ -55,17 +55,20 @@ var (
 	handOffLua string
 	//go:embed fence.lua
 	fenceLua string
+	//go:embed tell.lua
+	tellLua string
 	//go:embed extend.lua
 	extendLua string
 
 	// Scripts run with EVALSHA and fall back to EVAL once after a NOSCRIPT
 	// (a restarted or failed-over server has an empty script cache). Every
 	// script that grants ends with fence.lua; those that hand a free key
-	// to the queue's first waiter run next.lua before it.
+	// to the queue's first waiter run next.lua before it and tell.lua
+	// after it.
 	acquireScript = redis.NewScript(acquireLua + fenceLua + "return token\n")
-	waitScript    = redis.NewScript(waitLua + nextLua + fenceLua + "return {grantee, token}\n")
+	waitScript    = redis.NewScript(waitLua + nextLua + fenceLua + tellLua)
 	releaseScript = redis.NewScript(releaseLua)
-	handOffScript = redis.NewScript(handOffLua + nextLua + fenceLua + "return {grantee, token}\n")
+	handOffScript = redis.NewScript(handOffLua + nextLua + fenceLua + tellLua)
 	extendScript  = redis.NewScript(extendLua)
 )
 
@@ -377,21 +380,28 @@ func (l *Locker) handOn(granted []any, sent time.Time) {
 	l.inbox.deliver(owner, grant{fence: token, sent: sent})
 }
 
-// parseGrant reads a script's {owner, token} reply; the token may come as
-// an integer or as the string of its digits (fence.lua).
+// parseGrant reads a script's {owner, token} reply.
 func parseGrant(granted []any) (owner string, token uint64, err error) {
 	if len(granted) != 2 {
 		return "", 0, fmt.Errorf("redislock: grant reply %v", granted)
 	}
 	owner, _ = granted[0].(string)
-	switch t := granted[1].(type) {
-	case int64:
-		return owner, uint64(t), nil
-	case string:
-		token, err = strconv.ParseUint(t, 10, 64)
-		return owner, token, err
+	if token, err = parseToken(granted[1]); err != nil {
+		return "", 0, fmt.Errorf("redislock: grant reply %v", granted)
 	}
-	return "", 0, fmt.Errorf("redislock: grant reply %v", granted)
+	return owner, token, nil
+}
+
+// parseToken reads a token a script replied: an integer or the string of
+// its digits (fence.lua).
+func parseToken(v any) (uint64, error) {
+	switch t := v.(type) {
+	case int64:
+		return uint64(t), nil
+	case string:
+		return strconv.ParseUint(t, 10, 64)
+	}
+	return 0, fmt.Errorf("redislock: token %v", v)
 }
 
 // releaseLater releases owner's grant, if any, in the background: a grant

@@ -54,7 +54,7 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter) (lo
 	defer timer.Stop()
 	down := 0 // looks running that could not reach Redis
 	for {
-		lease, wait, err := l.look(waitCtx, a)
+		lease, wait, err := l.look(waitCtx, a, w)
 		switch {
 		case lease != nil:
 			return lease, nil
@@ -74,6 +74,9 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter) (lo
 		timer.Reset(max(wait, time.Millisecond))
 		select {
 		case g := <-w.granted:
+			if g.told {
+				return l.claimLater(a, g), nil
+			}
 			return l.newLease(a, g.fence, g.sent, true), nil
 		case <-w.news:
 		case <-timer.C:
@@ -84,19 +87,24 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter) (lo
 }
 
 // look runs wait.lua for a: a lease if the key is a's, or else how long
-// to wait at most. A grant it made to another waiter here is handed on.
-func (l *Locker) look(ctx context.Context, a acquisition) (lockkit.Lease, time.Duration, error) {
+// to wait at most. A refusal tells w's inbox when it was sent and the
+// key's last token then, which a grant told later must exceed
+// (inbox.granted). A grant it made to another waiter here is handed on.
+func (l *Locker) look(ctx context.Context, a acquisition, w *waiter) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
-	res, err := waitScript.Run(ctx, l.client, a.ks.all(), a.owner, l.waiterTimeout.Milliseconds()).Result()
+	res, err := waitScript.Run(ctx, l.client, a.ks.all(), a.owner, l.waiterTimeout.Milliseconds()).Slice()
 	if err != nil {
 		return nil, 0, unavailable(ctx, err)
 	}
-	granted, ok := res.([]any)
-	if !ok {
-		refused, _ := res.(int64) // -1 - the ms to wait at most
-		return nil, time.Duration(-1-refused) * time.Millisecond, nil
+	if refused, ok := firstInt(res); ok { // {the ms to wait at most, the last token}
+		last, err := parseToken(res[1])
+		if err != nil {
+			return nil, 0, err
+		}
+		l.inbox.refused(w, sent, last)
+		return nil, time.Duration(refused) * time.Millisecond, nil
 	}
-	owner, token, err := parseGrant(granted)
+	owner, token, err := parseGrant(res)
 	switch {
 	case err != nil:
 		return nil, 0, err
@@ -105,6 +113,34 @@ func (l *Locker) look(ctx context.Context, a acquisition) (lockkit.Lease, time.D
 	}
 	l.inbox.deliver(owner, grant{fence: token, sent: sent})
 	return nil, a.o.TTL, nil
+}
+
+// firstInt is the first of a two-element reply if it is an integer: a
+// refusal, where a grant starts with its owner.
+func firstInt(res []any) (int64, bool) {
+	if len(res) != 2 {
+		return 0, false
+	}
+	n, ok := res[0].(int64)
+	return n, ok
+}
+
+// claimLater is the lease of a grant a release elsewhere made and told
+// with its token (inbox.granted). Redis keeps the key the waiter's for
+// the claim window from the grant, which followed g.sent: the lease trusts
+// that much until its claim, an Extend to its own TTL sent at once, comes
+// back. A hand-off between processes so waits for the release's message
+// alone; a claim that finds the key gone marks the lease lost.
+func (l *Locker) claimLater(a acquisition, g grant) lockkit.Lease {
+	window := a
+	window.o.TTL = l.claimWindow
+	lease := l.newLease(window, g.fence, g.sent, true)
+	go func() {
+		ctx, cancel := context.WithDeadline(context.Background(), g.sent.Add(l.claimWindow))
+		defer cancel()
+		_ = lease.Extend(ctx, a.o.TTL)
+	}()
+	return lease
 }
 
 // waitErr is what Acquire answers when a call under waitCtx, which ctx

@@ -12,9 +12,12 @@
 -- the waiter timeout, and marks a holder's value with a trailing '!',
 -- which asks its release to hand the key on (release.lua); the mark lives
 -- and dies with the lease it asks about (APPEND keeps the TTL). Refused,
--- it replies -1 - the ms to wait at most: the holder's remaining lease.
--- A free key goes to the queue's first live waiter (next.lua), which may
--- be the caller. A grant replies {owner, token} (fence.lua).
+-- it replies {the ms to wait at most (the holder's remaining lease), the
+-- key's last token}: a grant told to the waiter later carries a token
+-- above that one, and one that does not was made before this look and is
+-- spent (inbox.granted). A free key goes to the queue's first live waiter
+-- (next.lua), which may be the caller. A grant replies {owner, token}
+-- (fence.lua).
 local owner, timeout = ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
 local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -37,6 +40,6 @@ else
     if string.sub(held, -1) ~= '!' then
       redis.call('APPEND', KEYS[1], '!')
     end
-    return -1 - math.max(redis.call('PTTL', KEYS[1]), 0)
+    return {math.max(redis.call('PTTL', KEYS[1]), 0), redis.call('GET', KEYS[2]) or '0'}
   end
 end

@@ -1,0 +1,213 @@
+package redislock_test
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
+)
+
+// claimGate holds back a client's extends (extend.lua, which is how a
+// waiter told of its grant claims it) until open is closed.
+type claimGate struct {
+	sha, script string
+	open        chan struct{}
+	held        chan struct{} // closed once an extend waits at the gate
+}
+
+func newClaimGate(t *testing.T) *claimGate {
+	src, err := os.ReadFile("extend.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha1.Sum(src)
+	return &claimGate{sha: hex.EncodeToString(sum[:]), script: string(src), open: make(chan struct{}), held: make(chan struct{})}
+}
+
+func (g *claimGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *claimGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (g *claimGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && (args[1] == g.sha || args[1] == g.script) {
+			select {
+			case <-g.held:
+			default:
+				close(g.held)
+			}
+			select {
+			case <-g.open:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A waiter in another process told of its grant holds the key from the
+// message on: its Acquire returns while its claim has not reached Redis,
+// with a token above the last holder's. Redis keeps the key its own for
+// the claim window meanwhile, and once the claim lands, for its lease.
+func TestToldGrantIsHeldBeforeItsClaimLands(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	const window = 2 * time.Second
+	holder := newLocker(t, newClient(t, addr))
+	gate := newClaimGate(t)
+	waiterClient := newClient(t, addr)
+	waiterClient.AddHook(gate)
+	waiter := newLocker(t, waiterClient, redislock.WithClaimWindow(window))
+	admin := newClient(t, addr)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	held := hold(t, holder, key)
+	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
+	owner := queueHead(t, admin, key)
+	time.Sleep(50 * time.Millisecond) // subscribed
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("told waiter: %v", a.err)
+	}
+	defer a.lease.Release(ctx)
+	select {
+	case <-gate.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no claim was sent after the told grant")
+	}
+	if a.lease.Fence() <= held.Fence() {
+		t.Errorf("token %d, not above the last holder's %d", a.lease.Fence(), held.Fence())
+	}
+	lock := "{" + testPrefix + key + "}"
+	if pttl := admin.PTTL(ctx, lock).Val(); pttl <= 0 || pttl > window {
+		t.Fatalf("before the claim, Redis keeps the grant %v; want at most the claim window %v", pttl, window)
+	}
+	close(gate.open)
+	waitUntil(t, func() bool { return admin.PTTL(ctx, lock).Val() > window })
+	if v := admin.Get(ctx, lock).Val(); strings.TrimSuffix(v, "!") != owner {
+		t.Fatalf("the key is %q, not the waiter's %q", v, owner)
+	}
+	select {
+	case <-a.lease.Lost():
+		t.Fatal("the claimed lease is lost")
+	default:
+	}
+}
+
+// A told grant whose claim does not land in time is lost by the end of
+// the window its lease trusted, and the waiter behind it is granted only
+// after that: Redis's window outlasts the lease's trust.
+func TestToldGrantWithoutClaimIsLostBeforeTheNextGrant(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	// Long enough that the waiter's look 200 ms before its grant leaves
+	// half of it, on a slow machine too: a look older than that claims
+	// before Acquire returns.
+	const window = 2 * time.Second
+	holder := newLocker(t, newClient(t, addr))
+	gate := newClaimGate(t)
+	defer close(gate.open)
+	stuckClient := newClient(t, addr)
+	stuckClient.AddHook(gate)
+	stuck := newLocker(t, stuckClient, redislock.WithClaimWindow(window))
+	next := newLocker(t, newClient(t, addr))
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	held := hold(t, holder, key)
+	first := acquireAsync(stuck, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
+	time.Sleep(100 * time.Millisecond) // queued first
+	second := acquireAsync(next, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
+	time.Sleep(100 * time.Millisecond) // queued behind it
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-first
+	if a.err != nil {
+		t.Fatalf("told waiter: %v", a.err)
+	}
+	lost := make(chan time.Time, 1)
+	go func() { <-a.lease.Lost(); lost <- time.Now() }()
+
+	b := <-second
+	if b.err != nil {
+		t.Fatalf("waiter behind the unclaimed grant: %v", b.err)
+	}
+	defer b.lease.Release(ctx)
+	select {
+	case at := <-lost:
+		if !at.Before(b.at) {
+			t.Errorf("the unclaimed lease was trusted until %v, past the next grant at %v", at, b.at)
+		}
+	default:
+		t.Fatal("the next waiter was granted while the unclaimed lease was still trusted")
+	}
+}
+
+// A grant message slower than a later look of its waiter, or one that
+// names a token the waiter's look saw already, is spent: the waiter does
+// not take it, and looks instead.
+func TestStaleGrantMessageIsNotTaken(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	holder := newLocker(t, newClient(t, addr))
+	waiter := newLocker(t, newClient(t, addr))
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	held := hold(t, holder, key)
+	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
+	owner := queueHead(t, admin, key)
+	time.Sleep(50 * time.Millisecond) // subscribed
+	channel := "redislock:" + strings.Split(owner, ":")[0]
+	if err := admin.Publish(ctx, channel, owner+" 1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-got:
+		t.Fatalf("a grant message with a token the waiter had seen was taken: %v %v", a.lease, a.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("waiter: %v", a.err)
+	}
+	_ = a.lease.Release(ctx)
+}
+
+// queueHead waits for a waiter to queue for key and returns its owner.
+func queueHead(t *testing.T, admin *redis.Client, key string) string {
+	t.Helper()
+	var owner string
+	waitUntil(t, func() bool {
+		owner = admin.LIndex(context.Background(), "{"+testPrefix+key+"}:queue", 0).Val()
+		return owner != ""
+	})
+	return owner
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
