@@ -36,9 +36,6 @@ const channelPrefix = "redislock:"
 type inbox struct {
 	client  redis.UniversalClient
 	channel string
-	// claimWindow is how long Redis keeps a key granted to a waiter here
-	// before the waiter claims it (next.lua).
-	claimWindow time.Duration
 	// window is how long a waiter told it is next waits before it looks:
 	// a little past the claim window of the waiter ahead, so that its look
 	// finds that window's end in Redis too.
@@ -67,24 +64,32 @@ type waiter struct {
 	// of the waiter ahead has passed: armed without waking the waiter,
 	// which its own grant normally reaches first.
 	next *time.Timer
-	// looked and last, under inbox.mu, are the send time of the waiter's
-	// latest look that Redis refused and the key's last token then.
-	looked time.Time
-	last   uint64
+	// refusal, under inbox.mu, is the waiter's latest look that Redis
+	// refused.
+	refusal refusal
+}
+
+// refusal is what a refused look saw: a grant told later is measured
+// against it (trusted).
+type refusal struct {
+	sent         time.Time // when the look was sent
+	last         uint64    // the key's last token
+	serverMicros uint64    // the server's clock
+	wait         time.Duration
 }
 
 // grant is a grant made to a waiter by a call of this Locker, or told to
 // it by a release elsewhere.
 type grant struct {
 	fence uint64
-	sent  time.Time // when a call was sent, before the grant began
-	// told: the grant came in a message; Redis keeps it for the claim
-	// window, which the waiter claims in the background (claimLater).
+	sent  time.Time // when the granting call was sent
+	// told: the grant came in a message, to be trusted or not when the
+	// waiter takes it (trusted).
 	told bool
 }
 
 func newInbox(client redis.UniversalClient, channel string, claimWindow time.Duration) *inbox {
-	return &inbox{client: client, channel: channel, claimWindow: claimWindow, window: claimWindow + claimWindow/8,
+	return &inbox{client: client, channel: channel, window: claimWindow + claimWindow/8,
 		waiters: make(map[string]*waiter), keys: make(map[keyset]int)}
 }
 
@@ -202,21 +207,15 @@ func (b *inbox) tellAll() {
 	}
 }
 
-// refused records a look of w that Redis refused: sent at sent, it saw
-// last as the key's last token.
-func (b *inbox) refused(w *waiter, sent time.Time, last uint64) {
+// refused records a look of w that Redis refused.
+func (b *inbox) refused(w *waiter, r refusal) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	w.looked, w.last = sent, last
+	w.refusal = r
 }
 
-// granted hands owner's waiter the key a release elsewhere granted it
-// with token, when the grant is known to have come after the waiter's
-// latest refused look (its token is above the one that look saw, so the
-// window Redis keeps it for runs past the look's send time) and that
-// look was recent enough for half the claim window to be left. Otherwise
-// the waiter looks: that claims a grant still its own, and finds a spent
-// one (a message slower than a later look) gone.
+// granted hands owner's waiter a grant with token that a release
+// elsewhere told, for the waiter to judge when it takes it (trusted).
 func (b *inbox) granted(owner, token string) {
 	fence, err := strconv.ParseUint(token, 10, 64)
 	b.mu.Lock()
@@ -224,14 +223,42 @@ func (b *inbox) granted(owner, token string) {
 	w := b.waiters[owner]
 	switch {
 	case w == nil:
-	case err != nil || fence <= w.last || time.Since(w.looked) > b.claimWindow/2:
+	case err != nil:
 		w.tell()
 	default:
 		select {
-		case w.granted <- grant{fence: fence, sent: w.looked, told: true}:
+		case w.granted <- grant{fence: fence, told: true}:
 		default:
+			w.tell() // a grant waits already: the look sorts them out
 		}
 	}
+}
+
+// trusted reports whether w may hold the key for trust from a told grant
+// with token fence, and since when: only a grant made after w's latest
+// refused look, whose window Redis then counts from after that look's
+// send time. The token says so: it is above the key's last token and at
+// least the server's clock that the look saw (fence.lua), and within reach
+// of them (a message forged with an absurd token is not taken). And half
+// of trust must be left, for the claim to land in. Otherwise the waiter
+// looks: that claims a grant still its own, and finds a spent one (its
+// message slower than a later look) gone.
+func (b *inbox) trusted(w *waiter, fence uint64, trust time.Duration) (since time.Time, ok bool) {
+	b.mu.Lock()
+	r := w.refusal
+	b.mu.Unlock()
+	age := time.Since(r.sent)
+	if r.sent.IsZero() || age >= trust/2 {
+		return time.Time{}, false
+	}
+	// Tokens rise by one a grant or with the clock, and no server grants
+	// once a microsecond: 2 per microsecond since the look, and a second
+	// for the clocks, is more than any real token has climbed.
+	reach := max(r.last, r.serverMicros) + 2*uint64(age.Microseconds()) + 1e6
+	if fence <= r.last || fence < r.serverMicros || fence > reach {
+		return time.Time{}, false
+	}
+	return r.sent, true
 }
 
 // isNext has owner's waiter look once the claim window of the waiter

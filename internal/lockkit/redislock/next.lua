@@ -26,7 +26,7 @@ if not grantee then
     head = redis.call('LPOP', KEYS[3])
   end
   if not head then
-    return refused or {0, redis.call('GET', KEYS[2]) or '0'}
+    return refused or {0, redis.call('GET', KEYS[2]) or '0', t[1], t[2]}
   end
   second = redis.call('LINDEX', KEYS[3], 0)
   local mark = ''

@@ -480,5 +480,10 @@ func (l *Locker) newOwner() string {
 // least 1: PX 0 is refused), which a release grants it for (next.lua).
 func (l *Locker) newWaitingOwner(ttl time.Duration) string {
 	ms := func(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
-	return l.newOwner() + ":" + ms(l.claimWindow) + ":" + ms(ttl)
+	return l.newOwner() + ":" + ms(l.grantWindow()) + ":" + ms(ttl)
+}
+
+// grantWindow is the claim window as a release grants it: whole ms.
+func (l *Locker) grantWindow() time.Duration {
+	return max(l.claimWindow.Truncate(time.Millisecond), time.Millisecond)
 }

@@ -2,7 +2,8 @@
 -- after fence.lua: the grant goes out on the waiter's Locker's channel as
 -- "<owner> <token>", and the waiter after it, if any, is told that it is
 -- next ("?<owner>"). The caller is refused, as it would be for a held key:
--- handoff.lua's 1, or wait.lua's {the claim window, the token drawn}.
+-- handoff.lua's 1, or wait.lua's {the claim window, the token drawn, the
+-- server's TIME}.
 -- Otherwise the grant is the caller's Locker's: {owner, token}.
 if told then
   if type(token) == 'number' then
@@ -12,6 +13,6 @@ if told then
   if second then
     redis.call('PUBLISH', 'redislock:' .. string.match(second, '^[^:]+'), '?' .. second)
   end
-  return refused or {tonumber(window), token}
+  return refused or {tonumber(window), token, t[1], t[2]}
 end
 return {grantee, token}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -210,4 +211,188 @@ func waitUntil(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// scriptDelay delays a client's calls of one script, composed of files as
+// redislock composes it: by before ahead of the call while slowNext is
+// set (once), by after behind every call's reply.
+type scriptDelay struct {
+	sha, src      string
+	before, after time.Duration
+	slowNext      atomic.Bool
+	calls         atomic.Int64
+}
+
+func newScriptDelay(t *testing.T, files ...string) *scriptDelay {
+	var src strings.Builder
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Write(b)
+	}
+	sum := sha1.Sum([]byte(src.String()))
+	return &scriptDelay{sha: hex.EncodeToString(sum[:]), src: src.String()}
+}
+
+func (d *scriptDelay) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (d *scriptDelay) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (d *scriptDelay) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) < 2 || (args[1] != d.sha && args[1] != d.src) {
+			return next(ctx, cmd)
+		}
+		d.calls.Add(1)
+		if d.slowNext.CompareAndSwap(true, false) {
+			time.Sleep(d.before)
+		}
+		err := next(ctx, cmd)
+		time.Sleep(d.after)
+		return err
+	}
+}
+
+func lost(l lockkit.Lease) bool {
+	select {
+	case <-l.Lost():
+		return true
+	default:
+		return false
+	}
+}
+
+// A told grant's lease shorter than the claim window: its claim cuts the
+// key's TTL in Redis to the lease's as it lands, so the lease may trust no
+// more than its TTL while the claim's reply is on its way (held back here
+// 400 ms). Another Locker that takes the key once it expired finds the
+// told lease lost.
+func TestToldGrantTrustsNoLongerThanItsLease(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	const window, ttl, replyDelay = time.Second, 50 * time.Millisecond, 400 * time.Millisecond
+	claims := newScriptDelay(t, "extend.lua")
+	claims.after = replyDelay
+	waiterClient := newClient(t, addr)
+	waiterClient.AddHook(claims)
+	holder := newLocker(t, newClient(t, addr))
+	waiter := newLocker(t, waiterClient, redislock.WithClaimWindow(window))
+	other := newLocker(t, newClient(t, addr))
+	admin := newClient(t, addr)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	held := hold(t, holder, key)
+	got := acquireAsync(waiter, ctx, key, lockkit.WithTTL(ttl), lockkit.WithWaitTimeout(10*time.Second))
+	queueHead(t, admin, key)
+	time.Sleep(50 * time.Millisecond) // subscribed
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("told waiter: %v", a.err)
+	}
+	for granted := time.Now(); time.Since(granted) < replyDelay; time.Sleep(2 * time.Millisecond) {
+		if l, err := other.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute)); err == nil {
+			defer l.Release(ctx)
+			if !lost(a.lease) {
+				t.Fatalf("another Locker was granted the key %v after the told grant while the told lease (TTL %v, its claim's reply held back) was still trusted",
+					time.Since(granted), ttl)
+			}
+			return
+		}
+	}
+}
+
+// A told grant whose message came while its waiter's next look was on its
+// way, slowly (here: 400 ms, past the grant's 250 ms window): the look is
+// refused (another Locker took the key once the window ran out), and the
+// grant it followed is spent. Acquire must not return it as a lease, lost
+// from the start; the waiter waits on and is granted the key once the
+// other lets go.
+func TestToldGrantSpentDuringASlowLookIsNotTaken(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	const window = 250 * time.Millisecond
+	looks := newScriptDelay(t, "wait.lua", "next.lua", "fence.lua", "tell.lua")
+	looks.before = window + 150*time.Millisecond
+	waiterClient := newClient(t, addr)
+	waiterClient.AddHook(looks)
+	holder := newLocker(t, newClient(t, addr))
+	waiter := newLocker(t, waiterClient, redislock.WithClaimWindow(window))
+	other := newLocker(t, newClient(t, addr))
+	admin := newClient(t, addr)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	held := hold(t, holder, key)
+	got := acquireAsync(waiter, ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
+	owner := queueHead(t, admin, key)
+	time.Sleep(30 * time.Millisecond) // subscribed
+	// A bare owner has the waiter look: that look is the slow one.
+	looks.slowNext.Store(true)
+	if err := admin.Publish(ctx, "redislock:"+strings.Split(owner, ":")[0], owner).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := held.Release(ctx); err != nil { // told while the look is on its way
+		t.Fatal(err)
+	}
+	time.Sleep(window + 20*time.Millisecond)
+	taken, err := other.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatalf("the key after the unclaimed window: %v", err)
+	}
+	select {
+	case a := <-got:
+		t.Fatalf("Acquire returned while another Locker holds the key: lease lost %v, err %v", a.lease != nil && lost(a.lease), a.err)
+	case <-time.After(window + 300*time.Millisecond):
+	}
+	if err := taken.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("the waiter after the key was let go: %v", a.err)
+	}
+	defer a.lease.Release(ctx)
+	if lost(a.lease) || a.lease.Fence() <= taken.Fence() {
+		t.Fatalf("the waiter's lease: lost %v, token %d after %d", lost(a.lease), a.lease.Fence(), taken.Fence())
+	}
+}
+
+// A message that names a waiter with a token out of any real grant's
+// reach (forged: the largest token there is) is not taken: a fenced store
+// that saw it would refuse every real holder after it.
+func TestGrantWithAnAbsurdTokenIsNotTaken(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	admin := newClient(t, addr)
+	holder := newLocker(t, newClient(t, addr))
+	waiter := newLocker(t, newClient(t, addr))
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	held := hold(t, holder, key)
+	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
+	owner := queueHead(t, admin, key)
+	time.Sleep(50 * time.Millisecond) // subscribed
+	if err := admin.Publish(ctx, "redislock:"+strings.Split(owner, ":")[0], owner+" 18446744073709551615").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-got:
+		t.Fatalf("a grant with an absurd token was taken: %+v", a)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("waiter: %v", a.err)
+	}
+	_ = a.lease.Release(ctx)
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/lockbench/shop/internal/lockkit"
@@ -74,10 +75,15 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter) (lo
 		timer.Reset(max(wait, time.Millisecond))
 		select {
 		case g := <-w.granted:
-			if g.told {
-				return l.claimLater(a, g), nil
+			if !g.told {
+				return l.newLease(a, g.fence, g.sent, true), nil
 			}
-			return l.newLease(a, g.fence, g.sent, true), nil
+			trust := min(l.grantWindow(), a.o.TTL)
+			if since, ok := l.inbox.trusted(w, g.fence, trust); ok {
+				return l.claimLater(a, g.fence, since, trust), nil
+			}
+			// Spent, or too old to trust: the look claims it if it is ours.
+			continue
 		case <-w.news:
 		case <-timer.C:
 		case <-waitCtx.Done():
@@ -87,22 +93,22 @@ func (l *Locker) waitTurn(waitCtx context.Context, a acquisition, w *waiter) (lo
 }
 
 // look runs wait.lua for a: a lease if the key is a's, or else how long
-// to wait at most. A refusal tells w's inbox when it was sent and the
-// key's last token then, which a grant told later must exceed
-// (inbox.granted). A grant it made to another waiter here is handed on.
+// to wait at most. A refusal tells w's inbox when it was sent and what it
+// saw, which a grant told later must be above (inbox.trusted). A grant it
+// made to another waiter here is handed on.
 func (l *Locker) look(ctx context.Context, a acquisition, w *waiter) (lockkit.Lease, time.Duration, error) {
 	sent := time.Now()
 	res, err := waitScript.Run(ctx, l.client, a.ks.all(), a.owner, l.waiterTimeout.Milliseconds()).Slice()
 	if err != nil {
 		return nil, 0, unavailable(ctx, err)
 	}
-	if refused, ok := firstInt(res); ok { // {the ms to wait at most, the last token}
-		last, err := parseToken(res[1])
+	if len(res) == 4 { // refused: {the ms to wait at most, the last token, TIME}
+		r, err := parseRefusal(res, sent)
 		if err != nil {
 			return nil, 0, err
 		}
-		l.inbox.refused(w, sent, last)
-		return nil, time.Duration(refused) * time.Millisecond, nil
+		l.inbox.refused(w, r)
+		return nil, r.wait, nil
 	}
 	owner, token, err := parseGrant(res)
 	switch {
@@ -115,28 +121,32 @@ func (l *Locker) look(ctx context.Context, a acquisition, w *waiter) (lockkit.Le
 	return nil, a.o.TTL, nil
 }
 
-// firstInt is the first of a two-element reply if it is an integer: a
-// refusal, where a grant starts with its owner.
-func firstInt(res []any) (int64, bool) {
-	if len(res) != 2 {
-		return 0, false
+// parseRefusal reads wait.lua's refusal of a look sent at sent.
+func parseRefusal(res []any, sent time.Time) (refusal, error) {
+	wait, ok := res[0].(int64)
+	last, errLast := parseToken(res[1])
+	secs, errSecs := parseToken(res[2])
+	micros, errMicros := parseToken(res[3])
+	if !ok || errLast != nil || errSecs != nil || errMicros != nil {
+		return refusal{}, fmt.Errorf("redislock: refusal %v", res)
 	}
-	n, ok := res[0].(int64)
-	return n, ok
+	return refusal{sent: sent, last: last, serverMicros: secs*1e6 + micros, wait: time.Duration(wait) * time.Millisecond}, nil
 }
 
-// claimLater is the lease of a grant a release elsewhere made and told
-// with its token (inbox.granted). Redis keeps the key the waiter's for
-// the claim window from the grant, which followed g.sent: the lease trusts
-// that much until its claim, an Extend to its own TTL sent at once, comes
-// back. A hand-off between processes so waits for the release's message
-// alone; a claim that finds the key gone marks the lease lost.
-func (l *Locker) claimLater(a acquisition, g grant) lockkit.Lease {
-	window := a
-	window.o.TTL = l.claimWindow
-	lease := l.newLease(window, g.fence, g.sent, true)
+// claimLater is the lease of a grant with token fence that a release
+// elsewhere made and told (inbox.trusted). Redis keeps the key the
+// waiter's for the claim window from the grant, which followed since; its
+// claim, an Extend to the lease's TTL sent at once, keeps it that TTL from
+// when it lands. The lease trusts the shorter of the two (trust) from
+// since until the claim comes back. A hand-off between processes so
+// waits for the release's message alone; a claim that finds the key gone
+// marks the lease lost.
+func (l *Locker) claimLater(a acquisition, fence uint64, since time.Time, trust time.Duration) lockkit.Lease {
+	first := a
+	first.o.TTL = trust
+	lease := l.newLease(first, fence, since, true)
 	go func() {
-		ctx, cancel := context.WithDeadline(context.Background(), g.sent.Add(l.claimWindow))
+		ctx, cancel := context.WithDeadline(context.Background(), since.Add(trust))
 		defer cancel()
 		_ = lease.Extend(ctx, a.o.TTL)
 	}()

@@ -13,9 +13,10 @@
 -- which asks its release to hand the key on (release.lua); the mark lives
 -- and dies with the lease it asks about (APPEND keeps the TTL). Refused,
 -- it replies {the ms to wait at most (the holder's remaining lease), the
--- key's last token}: a grant told to the waiter later carries a token
--- above that one, and one that does not was made before this look and is
--- spent (inbox.granted). A free key goes to the queue's first live waiter
+-- key's last token, the server's TIME}: a grant told to the waiter later
+-- carries a token above that one and at least that time in microseconds
+-- (fence.lua), and one that does not was made before this look and is
+-- spent (inbox.trusted). A free key goes to the queue's first live waiter
 -- (next.lua), which may be the caller. A grant replies {owner, token}
 -- (fence.lua).
 local owner, timeout = ARGV[1], tonumber(ARGV[2])
@@ -40,6 +41,6 @@ else
     if string.sub(held, -1) ~= '!' then
       redis.call('APPEND', KEYS[1], '!')
     end
-    return {math.max(redis.call('PTTL', KEYS[1]), 0), redis.call('GET', KEYS[2]) or '0'}
+    return {math.max(redis.call('PTTL', KEYS[1]), 0), redis.call('GET', KEYS[2]) or '0', t[1], t[2]}
   end
 end
