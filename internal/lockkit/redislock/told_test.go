@@ -75,7 +75,6 @@ func TestToldGrantIsHeldBeforeItsClaimLands(t *testing.T) {
 	held := hold(t, holder, key)
 	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
 	owner := queueHead(t, admin, key)
-	time.Sleep(50 * time.Millisecond) // subscribed
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -113,9 +112,9 @@ func TestToldGrantIsHeldBeforeItsClaimLands(t *testing.T) {
 // after that: Redis's window outlasts the lease's trust.
 func TestToldGrantWithoutClaimIsLostBeforeTheNextGrant(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
-	// Long enough that the waiter's look 200 ms before its grant leaves
-	// half of it, on a slow machine too: a look older than that claims
-	// before Acquire returns.
+	// Long enough that the waiter's look before its grant leaves half of
+	// it, on a slow machine too: a look older than that claims before
+	// Acquire returns.
 	const window = 2 * time.Second
 	holder := newLocker(t, newClient(t, addr))
 	gate := newClaimGate(t)
@@ -128,10 +127,11 @@ func TestToldGrantWithoutClaimIsLostBeforeTheNextGrant(t *testing.T) {
 	key := uniqueKey(t)
 
 	held := hold(t, holder, key)
+	admin := newClient(t, addr)
 	first := acquireAsync(stuck, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
-	time.Sleep(100 * time.Millisecond) // queued first
+	queueHead(t, admin, key)
 	second := acquireAsync(next, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
-	time.Sleep(100 * time.Millisecond) // queued behind it
+	queued(t, admin, key, 2)
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,6 @@ func TestStaleGrantMessageIsNotTaken(t *testing.T) {
 	held := hold(t, holder, key)
 	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
 	owner := queueHead(t, admin, key)
-	time.Sleep(50 * time.Millisecond) // subscribed
 	channel := "redislock:" + strings.Split(owner, ":")[0]
 	if err := admin.Publish(ctx, channel, owner+" 1").Err(); err != nil {
 		t.Fatal(err)
@@ -191,15 +190,34 @@ func TestStaleGrantMessageIsNotTaken(t *testing.T) {
 	_ = a.lease.Release(ctx)
 }
 
-// queueHead waits for a waiter to queue for key and returns its owner.
+// queueHead waits for a waiter to queue for key and returns its owner
+// (queued).
 func queueHead(t *testing.T, admin *redis.Client, key string) string {
 	t.Helper()
-	var owner string
+	return queued(t, admin, key, 1)[0]
+}
+
+// queued waits for n waiters to queue for key, each of a Locker whose
+// channel is subscribed (a release's message reaches it), and returns
+// their owners in queue order.
+func queued(t *testing.T, admin *redis.Client, key string, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	var owners []string
 	waitUntil(t, func() bool {
-		owner = admin.LIndex(context.Background(), "{"+testPrefix+key+"}:queue", 0).Val()
-		return owner != ""
+		owners = admin.LRange(ctx, "{"+testPrefix+key+"}:queue", 0, -1).Val()
+		if len(owners) < n {
+			return false
+		}
+		for _, o := range owners[:n] {
+			channel := "redislock:" + strings.Split(o, ":")[0]
+			if admin.PubSubNumSub(ctx, channel).Val()[channel] == 0 {
+				return false
+			}
+		}
+		return true
 	})
-	return owner
+	return owners[:n]
 }
 
 func waitUntil(t *testing.T, cond func() bool) {
@@ -288,7 +306,6 @@ func TestToldGrantTrustsNoLongerThanItsLease(t *testing.T) {
 	held := hold(t, holder, key)
 	got := acquireAsync(waiter, ctx, key, lockkit.WithTTL(ttl), lockkit.WithWaitTimeout(10*time.Second))
 	queueHead(t, admin, key)
-	time.Sleep(50 * time.Millisecond) // subscribed
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +348,6 @@ func TestToldGrantSpentDuringASlowLookIsNotTaken(t *testing.T) {
 	held := hold(t, holder, key)
 	got := acquireAsync(waiter, ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
 	owner := queueHead(t, admin, key)
-	time.Sleep(30 * time.Millisecond) // subscribed
 	// A bare owner has the waiter look: that look is the slow one.
 	looks.slowNext.Store(true)
 	if err := admin.Publish(ctx, "redislock:"+strings.Split(owner, ":")[0], owner).Err(); err != nil {
@@ -378,7 +394,6 @@ func TestGrantWithAnAbsurdTokenIsNotTaken(t *testing.T) {
 	held := hold(t, holder, key)
 	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
 	owner := queueHead(t, admin, key)
-	time.Sleep(50 * time.Millisecond) // subscribed
 	if err := admin.Publish(ctx, "redislock:"+strings.Split(owner, ":")[0], owner+" 18446744073709551615").Err(); err != nil {
 		t.Fatal(err)
 	}
