@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,47 +14,31 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockbench/shop/internal/lockkit"
+	"github.com/lockbench/shop/internal/lockkit/backend"
 	"github.com/lockbench/shop/internal/lockkit/redislock"
 )
 
 // claimGate holds back a client's extends (extend.lua, which is how a
-// waiter told of its grant claims it) until open is closed.
+// waiter told of its grant claims it) until open is closed; held closes
+// once one waits there.
 type claimGate struct {
-	sha, script string
-	open        chan struct{}
-	held        chan struct{} // closed once an extend waits at the gate
+	*scriptHook
+	open, held chan struct{}
 }
 
 func newClaimGate(t *testing.T) *claimGate {
-	src, err := os.ReadFile("extend.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha1.Sum(src)
-	return &claimGate{sha: hex.EncodeToString(sum[:]), script: string(src), open: make(chan struct{}), held: make(chan struct{})}
-}
-
-func (g *claimGate) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (g *claimGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (g *claimGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && (args[1] == g.sha || args[1] == g.script) {
-			select {
-			case <-g.held:
-			default:
-				close(g.held)
-			}
-			select {
-			case <-g.open:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+	g := &claimGate{scriptHook: newScriptHook(t, "extend.lua"), open: make(chan struct{}), held: make(chan struct{})}
+	var once sync.Once
+	g.before = func(ctx context.Context) error {
+		once.Do(func() { close(g.held) })
+		select {
+		case <-g.open:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return next(ctx, cmd)
 	}
+	return g
 }
 
 // A waiter in another process told of its grant holds the key from the
@@ -160,7 +145,12 @@ func TestToldGrantWithoutClaimIsLostBeforeTheNextGrant(t *testing.T) {
 // A grant message slower than a later look of its waiter, or one that
 // names a token the waiter's look saw already, is spent: the waiter does
 // not take it, and looks instead.
-func TestStaleGrantMessageIsNotTaken(t *testing.T) {
+func TestStaleGrantMessageIsNotTaken(t *testing.T) { grantMessageIsNotTaken(t, "1") }
+
+// grantMessageIsNotTaken publishes a grant with token to a waiter while
+// the key is held: the waiter must not take it, and is granted the key
+// once its holder lets go.
+func grantMessageIsNotTaken(t *testing.T, token string) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	admin := newClient(t, addr)
 	holder := newLocker(t, newClient(t, addr))
@@ -171,13 +161,12 @@ func TestStaleGrantMessageIsNotTaken(t *testing.T) {
 	held := hold(t, holder, key)
 	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
 	owner := queueHead(t, admin, key)
-	channel := "redislock:" + strings.Split(owner, ":")[0]
-	if err := admin.Publish(ctx, channel, owner+" 1").Err(); err != nil {
+	if err := admin.Publish(ctx, channelOf(owner), owner+" "+token).Err(); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case a := <-got:
-		t.Fatalf("a grant message with a token the waiter had seen was taken: %v %v", a.lease, a.err)
+		t.Fatalf("a grant message with token %s was taken: %+v", token, a)
 	case <-time.After(300 * time.Millisecond):
 	}
 	if err := held.Release(ctx); err != nil {
@@ -189,6 +178,9 @@ func TestStaleGrantMessageIsNotTaken(t *testing.T) {
 	}
 	_ = a.lease.Release(ctx)
 }
+
+// channelOf is the channel on which releases tell owner's Locker.
+func channelOf(owner string) string { return "redislock:" + strings.Split(owner, ":")[0] }
 
 // queueHead waits for a waiter to queue for key and returns its owner
 // (queued).
@@ -210,7 +202,7 @@ func queued(t *testing.T, admin *redis.Client, key string, n int) []string {
 			return false
 		}
 		for _, o := range owners[:n] {
-			channel := "redislock:" + strings.Split(o, ":")[0]
+			channel := channelOf(o)
 			if admin.PubSubNumSub(ctx, channel).Val()[channel] == 0 {
 				return false
 			}
@@ -231,17 +223,16 @@ func waitUntil(t *testing.T, cond func() bool) {
 	}
 }
 
-// scriptDelay delays a client's calls of one script, composed of files as
-// redislock composes it: by before ahead of the call while slowNext is
-// set (once), by after behind every call's reply.
-type scriptDelay struct {
-	sha, src      string
-	before, after time.Duration
-	slowNext      atomic.Bool
-	calls         atomic.Int64
+// scriptHook runs around a client's calls of one script, composed of
+// files as redislock composes it: before ahead of each call (an error
+// ends the call), after behind its reply.
+type scriptHook struct {
+	sha, src string
+	before   func(ctx context.Context) error
+	after    func()
 }
 
-func newScriptDelay(t *testing.T, files ...string) *scriptDelay {
+func newScriptHook(t *testing.T, files ...string) *scriptHook {
 	var src strings.Builder
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -251,36 +242,29 @@ func newScriptDelay(t *testing.T, files ...string) *scriptDelay {
 		src.Write(b)
 	}
 	sum := sha1.Sum([]byte(src.String()))
-	return &scriptDelay{sha: hex.EncodeToString(sum[:]), src: src.String()}
+	return &scriptHook{sha: hex.EncodeToString(sum[:]), src: src.String()}
 }
 
-func (d *scriptDelay) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (d *scriptDelay) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
-func (d *scriptDelay) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if len(args) < 2 || (args[1] != d.sha && args[1] != d.src) {
+		if args := cmd.Args(); len(args) < 2 || (args[1] != h.sha && args[1] != h.src) {
 			return next(ctx, cmd)
 		}
-		d.calls.Add(1)
-		if d.slowNext.CompareAndSwap(true, false) {
-			time.Sleep(d.before)
+		if h.before != nil {
+			if err := h.before(ctx); err != nil {
+				return err
+			}
 		}
 		err := next(ctx, cmd)
-		time.Sleep(d.after)
+		if h.after != nil {
+			h.after()
+		}
 		return err
-	}
-}
-
-func lost(l lockkit.Lease) bool {
-	select {
-	case <-l.Lost():
-		return true
-	default:
-		return false
 	}
 }
 
@@ -292,8 +276,8 @@ func lost(l lockkit.Lease) bool {
 func TestToldGrantTrustsNoLongerThanItsLease(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	const window, ttl, replyDelay = time.Second, 50 * time.Millisecond, 400 * time.Millisecond
-	claims := newScriptDelay(t, "extend.lua")
-	claims.after = replyDelay
+	claims := newScriptHook(t, "extend.lua")
+	claims.after = func() { time.Sleep(replyDelay) }
 	waiterClient := newClient(t, addr)
 	waiterClient.AddHook(claims)
 	holder := newLocker(t, newClient(t, addr))
@@ -316,7 +300,7 @@ func TestToldGrantTrustsNoLongerThanItsLease(t *testing.T) {
 	for granted := time.Now(); time.Since(granted) < replyDelay; time.Sleep(2 * time.Millisecond) {
 		if l, err := other.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute)); err == nil {
 			defer l.Release(ctx)
-			if !lost(a.lease) {
+			if !backend.IsClosed(a.lease.Lost()) {
 				t.Fatalf("another Locker was granted the key %v after the told grant while the told lease (TTL %v, its claim's reply held back) was still trusted",
 					time.Since(granted), ttl)
 			}
@@ -334,8 +318,14 @@ func TestToldGrantTrustsNoLongerThanItsLease(t *testing.T) {
 func TestToldGrantSpentDuringASlowLookIsNotTaken(t *testing.T) {
 	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
 	const window = 250 * time.Millisecond
-	looks := newScriptDelay(t, "wait.lua", "next.lua", "fence.lua", "tell.lua")
-	looks.before = window + 150*time.Millisecond
+	looks := newScriptHook(t, "wait.lua", "next.lua", "fence.lua", "tell.lua")
+	var slowNext atomic.Bool // the next look reaches Redis window+150ms late
+	looks.before = func(context.Context) error {
+		if slowNext.CompareAndSwap(true, false) {
+			time.Sleep(window + 150*time.Millisecond)
+		}
+		return nil
+	}
 	waiterClient := newClient(t, addr)
 	waiterClient.AddHook(looks)
 	holder := newLocker(t, newClient(t, addr))
@@ -349,8 +339,8 @@ func TestToldGrantSpentDuringASlowLookIsNotTaken(t *testing.T) {
 	got := acquireAsync(waiter, ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
 	owner := queueHead(t, admin, key)
 	// A bare owner has the waiter look: that look is the slow one.
-	looks.slowNext.Store(true)
-	if err := admin.Publish(ctx, "redislock:"+strings.Split(owner, ":")[0], owner).Err(); err != nil {
+	slowNext.Store(true)
+	if err := admin.Publish(ctx, channelOf(owner), owner).Err(); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(10 * time.Millisecond)
@@ -364,7 +354,7 @@ func TestToldGrantSpentDuringASlowLookIsNotTaken(t *testing.T) {
 	}
 	select {
 	case a := <-got:
-		t.Fatalf("Acquire returned while another Locker holds the key: lease lost %v, err %v", a.lease != nil && lost(a.lease), a.err)
+		t.Fatalf("Acquire returned while another Locker holds the key: lease lost %v, err %v", a.lease != nil && backend.IsClosed(a.lease.Lost()), a.err)
 	case <-time.After(window + 300*time.Millisecond):
 	}
 	if err := taken.Release(ctx); err != nil {
@@ -375,8 +365,8 @@ func TestToldGrantSpentDuringASlowLookIsNotTaken(t *testing.T) {
 		t.Fatalf("the waiter after the key was let go: %v", a.err)
 	}
 	defer a.lease.Release(ctx)
-	if lost(a.lease) || a.lease.Fence() <= taken.Fence() {
-		t.Fatalf("the waiter's lease: lost %v, token %d after %d", lost(a.lease), a.lease.Fence(), taken.Fence())
+	if backend.IsClosed(a.lease.Lost()) || a.lease.Fence() <= taken.Fence() {
+		t.Fatalf("the waiter's lease: lost %v, token %d after %d", backend.IsClosed(a.lease.Lost()), a.lease.Fence(), taken.Fence())
 	}
 }
 
@@ -384,30 +374,5 @@ func TestToldGrantSpentDuringASlowLookIsNotTaken(t *testing.T) {
 // reach (forged: the largest token there is) is not taken: a fenced store
 // that saw it would refuse every real holder after it.
 func TestGrantWithAnAbsurdTokenIsNotTaken(t *testing.T) {
-	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
-	admin := newClient(t, addr)
-	holder := newLocker(t, newClient(t, addr))
-	waiter := newLocker(t, newClient(t, addr))
-	ctx := context.Background()
-	key := uniqueKey(t)
-
-	held := hold(t, holder, key)
-	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
-	owner := queueHead(t, admin, key)
-	if err := admin.Publish(ctx, "redislock:"+strings.Split(owner, ":")[0], owner+" 18446744073709551615").Err(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case a := <-got:
-		t.Fatalf("a grant with an absurd token was taken: %+v", a)
-	case <-time.After(300 * time.Millisecond):
-	}
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a := <-got
-	if a.err != nil {
-		t.Fatalf("waiter: %v", a.err)
-	}
-	_ = a.lease.Release(ctx)
+	grantMessageIsNotTaken(t, "18446744073709551615")
 }
