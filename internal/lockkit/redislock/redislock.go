@@ -78,8 +78,11 @@ const DefaultWaiterTimeout = 3 * time.Second
 
 // DefaultClaimWindow is how long a key granted to a waiter in another
 // process stays its own before it claims it: the longest a waiter that
-// died after it was granted the key holds it up.
-const DefaultClaimWindow = 250 * time.Millisecond
+// died after it was granted the key holds it up. A waiter told of its
+// grant holds the key while its claim is on the way, with at least half
+// the window left (inbox.trusted), so the window is also the stall the
+// claim may take on a loaded machine (0.5 s) before the lease is lost.
+const DefaultClaimWindow = time.Second
 
 // Option configures a Locker.
 type Option func(*Locker)

@@ -92,6 +92,49 @@ func TestToldGrantIsHeldBeforeItsClaimLands(t *testing.T) {
 	}
 }
 
+// A told grant's claim answered late, as on a loaded machine (its
+// reply held back 300 ms here), does not cost the lease: the default
+// claim window leaves more than that for it.
+func TestToldGrantOutlivesASlowClaim(t *testing.T) {
+	addr := serverAddrs(t, "SHOP_TEST_REDIS_ADDR")[0]
+	const replyDelay = 300 * time.Millisecond
+	claims := newScriptHook(t, "extend.lua")
+	claimed := make(chan struct{})
+	var once sync.Once
+	claims.after = func() { time.Sleep(replyDelay); once.Do(func() { close(claimed) }) }
+	waiterClient := newClient(t, addr)
+	waiterClient.AddHook(claims)
+	holder := newLocker(t, newClient(t, addr))
+	waiter := newLocker(t, waiterClient)
+	admin := newClient(t, addr)
+	ctx := context.Background()
+	key := uniqueKey(t)
+
+	held := hold(t, holder, key)
+	got := acquireAsync(waiter, ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
+	queueHead(t, admin, key)
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("told waiter: %v", a.err)
+	}
+	defer a.lease.Release(ctx)
+	lost := a.lease.Lost()
+	select {
+	case <-claimed:
+	case <-lost:
+		t.Fatalf("the told lease was lost while its claim's reply was %v late", replyDelay)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no claim was answered after the told grant")
+	}
+	time.Sleep(10 * time.Millisecond) // the reply settles the lease
+	if backend.IsClosed(lost) {
+		t.Fatalf("the told lease was lost while its claim's reply was %v late", replyDelay)
+	}
+}
+
 // A told grant whose claim does not land in time is lost by the end of
 // the window its lease trusted, and the waiter behind it is granted only
 // after that: Redis's window outlasts the lease's trust.
