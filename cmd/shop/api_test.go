@@ -26,6 +26,7 @@ import (
 	"github.com/lockbench/shop/internal/apidoc"
 	"github.com/lockbench/shop/internal/config"
 	"github.com/lockbench/shop/internal/problem"
+	"github.com/lockbench/shop/internal/testenv"
 )
 
 const (
@@ -34,8 +35,9 @@ const (
 )
 
 // newTestServer runs the whole service in this process on the embedded
-// defaults (SQLite in a temp dir, in-process Redis, backend redis): it
-// needs no server, so the API contract is checked on every machine.
+// defaults (SQLite in a temp dir, in-process Redis, backend redis), with
+// a broker of its own (testenv.ServiceBroker): it needs no server, so the
+// API contract is checked on every machine.
 func newTestServer(t *testing.T, env map[string]string) (*httptest.Server, *app) {
 	t.Helper()
 	vars := map[string]string{
@@ -47,6 +49,9 @@ func newTestServer(t *testing.T, env map[string]string) (*httptest.Server, *app)
 	}
 	for k, v := range env {
 		vars[k] = v
+	}
+	if _, ok := vars["SHOP_NATS_URL"]; !ok {
+		vars["SHOP_NATS_URL"] = testenv.ServiceBroker(t)
 	}
 	cfg, err := config.Load(func(k string) string { return vars[k] })
 	if err != nil {

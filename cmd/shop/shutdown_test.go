@@ -28,6 +28,7 @@ func TestGracefulShutdown(t *testing.T) {
 	env := map[string]string{
 		"SHOP_ENV": "production", "SHOP_JWT_SECRET": secret, "SHOP_ADMIN_TOKEN": admin,
 		"SHOP_SQLITE_PATH": dbPath, "SHOP_CRITICAL_SECTION_DELAY": "2s",
+		"SHOP_NATS_URL": "", // make run's embedded broker stops with it
 	}
 	in := shoptest.Start(t, bin, env)
 	client := shoptest.NewClient(4)

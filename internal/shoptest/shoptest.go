@@ -161,6 +161,9 @@ func StartCommand(t testing.TB, bin, command string, env map[string]string) *Ins
 	if _, ok := full["SHOP_METRICS_ADDR"]; !ok {
 		full["SHOP_METRICS_ADDR"] = full["SHOP_HTTP_ADDR"]
 	}
+	if _, ok := full["SHOP_NATS_URL"]; !ok {
+		full["SHOP_NATS_URL"] = testenv.ServiceBroker(t)
+	}
 	cmd := exec.Command(bin, command)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
 	for k, v := range full {
