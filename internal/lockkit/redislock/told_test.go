@@ -57,24 +57,15 @@ func TestToldGrantIsHeldBeforeItsClaimLands(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 
-	held := hold(t, holder, key)
-	got := acquireAsync(waiter, ctx, key, lockkit.WithWaitTimeout(10*time.Second))
-	owner := queueHead(t, admin, key)
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a := <-got
-	if a.err != nil {
-		t.Fatalf("told waiter: %v", a.err)
-	}
-	defer a.lease.Release(ctx)
+	told, held, owner := toldGrant(t, holder, waiter, admin, key)
+	defer told.Release(ctx)
 	select {
 	case <-gate.held:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no claim was sent after the told grant")
 	}
-	if a.lease.Fence() <= held.Fence() {
-		t.Errorf("token %d, not above the last holder's %d", a.lease.Fence(), held.Fence())
+	if told.Fence() <= held.Fence() {
+		t.Errorf("token %d, not above the last holder's %d", told.Fence(), held.Fence())
 	}
 	lock := "{" + testPrefix + key + "}"
 	if pttl := admin.PTTL(ctx, lock).Val(); pttl <= 0 || pttl > window {
@@ -86,7 +77,7 @@ func TestToldGrantIsHeldBeforeItsClaimLands(t *testing.T) {
 		t.Fatalf("the key is %q, not the waiter's %q", v, owner)
 	}
 	select {
-	case <-a.lease.Lost():
+	case <-told.Lost():
 		t.Fatal("the claimed lease is lost")
 	default:
 	}
@@ -110,18 +101,9 @@ func TestToldGrantOutlivesASlowClaim(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 
-	held := hold(t, holder, key)
-	got := acquireAsync(waiter, ctx, key, lockkit.WithTTL(time.Minute), lockkit.WithWaitTimeout(10*time.Second))
-	queueHead(t, admin, key)
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a := <-got
-	if a.err != nil {
-		t.Fatalf("told waiter: %v", a.err)
-	}
-	defer a.lease.Release(ctx)
-	lost := a.lease.Lost()
+	told, _, _ := toldGrant(t, holder, waiter, admin, key)
+	defer told.Release(ctx)
+	lost := told.Lost()
 	select {
 	case <-claimed:
 	case <-lost:
@@ -220,6 +202,26 @@ func grantMessageIsNotTaken(t *testing.T, token string) {
 		t.Fatalf("waiter: %v", a.err)
 	}
 	_ = a.lease.Release(ctx)
+}
+
+// toldGrant has holder, which holds key, let it go once waiter (a Locker
+// of its own) queues for it: the grant reaches the waiter by message. It
+// returns the waiter's lease, the holder's released one and the waiter's
+// owner.
+func toldGrant(t *testing.T, holder, waiter *redislock.Locker, admin *redis.Client, key string, opts ...lockkit.Option) (told, released lockkit.Lease, owner string) {
+	t.Helper()
+	ctx := context.Background()
+	held := hold(t, holder, key)
+	got := acquireAsync(waiter, ctx, key, append([]lockkit.Option{lockkit.WithWaitTimeout(10 * time.Second)}, opts...)...)
+	owner = queueHead(t, admin, key)
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("told waiter: %v", a.err)
+	}
+	return a.lease, held, owner
 }
 
 // channelOf is the channel on which releases tell owner's Locker.
@@ -330,20 +332,11 @@ func TestToldGrantTrustsNoLongerThanItsLease(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 
-	held := hold(t, holder, key)
-	got := acquireAsync(waiter, ctx, key, lockkit.WithTTL(ttl), lockkit.WithWaitTimeout(10*time.Second))
-	queueHead(t, admin, key)
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a := <-got
-	if a.err != nil {
-		t.Fatalf("told waiter: %v", a.err)
-	}
+	told, _, _ := toldGrant(t, holder, waiter, admin, key, lockkit.WithTTL(ttl))
 	for granted := time.Now(); time.Since(granted) < replyDelay; time.Sleep(2 * time.Millisecond) {
 		if l, err := other.TryAcquire(ctx, key, lockkit.WithTTL(time.Minute)); err == nil {
 			defer l.Release(ctx)
-			if !backend.IsClosed(a.lease.Lost()) {
+			if !backend.IsClosed(told.Lost()) {
 				t.Fatalf("another Locker was granted the key %v after the told grant while the told lease (TTL %v, its claim's reply held back) was still trusted",
 					time.Since(granted), ttl)
 			}
