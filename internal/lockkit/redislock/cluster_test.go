@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,5 +133,65 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 			t.Fatalf("no %s within %v", what, limit)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A Locker on a Redis Cluster listens for its messages on every master: a
+// release's message then reaches it from the node that ran the release,
+// not across the cluster bus, whose node-to-node links are written
+// without TCP_NODELAY (redis/redis#11869, valkey-io/valkey#1758): there a
+// message waited up to 40 ms behind the one before it.
+func TestClusterLockerListensOnEveryMaster(t *testing.T) {
+	addrs := serverAddrs(t, "SHOP_TEST_REDIS_CLUSTER_ADDRS")
+	ctx := context.Background()
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { admin.Close() })
+	channels := func() map[string]int { // channel: how many masters have it
+		seen := map[string]int{}
+		var mu sync.Mutex
+		err := admin.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			names, err := m.PubSubChannels(ctx, "redislock:*").Result()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, n := range names {
+				seen[n]++
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seen
+	}
+	var masters atomic.Int64
+	_ = admin.ForEachMaster(ctx, func(context.Context, *redis.Client) error { masters.Add(1); return nil })
+	before := channels()
+
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	holder, waiter := newLocker(t, c), newLocker(t, c)
+	key := uniqueKey(t)
+	held := hold(t, holder, key)
+	waited := make(chan error, 1)
+	go func() {
+		lease, err := waiter.Acquire(ctx, key, lockkit.WithWaitTimeout(10*time.Second))
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		waited <- err
+	}()
+	waitFor(t, 5*time.Second, "waiter's channel on every master", func() bool {
+		for name, n := range channels() {
+			if before[name] == 0 && int64(n) == masters.Load() {
+				return true
+			}
+		}
+		return false
+	})
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
 	}
 }

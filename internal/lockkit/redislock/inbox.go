@@ -33,6 +33,14 @@ const channelPrefix = "redislock:"
 // as often (heard). A confirmation of the subscription, the first or one
 // after go-redis reconnected, makes every waiter look: a message may have
 // gone by unheard, and a waiter granted a key claims it then.
+//
+// On a Redis Cluster the inbox also listens on every master (follow): a
+// PUBLISH reaches the subscribers on its own node at once, and the other
+// nodes over the cluster bus, whose links are written without TCP_NODELAY
+// (redis/redis#11869, valkey-io/valkey#1758), so that there a message can
+// wait up to 40 ms behind the one before it. Each message then arrives
+// once per node listened on; a copy after the first finds its waiter
+// gone, or its grant taken or spent (trusted).
 type inbox struct {
 	client  redis.UniversalClient
 	channel string
@@ -45,10 +53,11 @@ type inbox struct {
 	shut    bool
 	sent    bool // the SUBSCRIBE has gone out
 	pubsub  *redis.PubSub
-	stop    context.CancelFunc // ends send
-	done    sync.WaitGroup     // dispatch and send
-	waiters map[string]*waiter // by owner
-	keys    map[keyset]int     // how many wait here, by key
+	stop    context.CancelFunc       // ends send and follow
+	done    sync.WaitGroup           // the inbox's goroutines
+	masters map[string]*redis.PubSub // follow's subscriptions, by address
+	waiters map[string]*waiter       // by owner
+	keys    map[keyset]int           // how many wait here, by key
 	// count is len(waiters), read without mu: an arrival on a Locker
 	// nobody waits on takes no mutex.
 	count atomic.Int64
@@ -90,7 +99,7 @@ type grant struct {
 
 func newInbox(client redis.UniversalClient, channel string, claimWindow time.Duration) *inbox {
 	return &inbox{client: client, channel: channel, window: claimWindow + claimWindow/8,
-		waiters: make(map[string]*waiter), keys: make(map[keyset]int)}
+		masters: make(map[string]*redis.PubSub), waiters: make(map[string]*waiter), keys: make(map[keyset]int)}
 }
 
 // enter registers a waiter for ks under owner, subscribing the Locker's
@@ -109,6 +118,10 @@ func (b *inbox) enter(ks keyset, owner string) (*waiter, error) {
 		b.done.Add(2)
 		go func() { defer b.done.Done(); b.dispatch(events) }()
 		go func() { defer b.done.Done(); b.send(ctx) }()
+		if cluster, ok := b.client.(*redis.ClusterClient); ok {
+			b.done.Add(1)
+			go func() { defer b.done.Done(); b.follow(ctx, cluster) }()
+		}
 	}
 	w := &waiter{owner: owner, ks: ks, news: make(chan struct{}, 1), granted: make(chan grant, 1)}
 	b.waiters[owner] = w
@@ -163,6 +176,66 @@ func (b *inbox) send(ctx context.Context) {
 	}
 }
 
+// followEvery is how often follow looks for masters it does not listen
+// on yet: after a failover, the promoted replica's messages cross the bus
+// until then.
+const followEvery = 5 * time.Second
+
+// follow subscribes the channel on every master of cluster where nobody
+// listens to it yet (the inbox's own subscription is on one node, which
+// go-redis picked), until the inbox closes. It only speeds messages up:
+// one that misses them comes over the bus.
+func (b *inbox) follow(ctx context.Context, cluster *redis.ClusterClient) {
+	for {
+		wait := unheardPoll
+		if b.heard() {
+			_ = cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+				if n, err := m.PubSubNumSub(ctx, b.channel).Result(); err == nil && n[b.channel] == 0 {
+					b.listenAt(ctx, m)
+				}
+				return nil
+			})
+			wait = followEvery
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// listenAt subscribes the channel on master m, unless the inbox does
+// already or has closed.
+func (b *inbox) listenAt(ctx context.Context, m *redis.Client) {
+	addr := m.Options().Addr
+	b.mu.Lock()
+	_, listening := b.masters[addr]
+	b.mu.Unlock()
+	if listening {
+		return
+	}
+	pubsub := m.Subscribe(ctx)
+	if err := pubsub.Subscribe(ctx, b.channel); err != nil {
+		_ = pubsub.Close()
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.shut || b.masters[addr] != nil {
+		_ = pubsub.Close()
+		return
+	}
+	b.masters[addr] = pubsub
+	b.done.Add(1)
+	go func() {
+		defer b.done.Done()
+		for msg := range pubsub.Channel() {
+			b.message(msg.Payload)
+		}
+	}()
+}
+
 // heard reports whether the SUBSCRIBE has gone out, so that a waiter may
 // count on being told.
 func (b *inbox) heard() bool {
@@ -175,18 +248,23 @@ func (b *inbox) dispatch(events <-chan any) {
 	for ev := range events {
 		switch ev := ev.(type) {
 		case *redis.Message:
-			if owner, ok := strings.CutPrefix(ev.Payload, "?"); ok {
-				b.isNext(owner)
-			} else if owner, token, ok := strings.Cut(ev.Payload, " "); ok {
-				b.granted(owner, token)
-			} else {
-				b.tell(ev.Payload)
-			}
+			b.message(ev.Payload)
 		case *redis.Subscription:
 			if ev.Kind == "subscribe" {
 				b.tellAll()
 			}
 		}
+	}
+}
+
+// message acts on one message on the channel (next.lua, tell.lua).
+func (b *inbox) message(payload string) {
+	if owner, ok := strings.CutPrefix(payload, "?"); ok {
+		b.isNext(owner)
+	} else if owner, token, ok := strings.Cut(payload, " "); ok {
+		b.granted(owner, token)
+	} else {
+		b.tell(payload)
 	}
 }
 
@@ -302,10 +380,14 @@ func (b *inbox) close() {
 	b.mu.Lock()
 	b.shut = true
 	pubsub, stop := b.pubsub, b.stop
+	masters := b.masters
 	b.mu.Unlock()
 	if pubsub != nil {
 		stop()
 		_ = pubsub.Close() // ends dispatch, and a call of send's
+		for _, m := range masters {
+			_ = m.Close()
+		}
 		b.done.Wait()
 	}
 }
