@@ -7,12 +7,54 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/go-zookeeper/zk"
+	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lockbench/shop/internal/lockkit/etcdlock"
+	"github.com/lockbench/shop/internal/lockkit/redislock"
 	"github.com/lockbench/shop/internal/lockkit/zklock"
 )
+
+// redisClusterGroup measures shop-redis and redsync on the Redis Cluster
+// of scripts/testenv.sh (3 masters): a release's message to a waiter in
+// another Locker leaves from the key's master, which the waiter's Locker
+// listens on too (redislock's inbox).
+func redisClusterGroup() group {
+	addrs := strings.Split(os.Getenv("SHOP_TEST_REDIS_CLUSTER_ADDRS"), ",")
+	newClient := func(b *testing.B) *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64, ContextTimeoutEnabled: true})
+		b.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	return group{
+		name: "redis-cluster",
+		env:  "SHOP_TEST_REDIS_CLUSTER_ADDRS",
+		roundTrip: func(b *testing.B) func(context.Context) error {
+			c := newClient(b)
+			// The key's master, as every cycle's commands go.
+			return func(ctx context.Context) error { return c.Exists(ctx, "bench:{roundtrip}").Err() }
+		},
+		subjects: []subject{
+			{name: "shop-redis", backend: "redis", open: shared(func(b *testing.B) Acquirer {
+				l, err := redislock.New(newClient(b), redislock.WithPrefix("bench:"))
+				return lockkitAcquirer(closeWith(b, l, err), long)
+			})},
+			{name: "redsync", open: shared(func(b *testing.B) Acquirer {
+				rs := redsync.New(goredis.NewPool(newClient(b)))
+				return func(ctx context.Context, key string) (func() error, error) {
+					m := rs.NewMutex("bench:redsync:"+key, redsync.WithExpiry(10*time.Second))
+					if err := m.LockContext(ctx); err != nil {
+						return nil, err
+					}
+					return func() error { _, err := m.Unlock(); return err }, nil
+				}
+			})},
+		},
+	}
+}
 
 // etcdClusterGroup and zookeeperEnsembleGroup measure shop's Lockers on
 // the 3-member cluster and ensemble of scripts/testenv.sh, beside the

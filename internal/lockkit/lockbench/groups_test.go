@@ -31,7 +31,7 @@ import (
 )
 
 func init() {
-	extraGroups = []func() group{redlockGroup, zookeeperGroup, zookeeperEnsembleGroup, etcdGroup, etcdClusterGroup,
+	extraGroups = []func() group{redisClusterGroup, redlockGroup, zookeeperGroup, zookeeperEnsembleGroup, etcdGroup, etcdClusterGroup,
 		mysqlGroup, memcachedGroup}
 }
 
