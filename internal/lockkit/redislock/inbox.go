@@ -2,6 +2,8 @@ package redislock
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -233,6 +235,13 @@ func (b *inbox) listenAt(ctx context.Context, m *redis.Client) {
 		for msg := range pubsub.Channel() {
 			b.message(msg.Payload)
 		}
+		// go-redis closed it (the node left the cluster): follow may
+		// subscribe there again.
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.masters[addr] == pubsub {
+			delete(b.masters, addr)
+		}
 	}()
 }
 
@@ -380,7 +389,7 @@ func (b *inbox) close() {
 	b.mu.Lock()
 	b.shut = true
 	pubsub, stop := b.pubsub, b.stop
-	masters := b.masters
+	masters := slices.Collect(maps.Values(b.masters))
 	b.mu.Unlock()
 	if pubsub != nil {
 		stop()
