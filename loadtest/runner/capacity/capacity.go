@@ -136,6 +136,13 @@ type Ceiling struct {
 	CeilingPerSec    float64 `json:"ceiling_per_sec"`
 }
 
+// clear reports whether step s held with room to spare: no answer but
+// 201, and a p99 within half the SLO. Near neither bound, it needs no
+// second try.
+func (c Options) clear(s Step) bool {
+	return s.WithinSLO && s.ErrorRate == 0 && s.P99 <= float64(c.SLO)/float64(time.Millisecond)/2
+}
+
 // Settle is the try of a step that Search runs at the last rate held, right
 // after a step that broke and before the next one it judges: judged by
 // nothing, it lets the service recover from the break first.
@@ -145,12 +152,15 @@ const Settle = -1
 // error budget, then narrows the gap between the last rate held and the
 // first broken one by c.Refine geometric halvings, so that the rate held
 // is known to within Factor^(1/2^Refine) (1.06 with the defaults) rather
-// than to a whole step. offer runs one step. A step that breaks is run once
-// more before it counts as broken: on a shared machine one stall of a
-// neighbour can break a step that the service holds. And a step that
-// follows a broken one comes after a Settle step at the last rate held: a
-// break leaves the service throttled for a while (its admission limit falls
-// with the latency it saw), and the step right after it would measure that
+// than to a whole step. offer runs one step. A rate holds if two of its
+// tries hold before two break (three at most), or if its first try holds
+// with room to spare (clear): on a shared machine one stall of a
+// neighbour can break a step that the service holds, and one quiet moment
+// can pass a step that it does not, and either, taken alone, moves the
+// rate held by a step from run to run. And a step that follows a broken
+// one comes after a Settle step at the last rate held: a break leaves the
+// service throttled for a while (its admission limit falls with the
+// latency it saw), and the step right after it would measure that
 // recovery, not its own rate.
 func Search(ctx context.Context, c Options, offer func(rate float64, try int) Step) (steps []Step, held float64) {
 	afterBreak := false
@@ -164,12 +174,21 @@ func Search(ctx context.Context, c Options, offer func(rate float64, try int) St
 		return r
 	}
 	holds := func(rate float64) bool {
-		for try := range 2 {
-			if r := run(rate, try); r.WithinSLO || ctx.Err() != nil {
+		within, broke := 0, 0
+		for try := 0; within < 2 && broke < 2; try++ {
+			r := run(rate, try)
+			switch {
+			case ctx.Err() != nil:
 				return r.WithinSLO
+			case try == 0 && c.clear(r):
+				return true
+			case r.WithinSLO:
+				within++
+			default:
+				broke++
 			}
 		}
-		return false
+		return within == 2
 	}
 	broken := 0.0
 	for rate := c.Start; rate <= c.Max && ctx.Err() == nil; rate *= c.Factor {

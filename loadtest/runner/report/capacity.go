@@ -80,8 +80,9 @@ func (r CapacityReport) method() string {
 		"for up to %d steps until one holds, results discarded (cold pools and a cold database would otherwise be measured). "+
 		"Then the rate offered starts at %.0f/s "+
 		"and grows ×%.2f every %s (open loop) until p99 of a successful purchase passes %s or more than %.1f %% of answers "+
-		"are not 201 (a step past them runs once more, and any step after one past them behind a step at the last rate within "+
-		"both, judged by nothing, so the service recovers from it first); then the gap between the last rate within both and "+
+		"are not 201 (a rate is within both if two of its steps are before two are past them, or if its first step is with "+
+		"room to spare: no answer but 201 and p99 within half the SLO; any step after one past them runs behind a step at "+
+		"the last rate within both, judged by nothing, so the service recovers from it first); then the gap between the last rate within both and "+
 		"the first past them is halved %d times (geometric midpoints). **Held** is the highest rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
 		"client in a loop against the same servers in the same run: for a lock, acquire + the statements inside + release; "+
 		"for the lock-free rows, the whole purchase. Then %d rounds, each in the reverse order of the last, offer the rate "+
