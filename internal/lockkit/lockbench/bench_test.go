@@ -120,14 +120,7 @@ func redisGroup() group {
 		subjects: []subject{
 			{name: "shop-redis", backend: "redis", open: shared(ours(lockkit.WithTTL(10 * time.Second)))},
 			{name: "redsync", open: shared(func(b *testing.B) Acquirer {
-				rs := redsync.New(goredis.NewPool(newClient(b)))
-				return func(ctx context.Context, key string) (func() error, error) {
-					m := rs.NewMutex("bench:redsync:"+key, redsync.WithExpiry(10*time.Second))
-					if err := m.LockContext(ctx); err != nil {
-						return nil, err
-					}
-					return func() error { _, err := m.Unlock(); return err }, nil
-				}
+				return redsyncAcquirer(newClient(b))
 			})},
 			{name: "bsm-redislock", open: shared(func(b *testing.B) Acquirer {
 				client := bsm.New(newClient(b))
@@ -141,6 +134,19 @@ func redisGroup() group {
 				}
 			})},
 		},
+	}
+}
+
+// redsyncAcquirer is redsync's mutex on one Redis client (a node or a
+// Cluster), as the peer of shop-redis.
+func redsyncAcquirer(c redis.UniversalClient) Acquirer {
+	rs := redsync.New(goredis.NewPool(c))
+	return func(ctx context.Context, key string) (func() error, error) {
+		m := rs.NewMutex("bench:redsync:"+key, redsync.WithExpiry(10*time.Second))
+		if err := m.LockContext(ctx); err != nil {
+			return nil, err
+		}
+		return func() error { _, err := m.Unlock(); return err }, nil
 	}
 }
 

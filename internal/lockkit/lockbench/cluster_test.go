@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-redsync/redsync/v4"
-	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/go-zookeeper/zk"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -43,14 +41,7 @@ func redisClusterGroup() group {
 				return lockkitAcquirer(closeWith(b, l, err), long)
 			})},
 			{name: "redsync", open: shared(func(b *testing.B) Acquirer {
-				rs := redsync.New(goredis.NewPool(newClient(b)))
-				return func(ctx context.Context, key string) (func() error, error) {
-					m := rs.NewMutex("bench:redsync:"+key, redsync.WithExpiry(10*time.Second))
-					if err := m.LockContext(ctx); err != nil {
-						return nil, err
-					}
-					return func() error { _, err := m.Unlock(); return err }, nil
-				}
+				return redsyncAcquirer(newClient(b))
 			})},
 		},
 	}
