@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -193,27 +194,27 @@ func (r *eventsRig) mustPlace(url string, n int) {
 
 // traffic places orders on urls in turn, one after another, until stop
 // is called, which returns how many were answered 201 and the first other
-// answer.
+// answer. stop lets the order in flight finish rather than hang up on it:
+// an order whose client hung up is still placed, and would be one the
+// count leaves out.
 func (r *eventsRig) traffic(urls ...string) (stop func() (placed int, err error)) {
-	ctx, cancel := context.WithCancel(context.Background())
+	var stopping atomic.Bool
 	var placed int
 	var first error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for i := 0; ctx.Err() == nil; i++ {
-			if err := r.place(ctx, urls[i%len(urls)]); err != nil {
-				if ctx.Err() == nil && first == nil {
-					first = err
-				}
-				continue
+		for i := 0; !stopping.Load(); i++ {
+			if err := r.place(context.Background(), urls[i%len(urls)]); err == nil {
+				placed++
+			} else if first == nil {
+				first = err
 			}
-			placed++
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
 	return func() (int, error) {
-		cancel()
+		stopping.Store(true)
 		<-done
 		return placed, first
 	}
@@ -325,6 +326,7 @@ func (r *eventsRig) conclude(url, fault, config, note string) deliveryRow {
 	for _, id := range want {
 		if copies[id] == 0 {
 			row.Lost++
+			r.describeLost(id)
 		}
 	}
 	for _, n := range copies {
@@ -339,6 +341,14 @@ func (r *eventsRig) conclude(url, fault, config, note string) deliveryRow {
 		r.t.Errorf("dead letters: %s", a.Raw)
 	}
 	return row
+}
+
+// describeLost logs what the outbox says of an event the stream lacks.
+func (r *eventsRig) describeLost(id string) {
+	r.t.Helper()
+	var row events.OutboxRow
+	err := r.db.Where("event_id = ?", id).First(&row).Error
+	r.t.Logf("lost %s: outbox seq %d created %s published %v (%v)", id, row.Seq, row.CreatedAt.Format(time.RFC3339Nano), row.PublishedAt, err)
 }
 
 // mustBeExact fails the test unless row lost nothing, stored nothing
