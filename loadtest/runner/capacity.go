@@ -118,12 +118,33 @@ func (r *row) prober(ctx context.Context, c capacity.Options) (prober, error) {
 	}
 	b := capacity.NewBuyer(r.urls, tokens, capacitySKU)
 	offer := func(rate float64) capacity.Step {
+		held, holds, before := r.stockHolds(ctx)
 		service, runner := r.cpu(), selfCPU()
 		s := b.Offer(ctx, rate, c.Step, c.SLO, c.MaxErrors)
 		s.ServiceCPU, s.RunnerCPU = (r.cpu() - service).Seconds(), (selfCPU() - runner).Seconds()
+		if heldAfter, holdsAfter, after := r.stockHolds(ctx); before && after {
+			s.LockHeldS, s.LockHolds = heldAfter-held, int(holdsAfter-holds)
+		}
 		return s
 	}
 	return prober{log: r.log, row: r.spec.Name, c: c, offer: offer}, nil
+}
+
+// stockHolds is how long the row's instances have held stock locks, in
+// seconds, and how many grants that was, from their /metrics (zeros on a
+// lock-free row); not ok if an instance did not answer.
+func (r *row) stockHolds(ctx context.Context) (seconds, grants float64, ok bool) {
+	const stock = `class="stock"`
+	for _, u := range r.urls {
+		lines, err := scrape(ctx, u)
+		if err != nil {
+			r.log.Warn("lock hold metrics", "row", r.spec.Name, "err", err)
+			return 0, 0, false
+		}
+		seconds += sumSamples(lines, "shop_lock_hold_seconds_sum", stock)
+		grants += sumSamples(lines, "shop_lock_hold_seconds_count", stock)
+	}
+	return seconds, grants, true
 }
 
 // cpu is the CPU the row's instances have used.

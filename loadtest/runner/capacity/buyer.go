@@ -102,7 +102,8 @@ func summarize(answers []answer, elapsed, slo time.Duration, maxErrors float64) 
 	if len(answers) > 0 {
 		r.ErrorRate = float64(r.Busy+r.Other) / float64(len(answers))
 	}
-	r.SalesPerS = float64(r.Sold) / elapsed.Seconds()
+	r.Seconds = elapsed.Seconds()
+	r.SalesPerS = float64(r.Sold) / r.Seconds
 	r.WithinSLO = r.Sold > 0 && r.P99 <= msOf(slo) && r.ErrorRate <= maxErrors
 	return r
 }

@@ -40,6 +40,29 @@ type Step struct {
 	// used during the step.
 	ServiceCPU float64 `json:"service_cpu_s"`
 	RunnerCPU  float64 `json:"runner_cpu_s"`
+	// Seconds is how long the step took, to its last answer.
+	Seconds float64 `json:"seconds"`
+	// LockHeldS is how long the instances held the SKU's lock during the
+	// step, summed over its LockHolds grants (lock rows only).
+	LockHeldS float64 `json:"lock_held_s,omitempty"`
+	LockHolds int     `json:"lock_holds,omitempty"`
+}
+
+// KeyBusy is the share of the step the SKU's lock was held: what is left
+// is the hand-offs between holders, or a line with nobody in it.
+func (s Step) KeyBusy() float64 {
+	if s.Seconds == 0 {
+		return 0
+	}
+	return s.LockHeldS / s.Seconds
+}
+
+// HoldMillis is the mean time one grant held the SKU's lock, in ms.
+func (s Step) HoldMillis() float64 {
+	if s.LockHolds == 0 {
+		return 0
+	}
+	return 1000 * s.LockHeldS / float64(s.LockHolds)
 }
 
 // TurnedAway is the share of the step's purchases answered 503.

@@ -49,7 +49,8 @@ type CapacityReport struct {
 	At      time.Time `json:"at"`
 }
 
-var capacityColumns = []string{"row", "serialized ms/sale", "ceiling/s", "held/s", "× ceiling", "× atomic-sql", "p99 at held",
+var capacityColumns = []string{"row", "serialized ms/sale", "ceiling/s", "held/s", "× ceiling",
+	"key busy: at held / at 4× (ms held per grant at 4×)", "× atomic-sql", "p99 at held",
 	"at 2×: p99 of sales", "at 2×: turned away", "flooded: offered → sold/s (p99)", "at 4×: p99 of sales", "at 4×: sold ÷ sold at held",
 	"at 4×: least kept, 0.9·(s−4·r0)/(s−r0)", "service CPU µs: per sale / per refusal", "runner CPU µs per request", "retries/request", "verdict"}
 
@@ -85,7 +86,9 @@ func (r CapacityReport) method() string {
 		"the last rate within both, judged by nothing, so the service recovers from it first); then the gap between the last rate within both and "+
 		"the first past them is halved %d times (geometric midpoints). **Held** is the highest rate within both. **Ceiling** is 1 / the serialized window of one sale, timed by one "+
 		"client in a loop against the same servers in the same run: for a lock, acquire + the statements inside + release; "+
-		"for the lock-free rows, the whole purchase. Then %d rounds, each in the reverse order of the last, offer the rate "+
+		"for the lock-free rows, the whole purchase. **Key busy** is the share of a step during which the SKU's lock was held "+
+		"(the instances' shop_lock_hold_seconds, summed): what is left is the hand-offs between holders and any moment with "+
+		"nobody waiting. Then %d rounds, each in the reverse order of the last, offer the rate "+
 		"held again, twice it and four times it, one step each. **At 2×**: the p99 of the sales and the share turned away "+
 		"with 503. **At 4×**: the sales per second over those of the same round's step at the rate held (the goodput kept "+
 		"when flooded), so that a machine that slows down during the row moves both. Medians over the rounds, ranges in "+
@@ -249,6 +252,19 @@ func (res CapacityRow) cells(atomicSQL float64, j Judge) []string {
 	}
 	c := res.Ceiling
 	return []string{res.Spec.Name, fmt.Sprintf("%.2f", c.SerializedMicros/1000), fmt.Sprintf("%.0f", c.CeilingPerSec),
-		fmt.Sprintf("%.0f", res.Held), fmt.Sprintf("%.2f", res.Held/c.CeilingPerSec), xs, p99, over99, away, flood,
+		fmt.Sprintf("%.0f", res.Held), fmt.Sprintf("%.2f", res.Held/c.CeilingPerSec), res.keyBusy(), xs, p99, over99, away, flood,
 		four99, goodput, bound, cpu, runner, retries, res.verdict(j)}
+}
+
+// keyBusy is the share of the rounds' steps the SKU's lock was held, at
+// the rate held and at 4×, and how long a grant held it at 4×: a key busy
+// near 1 at 4× sells as fast as its holds allow, one well under 1 loses
+// its time between them. "—" on a lock-free row.
+func (res CapacityRow) keyBusy() string {
+	if res.median(func(r capacity.Round) float64 { return float64(r.AtFour.LockHolds) }) == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f / %.2f (%.2f ms)", res.median(func(r capacity.Round) float64 { return r.AtHeld.KeyBusy() }),
+		res.median(func(r capacity.Round) float64 { return r.AtFour.KeyBusy() }),
+		res.median(func(r capacity.Round) float64 { return r.AtFour.HoldMillis() }))
 }
