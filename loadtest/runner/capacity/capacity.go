@@ -94,10 +94,14 @@ func (r Round) CPUPerSale() float64 {
 	return perAnswer(r.AtHeld.ServiceCPU, r.AtHeld.Sold)
 }
 
-// CPUPerRefusal is what the instances spent per 503 at four times the rate
-// held, in µs: their CPU there beyond CPUPerSale for each sale.
+// CPUPerRefusal is what the instances spent per 503, in µs: their CPU at
+// four times the rate held beyond that at twice it, over the 503s added.
+// The key is full at both, so the sales between them differ little, and
+// do not cost what a sale at the rate held costs (a full line wakes fewer
+// waiters per grant); the sales that do differ are charged at that rate.
 func (r Round) CPUPerRefusal() float64 {
-	return perAnswer(r.AtFour.ServiceCPU-r.CPUPerSale()/1e6*float64(r.AtFour.Sold), r.AtFour.Busy)
+	extra := r.AtFour.ServiceCPU - r.AtTwo.ServiceCPU - r.CPUPerSale()/1e6*float64(r.AtFour.Sold-r.AtTwo.Sold)
+	return perAnswer(extra, r.AtFour.Busy-r.AtTwo.Busy)
 }
 
 // RunnerCPUPerRequest is what the runner spent sending one purchase and
@@ -107,7 +111,7 @@ func (r Round) RunnerCPUPerRequest() float64 {
 }
 
 func perAnswer(cpuSeconds float64, n int) float64 {
-	if n == 0 {
+	if n <= 0 {
 		return 0
 	}
 	return cpuSeconds * 1e6 / float64(n)

@@ -211,3 +211,20 @@ func TestGoodputBoundFollowsTheCostOfARefusal(t *testing.T) {
 		}
 	}
 }
+
+// A full line sells more cheaply than one that empties between sales: the
+// refusal's cost is what 4× adds to 2×, not what 4× spends beyond the
+// sales' cost at the rate held, which would come out negative here.
+func TestCPUPerRefusalIsWhatFourTimesAddsToTwice(t *testing.T) {
+	r := Round{
+		AtHeld: Step{Sold: 900, ServiceCPU: 0.9 * 2.2},                     // 2,200 µs a sale
+		AtTwo:  Step{Sold: 1000, Busy: 800, ServiceCPU: 1.0*1.5 + 0.8*0.1}, // 1,500 µs a sale once the line is full
+		AtFour: Step{Sold: 1000, Busy: 2600, ServiceCPU: 1.0*1.5 + 2.6*0.1},
+	}
+	if got := r.CPUPerRefusal(); math.Abs(got-100) > 0.01 {
+		t.Errorf("CPU per refusal %.2f µs, want 100", got)
+	}
+	if got := (Round{AtFour: Step{Busy: 10}, AtTwo: Step{Busy: 10}}).CPUPerRefusal(); got != 0 {
+		t.Errorf("no 503 added at 4×: %.2f µs per refusal, want 0", got)
+	}
+}
