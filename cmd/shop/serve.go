@@ -156,9 +156,10 @@ func (s *server) stop(cause error) error {
 	gctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
 	defer cancel()
 	if s.running.wait(gctx) != nil {
+		stuck := s.running.count() // before the listeners close, which ends some of them
 		s.closeListeners()
 		return errors.Join(cause, fmt.Errorf("shutdown: %d handlers ignored their cancellation for %s; exiting with the stores open",
-			s.running.count(), cancelGrace))
+			stuck, cancelGrace))
 	}
 	if s.http.Shutdown(gctx) != nil {
 		_ = s.http.Close()

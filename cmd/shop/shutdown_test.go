@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -260,5 +264,50 @@ func TestShutdownNeverClosesStoresUnderAHandler(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("logs:\n%s", all)
+	}
+}
+
+// TestShutdownAnswersAClientStillSendingItsBody stops serve while a client
+// has sent half a body: the read it blocks is ended by the shutdown
+// timeout like any other work, the client is answered 503 shutting-down,
+// and the stores close.
+func TestShutdownAnswersAClientStillSendingItsBody(t *testing.T) {
+	base, logs, stop, served := serveInProcess(t, map[string]string{
+		"SHOP_ENV": "production", "SHOP_JWT_SECRET": testSecret, "SHOP_ADMIN_TOKEN": testAdmin,
+		"SHOP_HTTP_ADDR": "127.0.0.1:0", "SHOP_SQLITE_PATH": t.TempDir() + "/shop.db",
+		"SHOP_SHUTDOWN_TIMEOUT": "500ms", "SHOP_DRAIN_DELAY": "0",
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"amount_cents":1}`
+	fmt.Fprintf(conn, "POST /api/v1/accounts/1/deposit HTTP/1.1\r\nHost: shop\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n",
+		shoptest.Token(t, testSecret, 1), len(body))
+	replies := bufio.NewReader(conn)
+	// The server asks for the body once the handler reads it.
+	if line, err := replies.ReadString('\n'); err != nil || !strings.Contains(line, "100 Continue") {
+		t.Fatalf("before the body: %q %v; want 100 Continue", line, err)
+	}
+	if _, err := replies.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(conn, body[:8])
+	stop()
+
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	res, err := http.ReadResponse(replies, nil)
+	if err != nil {
+		t.Fatalf("the half-sent request got no answer: %v\n%s", err, logs)
+	}
+	answer, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(answer), "shutting-down") {
+		t.Errorf("the half-sent request answered %d %s; want 503 shutting-down", res.StatusCode, answer)
+	}
+	<-served.done
+	if served.err == nil || strings.Contains(served.err.Error(), "stores open") {
+		t.Errorf("serve: %v; want the overrun reported and the stores closed\n%s", served.err, logs)
 	}
 }

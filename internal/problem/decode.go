@@ -2,6 +2,7 @@ package problem
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/gin-gonic/gin"
@@ -40,11 +42,20 @@ func ReadBody() gin.HandlerFunc {
 			c.Next()
 			return
 		}
+		ctx := c.Request.Context()
+		// A cancelled request (a shutdown that outlived its timeout) must
+		// not wait on a client that is still sending: a read has no
+		// context, so the cancellation ends it with a deadline.
+		unblock := context.AfterFunc(ctx, func() { _ = http.NewResponseController(c.Writer).SetReadDeadline(time.Now()) })
 		b, err := io.ReadAll(c.Request.Body)
+		unblock()
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
 			Write(c, decodeError(err))
+			return
+		case err != nil && ctx.Err() != nil:
+			Write(c, context.Cause(ctx))
 			return
 		case err != nil:
 			Write(c, BadRequest("the body could not be read: "+err.Error()))
