@@ -297,6 +297,12 @@ func TestAPI(t *testing.T) {
 	oversize := `{"amount_cents":1,"pad":"` + strings.Repeat("x", 2000) + `"}`
 	bad := []apiCase{
 		// amounts and bodies
+		{name: "tokens-400-body", method: "POST", path: "/api/v1/idempotency-tokens", token: u2, body: `{"ttl":"forever"}`, status: 400,
+			detail: "POST /api/v1/idempotency-tokens takes no body"},
+		{name: "order-pay-400-body", method: "POST", path: orderPath + "/pay", token: u2, body: `{"amount_cents":1}`, status: 400,
+			detail: "POST /api/v1/orders/:id/pay takes no body"},
+		{name: "like-400-body", method: "PUT", path: "/api/v1/likes/post/api-7", token: u1, body: `{"liked":false}`, status: 400, detail: "takes no body"},
+		{name: "unlike-400-body", method: "DELETE", path: "/api/v1/likes/post/api-7", token: u1, body: `garbage`, status: 400, detail: "takes no body"},
 		{name: "withdraw-400-negative", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{"amount_cents":-3}`, status: 400, detail: "amount_cents must be a positive integer, got -3"},
 		{name: "withdraw-400-zero", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{"amount_cents":0}`, status: 400, detail: "got 0"},
 		{name: "withdraw-400-missing", method: "POST", path: "/api/v1/accounts/1/withdraw", token: u1, body: `{}`, status: 400, detail: "amount_cents is required"},

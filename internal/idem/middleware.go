@@ -505,7 +505,7 @@ func (w *capture) keep(b []byte) {
 
 // Register adds POST /idempotency-tokens to api (which authenticates users).
 func (m *Idem) Register(api *gin.RouterGroup) {
-	api.POST("/idempotency-tokens", problem.Handle(m.issue))
+	api.POST("/idempotency-tokens", problem.NoBody(), problem.Handle(m.issue))
 }
 
 func (m *Idem) issue(c *gin.Context) error {

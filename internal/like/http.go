@@ -37,8 +37,8 @@ type Domain struct {
 // admin route to admin (which checks the admin token).
 func (d *Domain) Register(api, admin *gin.RouterGroup) {
 	api.GET("/likes/:type/:id", problem.Handle(d.get))
-	api.PUT("/likes/:type/:id", problem.Handle(d.like))
-	api.DELETE("/likes/:type/:id", problem.Handle(d.unlike))
+	api.PUT("/likes/:type/:id", problem.NoBody(), problem.Handle(d.like))
+	api.DELETE("/likes/:type/:id", problem.NoBody(), problem.Handle(d.unlike))
 	api.GET("/users/:id/likes", problem.Handle(d.received))
 	admin.POST("/entities", problem.Handle(d.register))
 }

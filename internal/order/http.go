@@ -56,7 +56,7 @@ func (d *Domain) Register(api, _ *gin.RouterGroup) {
 	// It is idempotent by itself (paying a paid order answers the same body
 	// and debits nothing), so a 5xx is not stored: the retry runs again and
 	// finds what the first attempt did.
-	api.POST("/orders/:id/pay", d.Idem.Guard(idem.Policy{RerunServerErrors: true}), problem.Handle(d.pay))
+	api.POST("/orders/:id/pay", problem.NoBody(), d.Idem.Guard(idem.Policy{RerunServerErrors: true}), problem.Handle(d.pay))
 }
 
 // Reset implements audit.Resetter.

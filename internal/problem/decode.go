@@ -67,6 +67,23 @@ func ReadBody() gin.HandlerFunc {
 	}
 }
 
+// NoBody refuses a body on a route that takes none: a client that sent
+// one meant something by it (an option, an amount), and serving the
+// request without it would serve one the client did not send.
+func NoBody() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		empty, err := EmptyBody(c)
+		if err == nil && !empty {
+			err = BadRequest(c.Request.Method + " " + c.FullPath() + " takes no body; send none")
+		}
+		if err != nil {
+			Write(c, err)
+			return
+		}
+		c.Next()
+	}
+}
+
 // Query refuses a request whose query string does not parse (a bad
 // percent-escape, a semicolon): net/url drops such a pair in silence, and
 // a parameter the client sent would be served as absent.
