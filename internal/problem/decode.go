@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 )
@@ -158,6 +159,11 @@ func DecodeJSON(c *gin.Context, dst any) error {
 	body, err := io.ReadAll(c.Request.Body)
 	if err != nil {
 		return decodeError(err)
+	}
+	// encoding/json replaces an invalid byte with U+FFFD in silence: the
+	// name stored would not be the one sent.
+	if !utf8.Valid(body) {
+		return BadRequest(fmt.Sprintf("the body is not valid UTF-8 (JSON is UTF-8): an invalid byte at offset %d", invalidUTF8(body)))
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -391,4 +397,16 @@ func describe(t reflect.Type) string {
 		return "an array"
 	}
 	return "a " + t.String()
+}
+
+// invalidUTF8 is the offset of b's first byte that is not valid UTF-8.
+func invalidUTF8(b []byte) int {
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return len(b)
 }
