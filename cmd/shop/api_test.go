@@ -390,6 +390,8 @@ func TestAPI(t *testing.T) {
 		{name: "order-pay-404-other-user", method: "POST", path: orderPath + "/pay", token: u1, status: 404},
 		{name: "order-pay-400-bad-id", method: "POST", path: "/api/v1/orders/0/pay", token: u2, status: 400, detail: "positive integer"},
 		{name: "orders-list-400-cursor", method: "GET", path: "/api/v1/orders?cursor=nope", token: u2, status: 400, detail: "next_cursor"},
+		{name: "orders-list-400-limit-twice", method: "GET", path: "/api/v1/orders?limit=1&limit=2", token: u2, status: 400,
+			detail: `the query names "limit" 2 times; send it once`},
 		{name: "orders-list-400-limit", method: "GET", path: "/api/v1/orders?limit=1000", token: u2, status: 400, detail: "limit must be"},
 		// loyalty
 		{name: "points-403-other-user", method: "GET", path: "/api/v1/users/2/points", token: u1, status: 403, detail: "may act only on account 1"},

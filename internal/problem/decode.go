@@ -87,12 +87,21 @@ func NoBody() gin.HandlerFunc {
 
 // Query refuses a request whose query string does not parse (a bad
 // percent-escape, a semicolon): net/url drops such a pair in silence, and
-// a parameter the client sent would be served as absent.
+// a parameter the client sent would be served as absent. A parameter
+// given twice is refused too: one of the values would be served as if the
+// other had not been sent.
 func Query() gin.HandlerFunc {
 	return func(c *gin.Context) {
-		if _, err := url.ParseQuery(c.Request.URL.RawQuery); err != nil {
+		values, err := url.ParseQuery(c.Request.URL.RawQuery)
+		if err != nil {
 			Write(c, BadRequest("the query string does not parse: "+err.Error()))
 			return
+		}
+		for name, v := range values {
+			if len(v) > 1 {
+				Write(c, BadRequest(fmt.Sprintf("the query names %q %d times; send it once", name, len(v))))
+				return
+			}
 		}
 		c.Next()
 	}
