@@ -96,9 +96,9 @@ func (r Round) CPUPerSale() float64 {
 
 // CPUPerRefusal is what the instances spent per 503, in µs: their CPU at
 // four times the rate held beyond that at twice it, over the 503s added.
-// The key is full at both, so the sales between them differ little, and
-// do not cost what a sale at the rate held costs (a full line wakes fewer
-// waiters per grant); the sales that do differ are charged at that rate.
+// The key is full at both, so both sell about as much, and more cheaply
+// than at the rate held (a full line wakes fewer waiters per grant): the
+// few sales more or less are charged at CPUPerSale.
 func (r Round) CPUPerRefusal() float64 {
 	extra := r.AtFour.ServiceCPU - r.AtTwo.ServiceCPU - r.CPUPerSale()/1e6*float64(r.AtFour.Sold-r.AtTwo.Sold)
 	return perAnswer(extra, r.AtFour.Busy-r.AtTwo.Busy)
