@@ -299,6 +299,10 @@ func (p *parser) servers(c *Config) {
 // timeouts.
 func (p *parser) strategies(c *Config) {
 	c.LockTTL = p.duration("SHOP_LOCK_TTL", 0)
+	if c.LockTTL > 0 && c.LockTTL < time.Millisecond {
+		// Redis and etcd count a lease in milliseconds or coarser.
+		p.fail("SHOP_LOCK_TTL", "is %s; want 0 (the watchdog) or at least 1ms", c.LockTTL)
+	}
 	c.LockWaitTimeout = p.duration("SHOP_LOCK_WAIT_TIMEOUT", 10*time.Second)
 	c.StockStrategy = p.oneOf("SHOP_STOCK_STRATEGY", StockLock, []string{StockLock, StockAtomicSQL, StockAtomicRedis, StockOptimistic})
 	c.LikeStrategy = p.oneOf("SHOP_LIKE_STRATEGY", LikeLock, []string{LikeLock, LikeHashTag})
@@ -699,8 +703,13 @@ func (p *parser) list(name string) []string {
 func (p *parser) addrs(name string) []string {
 	out := p.list(name)
 	for _, a := range out {
-		if _, _, err := net.SplitHostPort(a); err != nil {
+		_, port, err := net.SplitHostPort(a)
+		if err != nil {
 			p.fail(name, "has %q; want host:port", a)
+			continue
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			p.fail(name, "has %q; the port must be a number from 1 to 65535", a)
 		}
 	}
 	return out

@@ -356,3 +356,21 @@ func TestLocksOnEmbeddedRedisOnlyForBackendRedis(t *testing.T) {
 		t.Errorf("backend local: %t, %v", c.LocksOnEmbeddedRedis(), err)
 	}
 }
+
+func TestDialAddressesAndLockTTLTheServersWouldRefuse(t *testing.T) {
+	for name, vars := range map[string]map[string]string{
+		"port out of range": {"SHOP_REDIS_ADDRS": "127.0.0.1:99999"},
+		"port zero":         {"SHOP_REDIS_ADDRS": "127.0.0.1:6379,127.0.0.1:0"},
+		"port not a number": {"SHOP_REDIS_ADDRS": "127.0.0.1:redis"},
+		"TTL under 1ms":     {"SHOP_LOCK_TTL": "1ns"},
+	} {
+		var variable string
+		for v := range vars {
+			variable = v
+		}
+		vars["SHOP_ENV"] = "dev"
+		if _, err := Load(env(vars)); err == nil || !strings.Contains(err.Error(), variable) {
+			t.Errorf("%s: %v, want an error naming %s", name, err, variable)
+		}
+	}
+}
