@@ -300,7 +300,7 @@ func (p *parser) servers(c *Config) {
 func (p *parser) strategies(c *Config) {
 	c.LockTTL = p.duration("SHOP_LOCK_TTL", 0)
 	if c.LockTTL > 0 && c.LockTTL < time.Millisecond {
-		// Redis and etcd count a lease in milliseconds or coarser.
+		// Redis counts a lease in whole milliseconds.
 		p.fail("SHOP_LOCK_TTL", "is %s; want 0 (the watchdog) or at least 1ms", c.LockTTL)
 	}
 	c.LockWaitTimeout = p.duration("SHOP_LOCK_WAIT_TIMEOUT", 10*time.Second)
@@ -708,8 +708,9 @@ func (p *parser) addrs(name string) []string {
 			p.fail(name, "has %q; want host:port", a)
 			continue
 		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			p.fail(name, "has %q; the port must be a number from 1 to 65535", a)
+		// A service name (host:redis) is left to the dialer, as net.Dial takes it.
+		if n, err := strconv.Atoi(port); err == nil && (n < 1 || n > 65535) {
+			p.fail(name, "has %q; the port must be from 1 to 65535", a)
 		}
 	}
 	return out

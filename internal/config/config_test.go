@@ -361,7 +361,7 @@ func TestDialAddressesAndLockTTLTheServersWouldRefuse(t *testing.T) {
 	for name, vars := range map[string]map[string]string{
 		"port out of range": {"SHOP_REDIS_ADDRS": "127.0.0.1:99999"},
 		"port zero":         {"SHOP_REDIS_ADDRS": "127.0.0.1:6379,127.0.0.1:0"},
-		"port not a number": {"SHOP_REDIS_ADDRS": "127.0.0.1:redis"},
+		"port negative":     {"SHOP_REDIS_ADDRS": "127.0.0.1:-1"},
 		"TTL under 1ms":     {"SHOP_LOCK_TTL": "1ns"},
 	} {
 		var variable string
