@@ -155,7 +155,7 @@ type Config struct {
 	// MemcachedAddrs is SHOP_MEMCACHED_ADDRS, comma-separated.
 	MemcachedAddrs []string
 	// LockTTL is SHOP_LOCK_TTL. 0 (default) is the watchdog: a 30 s lease
-	// renewed while the holder lives. Above 0 it is a fixed lease that is
+	// renewed while the holder lives. From 1ms up it is a fixed lease that is
 	// not renewed: a critical section longer than that loses its lock, and
 	// fenced stores refuse its write.
 	LockTTL time.Duration
